@@ -1,0 +1,149 @@
+"""The text-MDP contract every environment follows.
+
+A `TextEnv` is a gymnasium env whose observations and actions are strings: the
+state is rendered as text for the LLM, and each action is one action phrase
+the model wrote (e.g. "Up" for Sokoban, "3+5*2" for Countdown). Several
+actions in one model answer are stepped one by one by the caller.
+
+Invalid actions never raise: `step` returns the unchanged state, reward 0 and
+`info["action_is_valid"] = False`. They do not count toward `max_steps`
+either (nothing happened in the world); the caller's per-turn and
+per-trajectory action budgets bound how many a policy can emit.
+
+Determinism: `reset(seed=s)` seeds `self.np_random` exactly as
+`np.random.default_rng(s)` would and hands it to `_reset`, so the initial
+state and any later randomness (slips, payouts) are a pure function of `s`.
+The global numpy/random state is never touched.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+
+# Characters the text spaces accept: printable ASCII plus the symbols the
+# renders use (box/player on target, newline).
+_CHARSET = frozenset([chr(c) for c in range(32, 127)] + ["\n", "√"])
+MAX_TEXT_LENGTH = 8192
+
+
+class TextEnv(gym.Env, abc.ABC):
+    """A text MDP: `reset(seed=...)` and `step(action_text)` speak strings.
+
+    Subclasses set `config_class` (a frozen dataclass validated in
+    `__post_init__`), implement the `instructions` property (the task, symbol
+    legend and actions, shown once in the system prompt; the answer format is
+    added by the prompt builder), optionally `action_vocabulary` (exact action
+    names, `None` for free-form actions such as equations), and implement
+    `_reset`, `_step` and `render_text`.
+
+    `info` always carries `success` (bool: the task is solved) and, after
+    `step`, `action_is_valid` (bool: the action was understood and legal).
+    Stepping before `reset` or after the episode ended raises RuntimeError.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    render_mode = "ansi"
+    config_class: ClassVar[type | None] = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.observation_space = gym.spaces.Text(
+            max_length=MAX_TEXT_LENGTH, min_length=0, charset=_CHARSET
+        )
+        self.action_space = gym.spaces.Text(
+            max_length=MAX_TEXT_LENGTH, min_length=0, charset=_CHARSET
+        )
+        self._episode_open = False
+
+    @property
+    @abc.abstractmethod
+    def instructions(self) -> str:
+        """What the task is, the symbol legend and the available actions."""
+
+    @property
+    def action_vocabulary(self) -> tuple[str, ...] | None:
+        """The exact action names, or None when actions are free-form text."""
+        return None
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        info = self._reset(self.np_random, dict(options or {}))
+        info.setdefault("success", False)
+        self._episode_open = True
+        return self.render_text(), info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if not self._episode_open:
+            raise RuntimeError(
+                f"{type(self).__name__}.step called with no open episode: "
+                "call reset() first (and again after terminated or truncated)"
+            )
+        if not isinstance(action, str):
+            raise TypeError(f"action must be a str, got {type(action).__name__}")
+        reward, terminated, truncated, info = self._step(action)
+        info.setdefault("success", False)
+        info.setdefault("action_is_valid", True)
+        self._episode_open = not (terminated or truncated)
+        return self.render_text(), float(reward), terminated, truncated, info
+
+    def render(self) -> str:
+        return self.render_text()
+
+    @abc.abstractmethod
+    def _reset(self, rng: np.random.Generator, options: dict[str, Any]) -> dict[str, Any]:
+        """Builds the initial state from `rng` (seeded per episode); returns info.
+
+        `options` are the reset options; unknown keys must raise ValueError.
+        """
+
+    @abc.abstractmethod
+    def _step(self, action: str) -> tuple[float, bool, bool, dict[str, Any]]:
+        """Applies one action phrase; returns (reward, terminated, truncated, info)."""
+
+    @abc.abstractmethod
+    def render_text(self) -> str:
+        """The current state as the text the model sees."""
+
+
+def build_config(config_class: type, config: Any, overrides: Mapping[str, Any]) -> Any:
+    """Returns `config` (or the defaults) with `overrides` applied and validated.
+
+    Raises TypeError naming any unknown key and listing the accepted ones, so a
+    typo in a YAML or `make_env` call fails loudly instead of being ignored.
+    """
+    if config is not None and not isinstance(config, config_class):
+        raise TypeError(
+            f"config must be a {config_class.__name__}, got {type(config).__name__}"
+        )
+    accepted = config_field_names(config_class)
+    unknown = sorted(set(overrides) - set(accepted))
+    if unknown:
+        raise TypeError(
+            f"unknown {config_class.__name__} key(s) {unknown}; accepted keys: {list(accepted)}"
+        )
+    return dataclasses.replace(config if config is not None else config_class(), **overrides)
+
+
+def config_field_names(config_class: type) -> tuple[str, ...]:
+    """The init field names of a config dataclass, in declaration order."""
+    return tuple(f.name for f in dataclasses.fields(config_class) if f.init)
+
+
+def match_action(text: str, vocabulary: Sequence[str]) -> str | None:
+    """The canonical name in `vocabulary` that `text` spells, or None.
+
+    Matching ignores case and surrounding whitespace: " up " -> "Up".
+    """
+    wanted = text.strip().casefold()
+    for name in vocabulary:
+        if name.casefold() == wanted:
+            return name
+    return None

@@ -1,0 +1,138 @@
+"""Sokoban as a text env: push every box onto a target.
+
+Rewards (as gym-sokoban and RAGEN): -0.1 per valid move (also a move into a
+wall), +1 for pushing a box onto a target, -1 for pushing one off, +10 when
+the last box lands (the episode then terminates with success). Truncated
+after `max_steps` valid moves; invalid actions do not count (see envs.base).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from envs.base import TextEnv, build_config, match_action
+from envs.sokoban_generator import generate_room
+from envs.sokoban_room import ACTIONS, Room, apply_move, parse_room, render_room
+
+STEP_PENALTY = -0.1
+BOX_ON_TARGET_REWARD = 1.0
+BOX_OFF_TARGET_PENALTY = -1.0
+SOLVED_REWARD = 10.0
+
+INSTRUCTIONS = (
+    "You are solving Sokoban: push every box onto a target.\n"
+    "Symbols: # wall, _ empty floor, O target, X box, √ box on a target, "
+    "P you (the player), S you standing on a target.\n"
+    "Actions: Up, Down, Left, Right. Each moves you one cell. Walking into a box "
+    "pushes it one cell if the cell behind it is free; boxes cannot be pulled, "
+    "so a box pushed into a corner is stuck. The puzzle is solved when every box "
+    "is on a target."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SokobanConfig:
+    """Room generation and episode length.
+
+    Attributes:
+        dim_room: (height, width) including the outer wall.
+        num_boxes: boxes (and targets) per room.
+        max_steps: valid moves before the episode is truncated.
+        search_depth: most reverse moves explored when generating a start.
+    """
+
+    dim_room: tuple[int, int] = (6, 6)
+    num_boxes: int = 1
+    max_steps: int = 100
+    search_depth: int = 300
+
+    def __post_init__(self) -> None:
+        dims = tuple(self.dim_room)
+        if len(dims) != 2 or any(not isinstance(d, int) or d < 4 for d in dims):
+            raise ValueError(f"dim_room must be two ints >= 4 (height, width), got {self.dim_room!r}")
+        object.__setattr__(self, "dim_room", dims)
+        interior = (dims[0] - 2) * (dims[1] - 2)
+        if not 1 <= self.num_boxes <= interior - 2:
+            raise ValueError(
+                f"num_boxes must be between 1 and {interior - 2} for a {dims[0]}x{dims[1]} room, "
+                f"got {self.num_boxes}"
+            )
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        if self.search_depth < 1:
+            raise ValueError(f"search_depth must be >= 1, got {self.search_depth}")
+
+
+class SokobanEnv(TextEnv):
+    """Sokoban rooms generated per seed; see the module docstring for rewards.
+
+    `reset(options={"room": room})` plays a given room (a `Room` or its text
+    render) instead of a generated one.
+    """
+
+    config_class = SokobanConfig
+
+    def __init__(self, config: SokobanConfig | None = None, **overrides: Any) -> None:
+        super().__init__()
+        self.config: SokobanConfig = build_config(SokobanConfig, config, overrides)
+        self.room: Room | None = None
+        self.num_steps = 0
+
+    @property
+    def instructions(self) -> str:
+        return INSTRUCTIONS
+
+    @property
+    def action_vocabulary(self) -> tuple[str, ...]:
+        return ACTIONS
+
+    def _reset(self, rng: np.random.Generator, options: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(options) - {"room"})
+        if unknown:
+            raise ValueError(f"unknown Sokoban reset option(s) {unknown}; accepted: ['room']")
+        room = options.get("room")
+        if room is None:
+            cfg = self.config
+            room = generate_room(
+                rng, dim_room=cfg.dim_room, num_boxes=cfg.num_boxes, search_depth=cfg.search_depth
+            )
+        elif isinstance(room, str):
+            room = parse_room(room)
+        elif not isinstance(room, Room):
+            raise TypeError(f"options['room'] must be a Room or its text, got {type(room).__name__}")
+        self.room = room
+        self.num_steps = 0
+        return {"success": room.solved}
+
+    def _step(self, action: str) -> tuple[float, bool, bool, dict[str, Any]]:
+        room = self.room
+        name = match_action(action, ACTIONS)
+        if name is None:
+            info = {"action_is_valid": False, "action_is_effective": False, "success": room.solved}
+            return 0.0, False, False, info
+        move = apply_move(room.layout, room.player, room.boxes, ACTIONS.index(name))
+        self.room = Room(room.layout, move.player, move.boxes)
+        self.num_steps += 1
+        reward = STEP_PENALTY + _box_reward(room, move.box_from, move.box_to)
+        solved = self.room.solved
+        if solved:
+            reward += SOLVED_REWARD
+        truncated = not solved and self.num_steps >= self.config.max_steps
+        info = {"action_is_effective": move.player != room.player, "success": solved}
+        return reward, solved, truncated, info
+
+    def render_text(self) -> str:
+        if self.room is None:
+            raise RuntimeError("SokobanEnv has no room yet: call reset() first")
+        return render_room(self.room)
+
+
+def _box_reward(room: Room, box_from: int, box_to: int) -> float:
+    """+1 for a push onto a target, -1 for a push off one (both cancel on target->target)."""
+    if box_to < 0:
+        return 0.0
+    targets = room.layout.targets
+    return BOX_ON_TARGET_REWARD * (box_to in targets) + BOX_OFF_TARGET_PENALTY * (box_from in targets)

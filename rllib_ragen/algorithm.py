@@ -1,0 +1,533 @@
+"""`StarPOConfig` / `StarPO`: RAGEN's multi-turn agent RL as an RLlib Algorithm.
+
+One iteration (`StarPO.training_step`):
+    sample n_groups x group_size trajectories (LLMEnvRunner, one engine call per turn)
+    -> StarPO-S filter: keep the groups with the largest in-group reward std
+    -> learner_group.update(episodes) for `rollout_frequency` passes in mini-batches
+    -> sync the new policy weights into the rollout engine(s), in place
+    -> every `eval_interval` iterations: evaluate on fixed seeds at eval temperature
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pathlib import Path
+
+import torch
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.connectors.learner.learner_connector_pipeline import LearnerConnectorPipeline
+from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+from ray.rllib.utils.annotations import override
+from ray.rllib.utils.metrics import (
+    ENV_RUNNER_RESULTS,
+    EVALUATION_RESULTS,
+    LEARNER_RESULTS,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    TIMERS,
+)
+
+from envs import list_envs
+from rllib_ragen.advantages import ADVANTAGE_ESTIMATORS
+from rllib_ragen.connectors.learner_connector import AdvantageSettings, StarPOLearnerConnector
+from rllib_ragen.connectors.protocol import ProtocolConfig
+from rllib_ragen.echo_trap import EchoTrapMonitor
+from rllib_ragen.env_group import TurnBudget
+from rllib_ragen.env_runner import LLMEnvRunner, policy_weights, rollout_statistics
+from rllib_ragen.filtering import FILTER_METRICS, select_groups_by_variance
+from rllib_ragen.inference.factory import EngineConfig
+from rllib_ragen.learner import StarPOTorchLearner
+from rllib_ragen.losses import KL_KINDS, LOSS_AGGREGATIONS
+from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model
+from rllib_ragen.module import CRITIC_KINDS, LLMModuleConfig, LLMRLModule
+
+logger = logging.getLogger(__name__)
+
+ROLLOUT_TIMER = "rollout"
+UPDATE_TIMER = "update"
+WEIGHT_SYNC_TIMER = "weight_sync"
+EVAL_TIMER = "evaluation"
+
+
+class StarPOConfig(AlgorithmConfig):
+    """Configuration of StarPO; defaults are RAGEN's v1 base configuration.
+
+    Example:
+        config = (
+            StarPOConfig()
+            .environment("sokoban")
+            .llm(model="smollm2-135m-instruct")
+            .rollouts(n_groups=8, group_size=16)
+            .training(advantage_estimator="gae", rollout_filter_ratio=0.25)
+        )
+        algo = config.build_algo()
+        algo.train()
+    """
+
+    def __init__(self, algo_class=None) -> None:
+        super().__init__(algo_class=algo_class or StarPO)
+        # RLlib plumbing: one local LLM env runner; we own the learner pipeline.
+        self.env_runner_cls = LLMEnvRunner
+        self.num_env_runners = 0
+        self.add_default_connectors_to_learner_pipeline = False
+        self.env = "sokoban"
+        self.grad_clip = 1.0
+        self.grad_clip_by = "global_norm"
+        # .llm()
+        self.model = "Qwen/Qwen2.5-0.5B-Instruct"
+        self.critic = "separate"
+        self.dtype = "float32"
+        self.gradient_checkpointing = False
+        # .rollouts()
+        self.n_groups = 8
+        self.group_size = 16
+        self.max_turns = 5
+        self.max_actions_per_turn = 5
+        self.max_actions_per_traj = 10
+        self.response_length = 400
+        self.temperature = 1.0
+        self.history_window = None
+        self.think = True
+        self.prefill = False
+        self.format_penalty = -0.1
+        self.train_seed_start = 10_000
+        # .inference()
+        self.engine = "auto"
+        self.num_engines = 1
+        self.kv_cache_gb = 4.0
+        self.engine_dtype = "auto"
+        self.max_model_len = 3600
+        self.enable_prefix_caching = False
+        self.num_gpus_per_engine = 0.0
+        self.tensor_parallel_size = 1
+        self.engine_threads = None
+        # .training()
+        self.advantage_estimator = "gae"
+        self.gamma = 1.0
+        self.lambda_ = 1.0
+        self.high_level_gamma = 0.95
+        self.whiten_advantages = True
+        self.grpo_norm_by_std = True
+        self.clip_ratio_low = 0.2
+        self.clip_ratio_high = 0.28
+        self.clip_ratio_dual = 3.0
+        self.entropy_coeff = 0.001
+        self.kl_coeff = 0.0
+        self.kl_type = "k3"
+        self.value_clip = 0.5
+        self.vf_loss_coeff = 1.0
+        self.loss_agg_mode = "token-mean"
+        self.rollout_filter_ratio = 0.25
+        self.rollout_filter_metric = "std"
+        self.rollout_frequency = 1
+        self.mini_batch_size = 32
+        self.micro_batch_size = 4
+        self.actor_lr = 1e-6
+        self.critic_lr = 1e-5
+        self.adam_betas = (0.9, 0.999)
+        self.weight_decay = 0.01
+        self.echo_trap_window = 10
+        self.echo_trap_ratio = 0.1
+        # .starpo_evaluation()
+        self.eval_interval = 10
+        self.eval_size = 256
+        self.eval_temperature = 0.5
+        self.eval_seed = 123
+
+    # ------------------------------------------------------------------ builders
+    def llm(
+        self,
+        *,
+        model: str | None = NotProvided,
+        critic: str | None = NotProvided,
+        dtype: str | None = NotProvided,
+        gradient_checkpointing: bool | None = NotProvided,
+    ) -> StarPOConfig:
+        """The language model trained as the policy, and its critic.
+
+        Args:
+            model: A built-in name ("smollm2-135m-instruct", "tiny-random"), a
+                local Hugging Face model directory, or a hub id (where a hub is
+                reachable), e.g. "Qwen/Qwen2.5-0.5B-Instruct".
+            critic: "separate" (own LM trunk + value head, RAGEN's PPO), "head"
+                (value head on the policy trunk; cheaper) or "none" (critic-free
+                estimators grpo/brpo/arpo only).
+            dtype: Trained parameter dtype: "float32", "bfloat16" or "float16".
+            gradient_checkpointing: Recompute activations in backward to save memory.
+        """
+        return self._set(model=model, critic=critic, dtype=dtype, gradient_checkpointing=gradient_checkpointing)
+
+    def rollouts(
+        self,
+        *,
+        n_groups: int | None = NotProvided,
+        group_size: int | None = NotProvided,
+        max_turns: int | None = NotProvided,
+        max_actions_per_turn: int | None = NotProvided,
+        max_actions_per_traj: int | None = NotProvided,
+        response_length: int | None = NotProvided,
+        temperature: float | None = NotProvided,
+        history_window: int | None = NotProvided,
+        think: bool | None = NotProvided,
+        prefill: bool | None = NotProvided,
+        format_penalty: float | None = NotProvided,
+        train_seed_start: int | None = NotProvided,
+    ) -> StarPOConfig:
+        """How trajectories are sampled each iteration.
+
+        Args:
+            n_groups: Groups per iteration; each group shares one initial state (seed).
+            group_size: Trajectories per group (RAGEN: 8 groups x 16).
+            max_turns: Model turns per trajectory.
+            max_actions_per_turn: Most actions executed from one answer.
+            max_actions_per_traj: Most actions over a whole trajectory.
+            response_length: Most tokens generated per turn.
+            temperature: Rollout sampling temperature (> 0).
+            history_window: Past turns kept in each prompt; None = full history.
+            think: Require `<think>...</think>` before `<answer>`; False = no-think mode.
+            prefill: Start each assistant turn with its first tag (helps small models).
+            format_penalty: Reward added to a turn with no valid action (<= 0).
+            train_seed_start: First training seed; later groups take the next seeds.
+        """
+        return self._set(
+            n_groups=n_groups, group_size=group_size, max_turns=max_turns,
+            max_actions_per_turn=max_actions_per_turn, max_actions_per_traj=max_actions_per_traj,
+            response_length=response_length, temperature=temperature, history_window=history_window,
+            think=think, prefill=prefill, format_penalty=format_penalty, train_seed_start=train_seed_start,
+        )
+
+    def inference(
+        self,
+        *,
+        engine: str | None = NotProvided,
+        num_engines: int | None = NotProvided,
+        kv_cache_gb: float | None = NotProvided,
+        engine_dtype: str | None = NotProvided,
+        max_model_len: int | None = NotProvided,
+        enable_prefix_caching: bool | None = NotProvided,
+        num_gpus_per_engine: float | None = NotProvided,
+        tensor_parallel_size: int | None = NotProvided,
+        engine_threads: int | None = NotProvided,
+    ) -> StarPOConfig:
+        """The rollout engine.
+
+        Args:
+            engine: "auto" (vLLM when importable, else in-process HF), "vllm" or "hf".
+            num_engines: vLLM engine actors in the pool.
+            kv_cache_gb: KV-cache size per vLLM engine (host RAM on CPU).
+            engine_dtype: Engine weight dtype ("auto", "float32", "bfloat16").
+            max_model_len: Longest prompt + response an engine serves.
+            enable_prefix_caching: vLLM prefix caching (reset on every weight sync).
+            num_gpus_per_engine: GPUs per vLLM actor (0 on CPU).
+            tensor_parallel_size: Tensor-parallel degree per vLLM engine.
+            engine_threads: CPU threads per engine (None = all cores).
+        """
+        return self._set(
+            engine=engine, num_engines=num_engines, kv_cache_gb=kv_cache_gb, engine_dtype=engine_dtype,
+            max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
+            num_gpus_per_engine=num_gpus_per_engine, tensor_parallel_size=tensor_parallel_size,
+            engine_threads=engine_threads,
+        )
+
+    @override(AlgorithmConfig)
+    def training(
+        self,
+        *,
+        advantage_estimator: str | None = NotProvided,
+        gamma: float | None = NotProvided,
+        lambda_: float | None = NotProvided,
+        high_level_gamma: float | None = NotProvided,
+        whiten_advantages: bool | None = NotProvided,
+        grpo_norm_by_std: bool | None = NotProvided,
+        clip_ratio_low: float | None = NotProvided,
+        clip_ratio_high: float | None = NotProvided,
+        clip_ratio_dual: float | None = NotProvided,
+        entropy_coeff: float | None = NotProvided,
+        kl_coeff: float | None = NotProvided,
+        kl_type: str | None = NotProvided,
+        value_clip: float | None = NotProvided,
+        vf_loss_coeff: float | None = NotProvided,
+        loss_agg_mode: str | None = NotProvided,
+        rollout_filter_ratio: float | None = NotProvided,
+        rollout_filter_metric: str | None = NotProvided,
+        rollout_frequency: int | None = NotProvided,
+        mini_batch_size: int | None = NotProvided,
+        micro_batch_size: int | None = NotProvided,
+        actor_lr: float | None = NotProvided,
+        critic_lr: float | None = NotProvided,
+        adam_betas: tuple[float, float] | None = NotProvided,
+        weight_decay: float | None = NotProvided,
+        echo_trap_window: int | None = NotProvided,
+        echo_trap_ratio: float | None = NotProvided,
+        **kwargs,
+    ) -> StarPOConfig:
+        """The StarPO update.
+
+        Args:
+            advantage_estimator: "gae" (PPO critic), "bi_level_gae" (turn-level
+                GAE feeding token-level GAE), "grpo" (normalise in group),
+                "brpo" (normalise over the batch) or "arpo" (raw rewards).
+            gamma: Token-level discount.
+            lambda_: Token-level GAE lambda.
+            high_level_gamma: Turn-level discount of bi-level GAE.
+            whiten_advantages: Whiten GAE advantages over the loss mask.
+            grpo_norm_by_std: Divide grpo/brpo advantages by the std.
+            clip_ratio_low: PPO lower clip (ratio >= 1 - low).
+            clip_ratio_high: PPO upper clip (ratio <= 1 + high); decoupled from low.
+            clip_ratio_dual: Dual-clip bound for negative advantages (> 1), or None.
+            entropy_coeff: Weight of the entropy bonus.
+            kl_coeff: Weight of KL(policy || initial policy); 0 disables it and
+                no reference model is kept (StarPO-S).
+            kl_type: KL estimator: "k1", "k3", "abs" or "mse".
+            value_clip: Value-loss clip range, or None.
+            vf_loss_coeff: Weight of the value loss.
+            loss_agg_mode: "token-mean", "seq-mean-token-mean" or "seq-mean-token-sum".
+            rollout_filter_ratio: Fraction of groups kept by in-group reward
+                spread (StarPO-S: 0.25); 1.0 keeps all.
+            rollout_filter_metric: Spread measure: "std" or "range".
+            rollout_frequency: Optimiser passes over each rollout batch before
+                the next rollout (1 = always fresh data, RAGEN's advice).
+            mini_batch_size: Rows per optimiser step (a row is a trajectory,
+                or one turn when a history window is set).
+            micro_batch_size: Rows per forward/backward; gradients accumulate.
+            actor_lr: Policy learning rate.
+            critic_lr: Critic learning rate.
+            adam_betas: AdamW betas.
+            weight_decay: AdamW weight decay.
+            echo_trap_window: Iterations averaged for the echo-trap baseline.
+            echo_trap_ratio: Warn when in-group reward std stays below this
+                fraction of its baseline for `echo_trap_window` iterations.
+        """
+        super().training(**kwargs)
+        return self._set(
+            advantage_estimator=advantage_estimator, gamma=gamma, lambda_=lambda_,
+            high_level_gamma=high_level_gamma, whiten_advantages=whiten_advantages,
+            grpo_norm_by_std=grpo_norm_by_std, clip_ratio_low=clip_ratio_low,
+            clip_ratio_high=clip_ratio_high, clip_ratio_dual=clip_ratio_dual,
+            entropy_coeff=entropy_coeff, kl_coeff=kl_coeff, kl_type=kl_type, value_clip=value_clip,
+            vf_loss_coeff=vf_loss_coeff, loss_agg_mode=loss_agg_mode,
+            rollout_filter_ratio=rollout_filter_ratio, rollout_filter_metric=rollout_filter_metric,
+            rollout_frequency=rollout_frequency, mini_batch_size=mini_batch_size,
+            micro_batch_size=micro_batch_size, actor_lr=actor_lr, critic_lr=critic_lr,
+            adam_betas=adam_betas, weight_decay=weight_decay, echo_trap_window=echo_trap_window,
+            echo_trap_ratio=echo_trap_ratio,
+        )
+
+    def starpo_evaluation(
+        self,
+        *,
+        eval_interval: int | None = NotProvided,
+        eval_size: int | None = NotProvided,
+        eval_temperature: float | None = NotProvided,
+        eval_seed: int | None = NotProvided,
+    ) -> StarPOConfig:
+        """Periodic evaluation on fixed initial states (group size 1).
+
+        Args:
+            eval_interval: Evaluate every this many iterations (0 = never).
+            eval_size: Evaluation instances (RAGEN: 256).
+            eval_temperature: Sampling temperature of evaluation (0 = greedy).
+            eval_seed: First evaluation seed; instances use seeds
+                eval_seed .. eval_seed + eval_size - 1.
+        """
+        return self._set(
+            eval_interval=eval_interval, eval_size=eval_size,
+            eval_temperature=eval_temperature, eval_seed=eval_seed,
+        )
+
+    def _set(self, **values: Any) -> StarPOConfig:
+        for key, value in values.items():
+            if value is not NotProvided:
+                setattr(self, key, value)
+        return self
+
+    # ------------------------------------------------------------ derived parts
+    @property
+    def turn_budget(self) -> TurnBudget:
+        return TurnBudget(self.max_turns, self.max_actions_per_traj, self.format_penalty)
+
+    @property
+    def protocol_config(self) -> ProtocolConfig:
+        return ProtocolConfig(
+            max_actions_per_turn=self.max_actions_per_turn, think=self.think, prefill=self.prefill,
+            history_window=self.history_window, format_penalty=self.format_penalty,
+        )
+
+    @property
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            kind=self.engine, num_engines=self.num_engines, kv_cache_gb=self.kv_cache_gb,
+            dtype=self.engine_dtype, max_model_len=self.max_model_len,
+            enable_prefix_caching=self.enable_prefix_caching, num_gpus_per_engine=self.num_gpus_per_engine,
+            tensor_parallel_size=self.tensor_parallel_size, num_threads=self.engine_threads,
+            seed=self.seed,
+        )
+
+    @property
+    def advantage_settings(self) -> AdvantageSettings:
+        return AdvantageSettings(
+            estimator=self.advantage_estimator, gamma=self.gamma, lam=self.lambda_,
+            high_level_gamma=self.high_level_gamma, whiten=self.whiten_advantages,
+            norm_by_std=self.grpo_norm_by_std,
+        )
+
+    @property
+    def llm_module_config(self) -> LLMModuleConfig:
+        return LLMModuleConfig(
+            model=self.model, critic=self.critic, dtype=self.dtype,
+            logit_temperature=self.temperature, gradient_checkpointing=self.gradient_checkpointing,
+        )
+
+    @override(AlgorithmConfig)
+    def get_default_rl_module_spec(self) -> RLModuleSpec:
+        return RLModuleSpec(module_class=LLMRLModule, model_config=dict(vars(self.llm_module_config)))
+
+    @override(AlgorithmConfig)
+    def get_default_learner_class(self):
+        return StarPOTorchLearner
+
+    @override(AlgorithmConfig)
+    def build_learner_connector(self, input_observation_space, input_action_space, device=None):
+        return LearnerConnectorPipeline(
+            connectors=[
+                StarPOLearnerConnector(
+                    input_observation_space,
+                    input_action_space,
+                    advantages=self.advantage_settings,
+                    history_window=self.history_window,
+                    micro_batch_size=self.micro_batch_size,
+                )
+            ],
+            input_observation_space=input_observation_space,
+            input_action_space=input_action_space,
+        )
+
+    @override(AlgorithmConfig)
+    def validate(self) -> None:
+        super().validate()
+        self.validate_starpo()
+
+    def validate_starpo(self) -> None:
+        """Checks every StarPO knob; raises ValueError naming the bad one."""
+        if self.env not in list_envs():
+            raise ValueError(f"unknown env {self.env!r}; registered envs: {sorted(list_envs())}")
+        _choice("advantage_estimator", self.advantage_estimator, sorted(ADVANTAGE_ESTIMATORS))
+        _choice("critic", self.critic, CRITIC_KINDS)
+        _choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGGREGATIONS)
+        _choice("kl_type", self.kl_type, KL_KINDS)
+        _choice("rollout_filter_metric", self.rollout_filter_metric, FILTER_METRICS)
+        if self.advantage_estimator in ("gae", "bi_level_gae") and self.critic == "none":
+            raise ValueError(
+                f"advantage_estimator={self.advantage_estimator!r} needs a critic; set "
+                ".llm(critic='head' or 'separate') or use grpo/brpo/arpo"
+            )
+        for name in ("n_groups", "group_size", "rollout_frequency", "mini_batch_size", "micro_batch_size",
+                     "response_length", "eval_size", "echo_trap_window", "num_engines"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.rollout_filter_ratio <= 1:
+            raise ValueError(f"rollout_filter_ratio must be in (0, 1], got {self.rollout_filter_ratio}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 for rollouts, got {self.temperature}")
+        if self.eval_interval < 0 or self.eval_temperature < 0:
+            raise ValueError("eval_interval and eval_temperature must be >= 0")
+        if self.actor_lr < 0 or self.critic_lr < 0 or self.kl_coeff < 0 or self.entropy_coeff < 0:
+            raise ValueError("actor_lr, critic_lr, kl_coeff and entropy_coeff must be >= 0")
+        if self.num_env_runners != 0:
+            raise ValueError("StarPO samples on the local LLMEnvRunner; set num_env_runners=0")
+        # Building these runs their own validation with clear messages.
+        self.turn_budget, self.protocol_config, self.engine_config, self.llm_module_config
+
+    @property
+    def rollout_summary(self) -> str:
+        return (
+            f"{self.env}: {self.n_groups} groups x {self.group_size} trajectories, "
+            f"{self.max_turns} turns, model {self.model}, estimator {self.advantage_estimator}"
+        )
+
+
+def _choice(name: str, value: Any, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
+
+
+class StarPO(Algorithm):
+    """StarPO (State-Thinking-Actions-Reward Policy Optimisation) on RLlib."""
+
+    @classmethod
+    @override(Algorithm)
+    def get_default_config(cls) -> StarPOConfig:
+        return StarPOConfig()
+
+    @override(Algorithm)
+    def setup(self, config) -> None:
+        super().setup(config)
+        self.echo_trap = EchoTrapMonitor(window=self.config.echo_trap_window, ratio=self.config.echo_trap_ratio)
+
+    @override(Algorithm)
+    def training_step(self) -> None:
+        runner = self.env_runner
+        with self.metrics.log_time((TIMERS, ROLLOUT_TIMER)):
+            episodes = runner.sample()
+        self.metrics.aggregate([runner.get_metrics()], key=ENV_RUNNER_RESULTS)
+        kept = self._filter_groups(episodes)
+        with self.metrics.log_time((TIMERS, UPDATE_TIMER)):
+            learner_results = self.learner_group.update(
+                episodes=kept,
+                timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self.iteration},
+                num_epochs=self.config.rollout_frequency,
+                minibatch_size=self.config.mini_batch_size,
+                shuffle_batch_per_epoch=True,
+            )
+        self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+        with self.metrics.log_time((TIMERS, WEIGHT_SYNC_TIMER)):
+            self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True)
+        interval = self.config.eval_interval
+        if interval and (self.iteration + 1) % interval == 0:
+            self.evaluate_fixed_seeds()
+
+    def _filter_groups(self, episodes: list) -> list:
+        """StarPO-S: keeps the groups whose trajectories disagree most in reward."""
+        returns = [[float(sum(a.get_rewards())) for a in e.agent_episodes.values()] for e in episodes]
+        scores = torch.tensor([r for group in returns for r in group])
+        group_ids = torch.tensor([g for g, group in enumerate(returns) for _ in group])
+        selection = select_groups_by_variance(
+            scores, group_ids, keep_ratio=self.config.rollout_filter_ratio, metric=self.config.rollout_filter_metric
+        )
+        for key, value in selection.stats.items():
+            self.metrics.log_value(("starpo_filter", key), float(value), window=1)
+        warning = self.echo_trap.update(selection.stats["in_group_reward_std_before"])
+        self.metrics.log_value(("starpo_filter", "echo_trap_warning"), float(warning is not None), window=1)
+        if warning:
+            logger.warning(warning)
+        kept = sorted(int(g) for g in selection.kept_group_ids)
+        return [episodes[g] for g in kept]
+
+    def evaluate_fixed_seeds(self) -> dict[str, float]:
+        """Success and reward on the fixed evaluation instances (group size 1)."""
+        config = self.config
+        seeds = list(range(config.eval_seed, config.eval_seed + config.eval_size))
+        with self.metrics.log_time((TIMERS, EVAL_TIMER)):
+            episodes = self.env_runner.sample(
+                seeds=seeds, group_size=1, temperature=config.eval_temperature, evaluation=True
+            )
+        stats = rollout_statistics(episodes)
+        for key, value in stats.items():
+            self.metrics.log_value((EVALUATION_RESULTS, key), value, window=1)
+        return stats
+
+    def export_policy(self, directory: str | Path) -> Path:
+        """Writes the trained policy as a plain Hugging Face model directory."""
+        component = f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}"
+        state = self.learner_group.get_state(components=component, inference_only=True)
+        module_state = state[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
+        model_path = resolve_model(self.config.model)
+        policy = load_causal_lm(model_path)
+        policy.load_state_dict(policy_weights(module_state))
+        directory = Path(directory)
+        policy.save_pretrained(directory, safe_serialization=True)
+        load_tokenizer(model_path).save_pretrained(directory)
+        return directory

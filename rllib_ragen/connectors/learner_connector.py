@@ -1,0 +1,144 @@
+"""Learner connector: StarPO group episodes -> token batch with advantages.
+
+Runs once per `learner_group.update(...)` call, before any mini-batch:
+1. rebuild every trajectory's exact token rows from its episode;
+2. score the rows with the current weights (no grad): the old log-probs of
+   the PPO ratio and, with a critic, the old values;
+3. compute advantages and value targets per trajectory (the estimator registry);
+4. emit one RLlib column dict of [rows, L] tensors for the default module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from ray.rllib.connectors.connector_v2 import ConnectorV2
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.columns import Columns
+from ray.rllib.utils.annotations import override
+
+from rllib_ragen.advantages import AdvantageInputs, compute_advantages, masked_mean
+from rllib_ragen.connectors.token_batch import TokenBatch, build_token_batch, trajectories_from_episodes
+from rllib_ragen.module import ATTENTION_MASK, INPUT_IDS, TOKEN_LOGP
+
+SAMPLING_LOGP = "sampling_logp"
+CRITIC_ESTIMATORS = ("gae", "bi_level_gae")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageSettings:
+    """How advantages are estimated (see `StarPOConfig.training` for each knob)."""
+
+    estimator: str = "gae"
+    gamma: float = 1.0
+    lam: float = 1.0
+    high_level_gamma: float = 0.95
+    whiten: bool = True
+    norm_by_std: bool = True
+
+    def hparams(self) -> dict[str, Any]:
+        if self.estimator == "gae":
+            return {"gamma": self.gamma, "lam": self.lam}
+        if self.estimator == "bi_level_gae":
+            return {"gamma": self.gamma, "lam": self.lam, "high_level_gamma": self.high_level_gamma}
+        if self.estimator in ("grpo", "brpo"):
+            return {"norm_by_std": self.norm_by_std}
+        return {}
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.estimator in CRITIC_ESTIMATORS
+
+
+class StarPOLearnerConnector(ConnectorV2):
+    """Turns episodes into the columns `StarPOTorchLearner` trains on.
+
+    Args:
+        advantages: Estimator and its hyper-parameters.
+        history_window: The rollout's history window (decides the row layout).
+        micro_batch_size: Rows scored per forward pass (bounds memory).
+    """
+
+    def __init__(
+        self,
+        input_observation_space=None,
+        input_action_space=None,
+        *,
+        advantages: AdvantageSettings,
+        history_window: int | None,
+        micro_batch_size: int,
+        **kwargs,
+    ) -> None:
+        super().__init__(input_observation_space, input_action_space, **kwargs)
+        self.advantages = advantages
+        self.history_window = history_window
+        self.micro_batch_size = micro_batch_size
+
+    @override(ConnectorV2)
+    def __call__(self, *, rl_module, batch, episodes, metrics=None, **kwargs) -> dict[str, Any]:
+        module = rl_module[DEFAULT_MODULE_ID]
+        trajectories = trajectories_from_episodes(episodes, history_window=self.history_window)
+        tokens = build_token_batch(trajectories, pad_token_id=0)
+        old_logp, old_values = score_rows(module, tokens, self.micro_batch_size, with_values=self.advantages.needs_critic)
+        inputs = AdvantageInputs(
+            rewards=tokens.turn_rewards,
+            mask=tokens.traj_mask,
+            values=tokens.to_trajectories(old_values) if old_values is not None else None,
+            turn_ends=tokens.turn_ends,
+            group_ids=tokens.group_ids,
+        )
+        advantages, returns = compute_advantages(
+            self.advantages.estimator,
+            inputs,
+            whiten=self.advantages.whiten and self.advantages.needs_critic,
+            **self.advantages.hparams(),
+        )
+        columns = {
+            INPUT_IDS: tokens.input_ids,
+            ATTENTION_MASK: tokens.attention_mask,
+            Columns.LOSS_MASK: tokens.loss_mask,
+            Columns.ACTION_LOGP: old_logp,
+            SAMPLING_LOGP: tokens.sampling_logp,
+            Columns.ADVANTAGES: tokens.to_rows(advantages),
+        }
+        if old_values is not None:
+            columns[Columns.VF_PREDS] = old_values
+            columns[Columns.VALUE_TARGETS] = tokens.to_rows(returns)
+        if metrics is not None:
+            _log_batch_metrics(metrics, tokens, old_logp, advantages)
+        batch[DEFAULT_MODULE_ID] = {k: v.to(module.policy.device) for k, v in columns.items()}
+        return batch
+
+
+@torch.no_grad()
+def score_rows(
+    module, tokens: TokenBatch, micro_batch_size: int, *, with_values: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and critic values) of every row under the current weights, [R, L]."""
+    logps, values = [], []
+    device = module.policy.device
+    for start in range(0, tokens.input_ids.shape[0], micro_batch_size):
+        rows = slice(start, start + micro_batch_size)
+        micro = {
+            INPUT_IDS: tokens.input_ids[rows].to(device),
+            ATTENTION_MASK: tokens.attention_mask[rows].to(device),
+            Columns.LOSS_MASK: tokens.loss_mask[rows].to(device),
+        }
+        out = module.forward_train(micro)
+        logps.append(out[TOKEN_LOGP].float().cpu())
+        if with_values:
+            values.append(out[Columns.VF_PREDS].float().cpu())
+    return torch.cat(logps), (torch.cat(values) if with_values else None)
+
+
+def _log_batch_metrics(metrics, tokens: TokenBatch, old_logp: torch.Tensor, advantages: torch.Tensor) -> None:
+    mask = tokens.loss_mask.bool()
+    # Train/inference mismatch: the engine's sampling log-probs vs the learner's.
+    gap = (old_logp - tokens.sampling_logp).abs()
+    metrics.log_value("train_inference_logp_gap_mean", masked_mean(gap, mask).item(), window=1)
+    metrics.log_value("train_inference_logp_gap_max", gap[mask].max().item() if mask.any() else 0.0, window=1)
+    metrics.log_value("advantage_mean", masked_mean(advantages, tokens.traj_mask).item(), window=1)
+    metrics.log_value("num_trained_tokens", float(mask.sum()), window=1)
+    metrics.log_value("num_trained_trajectories", float(tokens.traj_mask.shape[0]), window=1)

@@ -1,0 +1,158 @@
+"""The prompt/answer protocol: env text -> prompt tokens, sampled tokens -> actions.
+
+Pure and RLlib-free. One `PromptProtocol` per (tokenizer, env) pair renders
+the system prompt from the env's instructions, renders each turn's user
+message (reward, feedback, state, remaining budget) as tokens to append, and
+decodes and parses the model's sampled tokens into actions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from rllib_ragen.connectors.answer_parser import ACTION_SEPARATOR, ParsedAnswer, parse_answer
+from rllib_ragen.connectors.chat_template import ChatTemplate
+
+
+@dataclasses.dataclass(frozen=True)
+class ProtocolConfig:
+    """How prompts are written and answers read.
+
+    Args:
+        max_actions_per_turn: Most actions executed from one answer (RAGEN: 5).
+        think: Ask for `<think>...</think>` before the answer; False = no-think mode.
+        prefill: Start the assistant turn with the first tag (`<think>` or, in
+            no-think mode, `<answer>`): small models follow the format far more often.
+        history_window: Past turns kept in each prompt; None = the full history.
+        format_penalty: Reward added to a turn whose answer has no valid action (RAGEN: -0.1).
+    """
+
+    max_actions_per_turn: int = 5
+    think: bool = True
+    prefill: bool = False
+    history_window: int | None = None
+    format_penalty: float = -0.1
+
+    def __post_init__(self) -> None:
+        if self.max_actions_per_turn < 1:
+            raise ValueError(f"max_actions_per_turn must be >= 1, got {self.max_actions_per_turn}")
+        if self.history_window is not None and self.history_window < 0:
+            raise ValueError(f"history_window must be >= 0 or None, got {self.history_window}")
+        if self.format_penalty > 0:
+            raise ValueError(f"format_penalty must be <= 0, got {self.format_penalty}")
+
+    @property
+    def prefill_text(self) -> str:
+        if not self.prefill:
+            return ""
+        return "<think>" if self.think else "<answer>"
+
+
+class PromptProtocol:
+    """Renders prompts for one env and parses the model's answers.
+
+    Args:
+        template: The tokenizer's chat template pieces.
+        instructions: The env's rules and legend (its `instructions`).
+        action_vocabulary: The env's action names, or None for free-form actions.
+        config: Prompt and parsing settings.
+    """
+
+    def __init__(
+        self,
+        template: ChatTemplate,
+        *,
+        instructions: str,
+        action_vocabulary: Sequence[str] | None,
+        config: ProtocolConfig,
+    ) -> None:
+        self.template = template
+        self.config = config
+        self.action_vocabulary = tuple(action_vocabulary) if action_vocabulary else None
+        self.system_text = self._system_text(instructions)
+        self.system_ids = template.system_ids(self.system_text)
+
+    def _system_text(self, instructions: str) -> str:
+        n = self.config.max_actions_per_turn
+        example = _example_answer(self.action_vocabulary, n)
+        if self.config.think:
+            answer_format = f"<think>your short reasoning</think><answer>{example}</answer>"
+        else:
+            answer_format = f"<answer>{example}</answer>"
+        return (
+            f"{instructions.strip()}\n"
+            f"You may take up to {n} action(s) per turn, separated by '{ACTION_SEPARATOR}'.\n"
+            f"Always answer in the format {answer_format}"
+        )
+
+    def user_ids(
+        self,
+        observation: str,
+        *,
+        reward: float | None = None,
+        feedback: str | None = None,
+        turns_left: int | None = None,
+        actions_left: int | None = None,
+    ) -> list[int]:
+        """Tokens of one user message plus the assistant header (and prefill)."""
+        lines = []
+        if reward is not None:
+            lines.append(f"Reward: {reward:g}")
+        if feedback:
+            lines.append(feedback)
+        lines.append(f"State:\n{observation}")
+        budget = []
+        if turns_left is not None:
+            budget.append(f"{turns_left} turn(s)")
+        if actions_left is not None:
+            budget.append(f"{actions_left} action(s)")
+        if budget:
+            lines.append(f"You have {' and '.join(budget)} left.")
+        return self.template.user_ids("\n".join(lines), prefill=self.config.prefill_text)
+
+    def parse(self, response_ids: Sequence[int]) -> tuple[str, ParsedAnswer]:
+        """Decodes a sampled response (with the prefill put back) and parses it."""
+        text = self.config.prefill_text + self.template.tokenizer.decode(
+            list(response_ids), skip_special_tokens=True
+        )
+        parsed = parse_answer(
+            text,
+            max_actions_per_turn=self.config.max_actions_per_turn,
+            action_vocabulary=self.action_vocabulary,
+            think=self.config.think,
+        )
+        return text, parsed
+
+    def close_ids(self, response_ids: Sequence[int]) -> list[int]:
+        return self.template.close_ids(list(response_ids))
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        return (self.template.eos_token_id,)
+
+
+def feedback_for(parsed: ParsedAnswer) -> str | None:
+    """A short note shown in the next prompt when the answer was (partly) unusable."""
+    if parsed.error:
+        return f"Your last answer was not used: {parsed.error}."
+    if parsed.invalid_actions:
+        return f"Ignored invalid action(s): {', '.join(parsed.invalid_actions)}."
+    return None
+
+
+def _example_answer(vocabulary: Sequence[str] | None, max_actions: int) -> str:
+    if not vocabulary:
+        return "your answer"
+    return f" {ACTION_SEPARATOR} ".join(vocabulary[: min(2, max_actions)])
+
+
+def summarize(parsed: ParsedAnswer) -> dict[str, Any]:
+    """Per-turn facts for logs and metrics."""
+    return {
+        "format_ok": parsed.format_ok,
+        "num_actions": len(parsed.actions),
+        "num_invalid_actions": len(parsed.invalid_actions),
+        "num_dropped_actions": len(parsed.dropped_actions),
+    }

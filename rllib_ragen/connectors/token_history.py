@@ -1,0 +1,125 @@
+"""Token-level history of one trajectory: the exact ids the model saw and sampled.
+
+Layout of a trajectory with turns 0..n-1:
+
+    system | user_0 response_0 close_0 | user_1 response_1 close_1 | ... | user_t
+
+`user_i` holds the rendered user message (state, reward) and the assistant
+header (plus any answer prefill); `response_i` holds the sampled ids exactly as
+the engine returned them; `close_i` ends the assistant message. The prompt of
+turn t is the concatenation above (or only the last k turns of it), so a prompt
+is always a concatenation of earlier token pieces: nothing is re-tokenised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class TokenTurn:
+    """One model turn: its prompt piece, the sampled reply and its outcome."""
+
+    user_ids: list[int]
+    response_ids: list[int] = dataclasses.field(default_factory=list)
+    response_logprobs: list[float] = dataclasses.field(default_factory=list)
+    close_ids: list[int] = dataclasses.field(default_factory=list)
+    reward: float = 0.0
+
+    @property
+    def is_answered(self) -> bool:
+        return bool(self.response_ids)
+
+
+@dataclasses.dataclass
+class TokenHistory:
+    """The growing token sequence of one trajectory.
+
+    Args:
+        system_ids: Tokens of the system block (instructions), shared by every prompt.
+        history_window: Turns of history kept in a prompt besides the current
+            one; None keeps the full history.
+    """
+
+    system_ids: list[int]
+    history_window: int | None = None
+    turns: list[TokenTurn] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.history_window is not None and self.history_window < 0:
+            raise ValueError(f"history_window must be >= 0 or None, got {self.history_window}")
+
+    def add_user(self, user_ids: list[int]) -> None:
+        """Starts a new turn with the user message the model must answer."""
+        if self.turns and not self.turns[-1].is_answered:
+            raise RuntimeError("the previous turn has no response yet")
+        self.turns.append(TokenTurn(user_ids=list(user_ids)))
+
+    def add_response(
+        self, response_ids: list[int], logprobs: list[float], close_ids: list[int]
+    ) -> None:
+        """Records the sampled reply of the current turn and its closing tokens."""
+        if not self.turns or self.turns[-1].is_answered:
+            raise RuntimeError("add_user must come before add_response")
+        if len(response_ids) != len(logprobs):
+            raise ValueError(
+                f"{len(response_ids)} response tokens but {len(logprobs)} log-probs"
+            )
+        if not response_ids:
+            raise ValueError("a response must hold at least one token")
+        turn = self.turns[-1]
+        turn.response_ids, turn.response_logprobs = list(response_ids), list(logprobs)
+        turn.close_ids = list(close_ids)
+
+    def prompt_ids(self, turn_index: int | None = None) -> list[int]:
+        """Prompt of turn `turn_index` (default: the current one), within the history window."""
+        if turn_index is None:
+            if not self.turns or self.turns[-1].is_answered:
+                raise RuntimeError("no unanswered turn: call add_user first")
+            turn_index = len(self.turns) - 1
+        first = 0 if self.history_window is None else max(0, turn_index - self.history_window)
+        ids = list(self.system_ids)
+        for turn in self.turns[first:turn_index]:
+            ids += turn.user_ids + turn.response_ids + turn.close_ids
+        return ids + self.turns[turn_index].user_ids
+
+    def answered_turns(self) -> list[TokenTurn]:
+        return [t for t in self.turns if t.is_answered]
+
+    def full_sequence(self) -> tuple[list[int], list[int], list[float]]:
+        """All answered turns as one sequence: (token ids, loss mask, sampling log-probs).
+
+        The loss mask is 1 exactly on sampled response tokens; log-probs are 0
+        elsewhere. The unanswered trailing user message is not included.
+        """
+        ids, mask, logprobs = list(self.system_ids), [0] * len(self.system_ids), [0.0] * len(self.system_ids)
+        for turn in self.answered_turns():
+            for piece, is_response, piece_logprobs in (
+                (turn.user_ids, False, None),
+                (turn.response_ids, True, turn.response_logprobs),
+                (turn.close_ids, False, None),
+            ):
+                ids += piece
+                mask += [int(is_response)] * len(piece)
+                logprobs += list(piece_logprobs) if is_response else [0.0] * len(piece)
+        return ids, mask, logprobs
+
+    def training_rows(self) -> list[tuple[list[int], list[int], list[float]]]:
+        """Sequences the learner trains on: (token ids, loss mask, sampling log-probs).
+
+        With the full history, one row holds the whole trajectory (each
+        response is trained in the context it was sampled in). With a history
+        window, turns saw different prompts, so each turn is its own row.
+        Responses appear in turn order either way.
+        """
+        if self.history_window is None:
+            return [self.full_sequence()]
+        rows = []
+        for index, turn in enumerate(self.answered_turns()):
+            prompt = self.prompt_ids(index)
+            rows.append((
+                prompt + turn.response_ids,
+                [0] * len(prompt) + [1] * len(turn.response_ids),
+                [0.0] * len(prompt) + list(turn.response_logprobs),
+            ))
+        return rows

@@ -1,0 +1,78 @@
+"""The inference-engine contract: token ids in, sampled token ids and log-probs out.
+
+Every rollout engine (the in-process HF engine, the pool of vLLM actors)
+implements `InferenceEngine`. Prompts and completions are token ids, never text:
+the tokens the learner trains on are exactly the tokens the engine sampled.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one batch of completions.
+
+    Args:
+        max_new_tokens: Most tokens generated per prompt.
+        temperature: Softmax temperature; 0 means greedy.
+        top_p: Nucleus-sampling mass (1.0 = off).
+        stop_token_ids: Token ids that end a completion (included in the output).
+        seed: Seed of the sampler for this call, or None for fresh randomness.
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclasses.dataclass
+class Completion:
+    """One sampled completion.
+
+    Attributes:
+        token_ids: The sampled token ids, stop token included when one was hit.
+        logprobs: Per sampled token, its log-probability under the distribution
+            it was sampled from (after temperature), same length as token_ids.
+        finish_reason: "stop" (a stop token was sampled) or "length".
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+class InferenceEngine(abc.ABC):
+    """Generates completions for batches of token-id prompts."""
+
+    @abc.abstractmethod
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[Completion]:
+        """Returns one completion per prompt, in the order of `prompts`."""
+
+    @abc.abstractmethod
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Loads new policy weights in place (HF parameter names)."""
+
+    def health(self) -> dict[str, object]:
+        """A small status report (engine kind, live workers...)."""
+        return {"engine": type(self).__name__, "healthy": True}
+
+    def shutdown(self) -> None:
+        """Frees the engine's resources."""

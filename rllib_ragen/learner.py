@@ -1,0 +1,154 @@
+"""`StarPOTorchLearner`: the trajectory-level StarPO update on token rows.
+
+Loss per mini-batch (all [rows, L] and masked to generated tokens):
+    policy  PPO with decoupled clip (low/high) and dual clip     losses.policy_loss
+    value   clipped value loss (critic-based estimators only)    losses.value_loss
+    entropy bonus  - entropy_coeff * mean entropy
+    KL      kl_coeff * KL(policy || frozen reference), only when kl_coeff > 0
+Mini-batches are split into micro-batches whose gradients are accumulated
+before one optimiser step, so memory is bounded by `micro_batch_size`.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.columns import Columns
+from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+from ray.rllib.utils.annotations import override
+
+from rllib_ragen.advantages import masked_mean
+from rllib_ragen.connectors.learner_connector import SAMPLING_LOGP
+from rllib_ragen.losses import aggregate_loss, kl_penalty, policy_loss, value_loss
+from rllib_ragen.module import ATTENTION_MASK, TOKEN_ENTROPY, TOKEN_LOGP, score_generated_tokens, trunk_hidden
+
+POLICY_OPTIMIZER = "policy"
+CRITIC_OPTIMIZER = "critic"
+
+
+class StarPOTorchLearner(TorchLearner):
+    """PPO-style StarPO update for an `LLMRLModule`."""
+
+    @override(TorchLearner)
+    def build(self) -> None:
+        super().build()
+        self._reference = None
+        if self.config.kl_coeff > 0:
+            # A frozen copy of the initial policy, the anchor of the KL term.
+            self._reference = copy.deepcopy(self.module[DEFAULT_MODULE_ID].policy).eval()
+            self._reference.requires_grad_(False)
+
+    @override(TorchLearner)
+    def configure_optimizers_for_module(self, module_id, config=None) -> None:
+        module = self._module[module_id]
+        critic_names = set(module.get_non_inference_attributes())
+        policy_params, critic_params = [], []
+        for name, param in module.named_parameters():
+            (critic_params if name.split(".")[0] in critic_names else policy_params).append(param)
+        adam = dict(betas=config.adam_betas, weight_decay=config.weight_decay)
+        self.register_optimizer(
+            module_id=module_id,
+            optimizer_name=POLICY_OPTIMIZER,
+            optimizer=torch.optim.AdamW(policy_params, **adam),
+            params=policy_params,
+            lr_or_lr_schedule=config.actor_lr,
+        )
+        if critic_params:
+            self.register_optimizer(
+                module_id=module_id,
+                optimizer_name=CRITIC_OPTIMIZER,
+                optimizer=torch.optim.AdamW(critic_params, **adam),
+                params=critic_params,
+                lr_or_lr_schedule=config.critic_lr,
+            )
+
+    @override(TorchLearner)
+    def _uncompiled_update(self, batch: dict, **kwargs):
+        """One optimiser step on a mini-batch, accumulating micro-batch gradients."""
+        module_batch = batch[DEFAULT_MODULE_ID]
+        for optimizer in self._optimizer_parameters:
+            optimizer.zero_grad(set_to_none=True)
+        weights = _micro_batch_weights(module_batch, self.config.micro_batch_size, self.config.loss_agg_mode)
+        total_loss, fwd_out = 0.0, None
+        for micro, weight in weights:
+            fwd_out = self.module.forward_train({DEFAULT_MODULE_ID: micro})
+            loss = self.compute_losses(fwd_out=fwd_out, batch={DEFAULT_MODULE_ID: micro})[DEFAULT_MODULE_ID]
+            (loss * weight).backward()
+            total_loss += loss.detach() * weight
+        grads = {pid: p.grad for pid, p in self._params.items()}
+        self.apply_gradients(self.postprocess_gradients(grads))
+        return fwd_out, {DEFAULT_MODULE_ID: total_loss}, {}
+
+    @override(TorchLearner)
+    def compute_loss_for_module(self, *, module_id, config, batch: dict[str, Any], fwd_out: dict[str, Any]):
+        mask = batch[Columns.LOSS_MASK]
+        agg = config.loss_agg_mode
+        pg_loss, pg_stats = policy_loss(
+            fwd_out[TOKEN_LOGP],
+            batch[Columns.ACTION_LOGP],
+            batch[Columns.ADVANTAGES],
+            mask,
+            clip_low=config.clip_ratio_low,
+            clip_high=config.clip_ratio_high,
+            clip_c=config.clip_ratio_dual,
+            agg=agg,
+        )
+        entropy = aggregate_loss(fwd_out[TOKEN_ENTROPY], mask, agg=agg)
+        total = pg_loss - config.entropy_coeff * entropy
+        stats = {"policy_loss": pg_loss, "entropy": entropy, **pg_stats}
+        if Columns.VALUE_TARGETS in batch:
+            vf_loss, vf_stats = value_loss(
+                fwd_out[Columns.VF_PREDS],
+                batch[Columns.VF_PREDS],
+                batch[Columns.VALUE_TARGETS],
+                mask,
+                clip=config.value_clip,
+                agg=agg,
+            )
+            total = total + config.vf_loss_coeff * vf_loss
+            stats.update(vf_loss=vf_loss, **vf_stats)
+        if self._reference is not None:
+            kl = aggregate_loss(
+                kl_penalty(fwd_out[TOKEN_LOGP], self._reference_logp(batch), kind=config.kl_type), mask, agg=agg
+            )
+            total = total + config.kl_coeff * kl
+            stats["kl"] = kl
+        stats["ratio_to_sampling_mean"] = masked_mean(torch.exp(fwd_out[TOKEN_LOGP] - batch[SAMPLING_LOGP]), mask)
+        for key, value in stats.items():
+            self.metrics.log_value((module_id, key), float(value), reduce="mean")
+        return total
+
+    @torch.no_grad()
+    def _reference_logp(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Log-probs of the generated tokens under the frozen reference policy, [rows, L]."""
+        hidden = trunk_hidden(self._reference.base_model, batch)
+        temperature = self.module[DEFAULT_MODULE_ID].llm_config.logit_temperature
+        return score_generated_tokens(
+            self._reference.get_output_embeddings(), hidden, batch, temperature, with_entropy=False
+        )[TOKEN_LOGP]
+
+
+def _micro_batch_weights(batch: dict[str, torch.Tensor], micro_batch_size: int, agg: str):
+    """Splits a mini-batch into micro-batches with the weight of each one's loss.
+
+    With "token-mean" a micro-batch's mean counts by its share of generated
+    tokens, otherwise by its share of rows, so the accumulated gradient equals
+    that of the whole mini-batch. Each micro-batch is cut to its longest row.
+    """
+    mask = batch[Columns.LOSS_MASK]
+    n_rows = mask.shape[0]
+    total_tokens = mask.sum().clamp(min=1)
+    out = []
+    for start in range(0, n_rows, micro_batch_size):
+        rows = slice(start, start + micro_batch_size)
+        length = int(batch[ATTENTION_MASK][rows].sum(dim=1).max())
+        micro = {k: v[rows, :length] if v.dim() == 2 else v[rows] for k, v in batch.items()}
+        if agg == "token-mean":
+            weight = micro[Columns.LOSS_MASK].sum() / total_tokens
+        else:
+            weight = micro[Columns.LOSS_MASK].any(dim=1).sum() / max(int(mask.any(dim=1).sum()), 1)
+        out.append((micro, weight))
+    return out

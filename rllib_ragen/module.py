@@ -1,0 +1,185 @@
+"""`LLMRLModule`: a Hugging Face causal LM as an RLlib RLModule (policy + critic).
+
+Batches are right-padded token rows:
+- `input_ids`      [B, L] long
+- `attention_mask` [B, L] 0/1
+- `loss_mask`      [B, L] 0/1, 1 on tokens the model generated (`Columns.LOSS_MASK`)
+
+Per-token outputs are aligned with `input_ids`: entry t is about generating
+token t (its log-prob under the policy, the entropy of that next-token
+distribution, the critic's value of the prefix before it), and 0 where
+`loss_mask` is 0. Logits are only computed at generated positions, so a long
+prompt never materialises a [B, L, vocab] tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from ray.rllib.core.columns import Columns
+from ray.rllib.core.rl_module.apis import InferenceOnlyAPI, ValueFunctionAPI
+from ray.rllib.core.rl_module.torch import TorchRLModule
+from ray.rllib.utils.annotations import override
+from torch import nn
+
+from rllib_ragen.losses import entropy_from_logits, token_logprobs
+from rllib_ragen.models import load_causal_lm, resolve_model
+
+INPUT_IDS = "input_ids"
+ATTENTION_MASK = "attention_mask"
+TOKEN_LOGP = "token_logp"
+TOKEN_ENTROPY = "token_entropy"
+
+CRITIC_KINDS = ("none", "head", "separate")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class LLMModuleConfig:
+    """What `LLMRLModule` builds (passed as the RLModuleSpec's `model_config`).
+
+    Args:
+        model: A built-in model name, a local HF directory or a hub id.
+        critic: "none" (critic-free estimators), "head" (a value head on the
+            policy's last hidden state) or "separate" (its own copy of the LM
+            trunk plus a value head, as RAGEN's PPO).
+        dtype: Parameter dtype of the trained model.
+        logit_temperature: Logits are divided by this before log-probs, so the
+            learner scores tokens under the distribution they were sampled from.
+        gradient_checkpointing: Recompute activations in backward to save memory.
+    """
+
+    model: str = "smollm2-135m-instruct"
+    critic: str = "head"
+    dtype: str = "float32"
+    logit_temperature: float = 1.0
+    gradient_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.critic not in CRITIC_KINDS:
+            raise ValueError(f"critic must be one of {CRITIC_KINDS}, got {self.critic!r}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.logit_temperature <= 0:
+            raise ValueError(
+                f"logit_temperature must be > 0 (greedy rollouts are scored at 1.0), "
+                f"got {self.logit_temperature}"
+            )
+
+
+class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
+    """Policy = the causal LM; critic = value head or separate trunk + head."""
+
+    @override(TorchRLModule)
+    def setup(self) -> None:
+        self.llm_config = LLMModuleConfig(**(self.model_config or {}))
+        dtype = _DTYPES[self.llm_config.dtype]
+        model_path = resolve_model(self.llm_config.model)
+        self.policy = load_causal_lm(model_path, dtype=dtype)
+        if self.llm_config.gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable()
+        if self.inference_only or self.llm_config.critic == "none":
+            return
+        if self.llm_config.critic == "separate":
+            self.critic_trunk = load_causal_lm(model_path, dtype=dtype).base_model
+        hidden = self.policy.config.hidden_size
+        # Zero init: the critic starts at V = 0 instead of random noise.
+        self.value_head = nn.Linear(hidden, 1, dtype=dtype)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    @property
+    def has_critic(self) -> bool:
+        return hasattr(self, "value_head")
+
+    @override(InferenceOnlyAPI)
+    def get_non_inference_attributes(self) -> list[str]:
+        return ["value_head", "critic_trunk"]
+
+    @override(TorchRLModule)
+    def _forward_train(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
+        hidden = trunk_hidden(self.policy.base_model, batch)
+        out = score_generated_tokens(
+            self.policy.get_output_embeddings(), hidden, batch, self.llm_config.logit_temperature
+        )
+        if self.has_critic:
+            out[Columns.VF_PREDS] = self.compute_values(batch, embeddings=hidden)
+        return out
+
+    @override(ValueFunctionAPI)
+    def compute_values(self, batch: dict[str, Any], embeddings: Any = None) -> torch.Tensor:
+        """Critic values per token, [B, L], aligned like the log-probs.
+
+        `embeddings` (the policy trunk's hidden states) is reused by the
+        value-head critic; a separate critic runs its own trunk.
+        """
+        if not self.has_critic:
+            raise ValueError("this module has no critic (critic='none'); use grpo/brpo/arpo")
+        if self.llm_config.critic == "separate":
+            hidden = trunk_hidden(self.critic_trunk, batch)
+        else:
+            hidden = embeddings if embeddings is not None else trunk_hidden(self.policy.base_model, batch)
+        selected = _select_predicting(hidden, batch[Columns.LOSS_MASK])
+        values = self.value_head(selected).squeeze(-1).float()
+        return _scatter(values, batch[Columns.LOSS_MASK])
+
+    @override(TorchRLModule)
+    def _forward_inference(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
+        """Next-token logits for the last position of each row (HF engine path)."""
+        out = self.policy(input_ids=batch[INPUT_IDS], attention_mask=batch[ATTENTION_MASK])
+        return {Columns.ACTION_DIST_INPUTS: out.logits[:, -1]}
+
+    @override(TorchRLModule)
+    def _forward_exploration(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
+        return self._forward_inference(batch, **kwargs)
+
+    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's weights under Hugging Face parameter names (for engines)."""
+        return self.policy.state_dict()
+
+
+
+def trunk_hidden(trunk: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+    """Last hidden states of a transformer trunk, [B, L, H]."""
+    out = trunk(input_ids=batch[INPUT_IDS], attention_mask=batch[ATTENTION_MASK])
+    return out.last_hidden_state
+
+
+def score_generated_tokens(
+    lm_head: nn.Module,
+    hidden: torch.Tensor,
+    batch: dict[str, Any],
+    temperature: float,
+    *,
+    with_entropy: bool = True,
+) -> dict[str, torch.Tensor]:
+    """Log-prob (and entropy) of every generated token, [B, L] each.
+
+    Logits are computed only at the N positions that predict a generated
+    token, never for the whole [B, L, vocab] grid.
+    """
+    loss_mask = batch[Columns.LOSS_MASK]
+    logits = lm_head(_select_predicting(hidden, loss_mask)).float() / temperature
+    labels = batch[INPUT_IDS][:, 1:][loss_mask[:, 1:].bool()]
+    out = {TOKEN_LOGP: _scatter(token_logprobs(logits[None], labels[None])[0], loss_mask)}
+    if with_entropy:
+        out[TOKEN_ENTROPY] = _scatter(entropy_from_logits(logits), loss_mask)
+    return out
+
+
+def _select_predicting(hidden: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Hidden states that predict a generated token: [B, L, H] -> [N, H].
+
+    The state at position t-1 predicts token t, so position t-1 is selected
+    when token t is generated (N = number of generated tokens after position 0).
+    """
+    return hidden[:, :-1][loss_mask[:, 1:].bool()]
+
+
+def _scatter(values: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Puts per-generated-token values [N] back on the token grid [B, L] (0 elsewhere)."""
+    out = torch.zeros(loss_mask.shape, dtype=values.dtype, device=values.device)
+    out[:, 1:][loss_mask[:, 1:].bool()] = values
+    return out

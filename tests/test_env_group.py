@@ -1,0 +1,56 @@
+"""EnvGroup: a StarPO group as an RLlib MultiAgentEnv over real text envs."""
+
+import pytest
+
+from rllib_ragen.env_group import EnvGroup, TurnBudget
+
+
+def test_group_members_share_the_initial_state():
+    group = EnvGroup("sokoban", group_size=3, budget=TurnBudget())
+    observations, infos = group.reset(seed=10_003)
+    assert len(set(observations.values())) == 1
+    assert all(info["seed"] == 10_003 for info in infos.values())
+    again, _ = group.reset(seed=10_003)
+    assert again == observations  # deterministic per seed
+
+
+def test_format_penalty_when_no_valid_action_and_budget_of_turns():
+    group = EnvGroup("sokoban", group_size=2, budget=TurnBudget(max_turns=2, max_actions_per_traj=10))
+    observations, _ = group.reset(seed=1)
+    obs, rewards, terminateds, truncateds, infos = group.step({"traj_0": [], "traj_1": ["Up"]})
+    assert rewards["traj_0"] == pytest.approx(-0.1)  # no valid action: format penalty only
+    assert obs["traj_0"] == observations["traj_0"]  # and the state did not change
+    assert infos["traj_0"]["num_valid_actions"] == 0
+    assert not truncateds["traj_0"] and not terminateds["__all__"]
+    _, _, _, truncateds, _ = group.step({"traj_0": [], "traj_1": ["Down"]})
+    assert truncateds["traj_0"] and truncateds["traj_1"]  # 2 turns used
+    assert truncateds["__all__"]
+    with pytest.raises(ValueError, match="already finished"):
+        group.step({"traj_0": ["Up"]})
+
+
+def test_action_budget_per_trajectory_cuts_the_action_list():
+    # Unknown action names change nothing but still use the action budget.
+    group = EnvGroup("sokoban", group_size=1, budget=TurnBudget(max_turns=5, max_actions_per_traj=4))
+    group.reset(seed=2)
+    _, rewards, _, truncated, info = group.step({"traj_0": ["Jump", "Jump", "Jump"]})
+    assert info["traj_0"]["num_actions_executed"] == 3 and not truncated["traj_0"]
+    assert rewards["traj_0"] == pytest.approx(-0.1)  # none valid: format penalty
+    _, _, _, truncated, info = group.step({"traj_0": ["Jump", "Jump", "Jump"]})
+    assert info["traj_0"]["num_actions_executed"] == 1
+    assert info["traj_0"]["actions_left"] == 0
+    assert truncated["traj_0"]
+
+
+def test_bandit_group_ends_after_one_pick_with_success_flag():
+    group = EnvGroup("bandit", {"high_prob": 1.0}, group_size=2, budget=TurnBudget(max_turns=1))
+    group.reset(seed=5)
+    _, rewards, terminateds, _, infos = group.step({"traj_0": ["Dragon"], "traj_1": ["Phoenix"]})
+    assert rewards == {"traj_0": pytest.approx(1.0), "traj_1": pytest.approx(0.1)}
+    assert infos["traj_0"]["success"] and not infos["traj_1"]["success"]
+    assert terminateds["traj_0"] and terminateds["traj_1"] and terminateds["__all__"]
+
+
+def test_unknown_env_is_a_clear_error():
+    with pytest.raises(KeyError, match="sokoban"):
+        EnvGroup("sokobann", group_size=1, budget=TurnBudget())

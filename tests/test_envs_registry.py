@@ -1,0 +1,117 @@
+"""Env registry: built-ins, errors, and a custom env added with one call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import envs
+from envs import registry
+from envs.base import TextEnv
+
+
+class CoinGuessEnv(TextEnv):
+    """A one-step custom env: guess the side of a coin drawn per seed."""
+
+    def __init__(self, *, sides: tuple[str, ...] = ("heads", "tails")) -> None:
+        super().__init__()
+        self.sides = sides
+        self.coin: str | None = None
+
+    @property
+    def instructions(self) -> str:
+        return f"Guess the coin. Actions: {', '.join(self.sides)}."
+
+    @property
+    def action_vocabulary(self) -> tuple[str, ...]:
+        return self.sides
+
+    def _reset(self, rng: np.random.Generator, options: dict[str, Any]) -> dict[str, Any]:
+        self.coin = self.sides[int(rng.integers(len(self.sides)))]
+        return {}
+
+    def _step(self, action: str) -> tuple[float, bool, bool, dict[str, Any]]:
+        right = action.strip() == self.coin
+        return float(right), True, False, {"success": right}
+
+    def render_text(self) -> str:
+        return "A coin was flipped."
+
+
+@pytest.fixture(autouse=True)
+def _isolated_registry(monkeypatch):
+    """Registrations made by a test vanish after it."""
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+
+
+def test_builtins_are_registered_with_their_defaults():
+    assert set(envs.list_envs()) >= {
+        "sokoban", "larger_sokoban", "frozenlake", "bandit", "bandit_test", "countdown"
+    }
+    sokoban, larger = envs.make_env("sokoban"), envs.make_env("larger_sokoban")
+    assert (sokoban.config.dim_room, sokoban.config.num_boxes, sokoban.config.max_steps) == ((6, 6), 1, 100)
+    assert (larger.config.dim_room, larger.config.num_boxes) == ((8, 8), 2)
+    bandit, held_out = envs.make_env("bandit"), envs.make_env("bandit_test")
+    assert (bandit.config.low_arm, bandit.config.high_arm) == ("Phoenix", "Dragon")
+    assert (held_out.config.low_arm, held_out.config.high_arm) == ("Trader", "Librarian")
+    assert (bandit.config.low_payoff, bandit.config.high_payoff, bandit.config.high_prob) == (0.1, 1.0, 0.25)
+    lake = envs.make_env("frozenlake")
+    assert (lake.config.size, lake.config.p_frozen, lake.config.is_slippery) == (4, 0.8, True)
+    assert isinstance(envs.make_env("countdown"), envs.CountdownEnv)
+
+
+def test_overrides_merge_with_registered_defaults():
+    env = envs.make_env("larger_sokoban", max_steps=7)
+    assert env.config.max_steps == 7 and env.config.dim_room == (8, 8)
+    assert envs.make_env("larger_sokoban").config.max_steps == 100  # defaults untouched
+
+
+def test_unknown_env_lists_known_names():
+    with pytest.raises(KeyError, match="sokobon.*countdown.*sokoban"):
+        envs.make_env("sokobon")
+
+
+def test_unknown_config_key_names_it_and_the_accepted_keys():
+    with pytest.raises(TypeError, match=r"\['dim_rom'\].*accepted keys.*dim_room"):
+        envs.make_env("sokoban", dim_rom=(6, 6))
+
+
+def test_bad_config_value_raises_value_error():
+    with pytest.raises(ValueError, match="num_boxes"):
+        envs.make_env("sokoban", num_boxes=0)
+
+
+def test_custom_env_with_one_call():
+    envs.register_env("coin", CoinGuessEnv, sides=("heads", "tails"))
+    env = envs.make_env("coin")
+    assert "coin" in envs.list_envs() and env.action_vocabulary == ("heads", "tails")
+    obs, _ = env.reset(seed=0)
+    _, reward, terminated, _, info = env.step(env.coin)
+    assert obs == "A coin was flipped." and reward == 1.0 and terminated and info["success"]
+    assert envs.make_env("coin", sides=("a", "b", "c")).action_vocabulary == ("a", "b", "c")
+    with pytest.raises(TypeError, match=r"\['side'\].*accepted keys: \['sides'\]"):
+        envs.make_env("coin", side=("a",))
+
+
+def test_callable_factory_and_duplicate_names():
+    envs.register_env("coin3", lambda **kw: CoinGuessEnv(sides=("x", "y", "z")))
+    assert envs.make_env("coin3").action_vocabulary == ("x", "y", "z")
+    with pytest.raises(ValueError, match="already registered.*overwrite=True"):
+        envs.register_env("coin3", CoinGuessEnv)
+    envs.register_env("coin3", CoinGuessEnv, overwrite=True)
+    assert envs.make_env("coin3").action_vocabulary == ("heads", "tails")
+
+
+def test_registration_errors_are_caught_early():
+    with pytest.raises(TypeError, match="colour"):
+        envs.register_env("coin_bad", CoinGuessEnv, colour="red")
+    assert "coin_bad" not in envs.list_envs()
+    with pytest.raises(ValueError, match="non-empty"):
+        envs.register_env(" ", CoinGuessEnv)
+    with pytest.raises(TypeError, match="callable"):
+        envs.register_env("not_callable", "CoinGuessEnv")
+    envs.register_env("not_an_env", lambda: object())
+    with pytest.raises(TypeError, match="not a TextEnv"):
+        envs.make_env("not_an_env")

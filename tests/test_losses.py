@@ -1,0 +1,164 @@
+"""Policy/value losses, entropy, KL and token log-probs checked by hand and against torch references."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rllib_ragen.losses import aggregate_loss, entropy_from_logits, kl_penalty, policy_loss, token_logprobs, value_loss
+
+# One row of 7 tokens: ratios 1.1 (inside the clip range), 1.5 (above 1 + 0.28),
+# 0.5 (below 1 - 0.2) with A = +2, then the same three and 4.0 (above clip_c = 3) with A = -2.
+RATIOS = torch.tensor([[1.1, 1.5, 0.5, 1.1, 1.5, 0.5, 4.0]])
+ADVANTAGES = torch.tensor([[2.0, 2.0, 2.0, -2.0, -2.0, -2.0, -2.0]])
+MASK = torch.ones(1, 7)
+# Per-token pg = max(-A*r, -A*clip(r, 0.8, 1.28)), then min(pg, -A*3) where A < 0:
+#   A=+2: r=1.1 -> max(-2.2, -2.2) = -2.2 ; r=1.5 -> max(-3.0, -2.56) = -2.56 (clipped high)
+#         r=0.5 -> max(-1.0, -1.6) = -1.0
+#   A=-2: r=1.1 -> 2.2 ; r=1.5 -> max(3.0, 2.56) = 3.0 ; r=0.5 -> max(1.0, 1.6) = 1.6 (clipped low)
+#         r=4.0 -> max(8.0, 2.56) = 8.0, dual clip min(8.0, 6.0) = 6.0
+PER_TOKEN = [-2.2, -2.56, -1.0, 2.2, 3.0, 1.6, 6.0]
+
+
+def _policy_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    logp = torch.log(RATIOS).requires_grad_()
+    return logp, torch.zeros_like(RATIOS)
+
+
+def test_policy_loss_clip_regions_by_hand():
+    logp, old_logp = _policy_inputs()
+    loss, stats = policy_loss(logp, old_logp, ADVANTAGES, MASK)
+    assert loss.item() == pytest.approx(sum(PER_TOKEN) / 7)  # 7.04 / 7
+    assert stats["clip_frac_high"].item() == pytest.approx(1 / 7)
+    assert stats["clip_frac_low"].item() == pytest.approx(1 / 7)
+    assert stats["clip_frac_dual"].item() == pytest.approx(1 / 7)
+    assert stats["ratio_mean"].item() == pytest.approx(10.2 / 7)  # 2*(1.1 + 1.5 + 0.5) + 4
+    # mean(old - new) = -(2 ln 1.1 + 2 ln 1.5 + 2 ln 0.5 + ln 4) / 7 = -ln(0.825^2 * 4) / 7
+    assert stats["approx_kl"].item() == pytest.approx(-math.log(0.825**2 * 4) / 7)
+
+
+def test_policy_loss_gradient_vanishes_only_where_clipped():
+    logp, old_logp = _policy_inputs()
+    loss, _ = policy_loss(logp, old_logp, ADVANTAGES, MASK)
+    loss.backward()
+    # Unclipped tokens: d(-A * exp(logp)) / d logp = -A * r, divided by 7 tokens.
+    expected = [-2.2, 0.0, -1.0, 2.2, 3.0, 0.0, 0.0]
+    torch.testing.assert_close(logp.grad, torch.tensor([expected]) / 7)
+
+
+def test_policy_loss_without_dual_clip():
+    logp, old_logp = _policy_inputs()
+    loss, stats = policy_loss(logp, old_logp, ADVANTAGES, MASK, clip_c=None)
+    # The last token keeps its unclipped 8.0 instead of 6.0.
+    assert loss.item() == pytest.approx((sum(PER_TOKEN) - 6.0 + 8.0) / 7)
+    assert stats["clip_frac_dual"].item() == 0.0
+
+
+def test_policy_loss_symmetric_clip():
+    logp, old_logp = _policy_inputs()
+    # clip_high = 0.2: r=1.5 with A=+2 gives max(-3.0, -2*1.2) = -2.4 instead of -2.56.
+    loss, _ = policy_loss(logp, old_logp, ADVANTAGES, MASK, clip_high=0.2)
+    assert loss.item() == pytest.approx((sum(PER_TOKEN) + 2.56 - 2.4) / 7)
+
+
+@pytest.mark.parametrize(
+    ("agg", "expected"),
+    [
+        # Rows: [-1, -2, -3], [-4], and an empty row (left out).
+        ("token-mean", (-1 - 2 - 3 - 4) / 4),  # -2.5
+        ("seq-mean-token-mean", (-2 + -4) / 2),  # row means -2 and -4 -> -3
+        ("seq-mean-token-sum", (-6 + -4) / 2),  # row sums -6 and -4 -> -5
+    ],
+)
+def test_policy_loss_aggregations(agg, expected):
+    # ratio 1 everywhere, so each token's loss is -A; padding holds large advantages that must not count.
+    advantages = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, 100.0], [100.0, 100.0, 100.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])
+    logp = torch.zeros(3, 3)
+    loss, _ = policy_loss(logp, logp, advantages, mask, agg=agg)
+    assert loss.item() == pytest.approx(expected)
+
+
+def test_policy_loss_rejects_bad_settings():
+    logp, old_logp = _policy_inputs()
+    with pytest.raises(ValueError, match="clip_c .* must be > 1"):
+        policy_loss(logp, old_logp, ADVANTAGES, MASK, clip_c=1.0)
+    with pytest.raises(ValueError, match="clip_low must be in"):
+        policy_loss(logp, old_logp, ADVANTAGES, MASK, clip_low=1.0)
+    with pytest.raises(ValueError, match="unknown loss aggregation 'mean'"):
+        aggregate_loss(logp, MASK, agg="mean")
+    with pytest.raises(ValueError, match="advantages must have shape"):
+        policy_loss(logp, old_logp, ADVANTAGES[:, :3], MASK)
+
+
+# Four tokens, clip 0.5:
+#   old=1, v=1.2, R=2: unclipped 0.64, clipped v 1.2 -> 0.64            max 0.64
+#   old=1, v=2,   R=2: unclipped 0,    clipped v 1.5 -> 0.25            max 0.25 (clipped term wins)
+#   old=1, v=0,   R=2: unclipped 4,    clipped v 0.5 -> 2.25            max 4
+#   old=0, v=1,   R=0: unclipped 1,    clipped v 0.5 -> 0.25            max 1
+VALUES = torch.tensor([[1.2, 2.0, 0.0, 1.0, 7.0]])
+OLD_VALUES = torch.tensor([[1.0, 1.0, 1.0, 0.0, 7.0]])
+RETURNS = torch.tensor([[2.0, 2.0, 2.0, 0.0, -7.0]])
+VALUE_MASK = torch.tensor([[1, 1, 1, 1, 0]])
+
+
+def test_value_loss_clipped_by_hand():
+    loss, stats = value_loss(VALUES, OLD_VALUES, RETURNS, VALUE_MASK, clip=0.5)
+    assert loss.item() == pytest.approx(0.5 * (0.64 + 0.25 + 4 + 1) / 4)  # 0.73625
+    assert stats["vf_clip_frac"].item() == pytest.approx(1 / 4)
+    # R - v = [0.8, 0, 2, -1]: biased var 1.2075; R = [2, 2, 2, 0]: biased var 0.75 -> 1 - 1.61
+    assert stats["vf_explained_var"].item() == pytest.approx(-0.61)
+
+
+def test_value_loss_unclipped_by_hand():
+    loss, stats = value_loss(VALUES, OLD_VALUES, RETURNS, VALUE_MASK, clip=None)
+    assert loss.item() == pytest.approx(0.5 * (0.64 + 0 + 4 + 1) / 4)  # 0.705
+    assert stats["vf_clip_frac"].item() == 0.0
+    with pytest.raises(ValueError, match="value clip must be > 0"):
+        value_loss(VALUES, OLD_VALUES, RETURNS, VALUE_MASK, clip=0.0)
+
+
+def test_token_logprobs_equals_log_softmax_gather():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 7, 11, requires_grad=True)
+    labels = torch.randint(0, 11, (2, 7))
+    ours = token_logprobs(logits, labels, chunk_size=3)  # chunks of 3, 3, 1 positions
+    reference = torch.log_softmax(logits, dim=-1).gather(-1, labels[..., None]).squeeze(-1)
+    torch.testing.assert_close(ours, reference)
+    (grad_ours,) = torch.autograd.grad(ours.sum(), logits)
+    (grad_ref,) = torch.autograd.grad(reference.sum(), logits)
+    torch.testing.assert_close(grad_ours, grad_ref)
+
+
+def test_token_logprobs_upcasts_bf16():
+    torch.manual_seed(0)
+    logits = torch.randn(1, 4, 50).bfloat16()
+    labels = torch.randint(0, 50, (1, 4))
+    ours = token_logprobs(logits, labels)
+    assert ours.dtype == torch.float32
+    reference = torch.log_softmax(logits.float(), dim=-1).gather(-1, labels[..., None]).squeeze(-1)
+    torch.testing.assert_close(ours, reference)
+
+
+def test_entropy_matches_reference_and_hand_values():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 13)
+    reference = torch.distributions.Categorical(logits=logits).entropy()
+    torch.testing.assert_close(entropy_from_logits(logits, chunk_size=4), reference)
+    # Uniform over 4 tokens: ln 4; one certain token: 0.
+    hand = torch.tensor([[0.0, 0.0, 0.0, 0.0], [100.0, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(entropy_from_logits(hand), torch.tensor([math.log(4), 0.0]))
+
+
+def test_kl_penalty_kinds_by_hand():
+    # policy p = 0.5, reference 0.25: d = logp - ref = ln 2
+    logp, ref = torch.log(torch.tensor([[0.5]])), torch.log(torch.tensor([[0.25]]))
+    ln2 = math.log(2)
+    assert kl_penalty(logp, ref, kind="k1").item() == pytest.approx(ln2)
+    assert kl_penalty(logp, ref, kind="k3").item() == pytest.approx(0.5 + ln2 - 1)  # e^-d + d - 1
+    assert kl_penalty(ref, logp, kind="abs").item() == pytest.approx(ln2)
+    assert kl_penalty(logp, ref, kind="mse").item() == pytest.approx(0.5 * ln2**2)
+    with pytest.raises(ValueError, match="unknown KL kind 'k2'"):
+        kl_penalty(logp, ref, kind="k2")

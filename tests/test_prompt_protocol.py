@@ -1,0 +1,120 @@
+"""Prompt building by appending tokens, the loss mask, and answer parsing with a real tokenizer."""
+
+import pytest
+
+from rllib_ragen.connectors.protocol import PromptProtocol, ProtocolConfig, feedback_for
+from rllib_ragen.connectors.token_history import TokenHistory
+
+VOCAB = ("Up", "Down", "Left", "Right")
+
+
+def _response(tokenizer, text, *, eos=True):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return ids + ([tokenizer.convert_tokens_to_ids("<|im_end|>")] if eos else [])
+
+
+def test_template_pieces_are_chatml(chat_template, tiny_tokenizer):
+    assert chat_template.user_prefix == "<|im_start|>user\n"
+    assert chat_template.user_suffix == "<|im_end|>\n<|im_start|>assistant\n"
+    assert chat_template.assistant_close == "<|im_end|>\n"
+    assert chat_template.eos_token_id == tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+
+def test_appended_prompt_equals_the_templates_own_tokenisation(chat_template, tiny_tokenizer):
+    answer = "<think>push it</think><answer>Up</answer>"
+    history = TokenHistory(chat_template.system_ids("Rules."))
+    history.add_user(chat_template.user_ids("State 0"))
+    response = _response(tiny_tokenizer, answer)
+    history.add_response(response, [-0.5] * len(response), chat_template.close_ids(response))
+    history.add_user(chat_template.user_ids("State 1"))
+    expected = tiny_tokenizer.apply_chat_template(
+        [
+            {"role": "system", "content": "Rules."},
+            {"role": "user", "content": "State 0"},
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "State 1"},
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert history.prompt_ids() == tiny_tokenizer.encode(expected, add_special_tokens=False)
+
+
+def test_truncated_response_is_closed_with_the_full_end_of_turn(chat_template, tiny_tokenizer):
+    response = _response(tiny_tokenizer, "<think>never finish", eos=False)
+    assert tiny_tokenizer.decode(chat_template.close_ids(response)) == "<|im_end|>\n"
+    finished = _response(tiny_tokenizer, "<answer>Up</answer>")
+    assert tiny_tokenizer.decode(chat_template.close_ids(finished)) == "\n"
+
+
+def _three_turn_history(window=None):
+    history = TokenHistory([1, 2], history_window=window)
+    turns = [([10, 11], [20, 21, 22], [30]), ([12], [23], [31]), ([13, 14], [24, 25], [32])]
+    for user, response, close in turns:
+        history.add_user(user)
+        history.add_response(response, [-1.0] * len(response), close)
+    return history, turns
+
+
+def test_prompt_is_the_concatenation_of_earlier_turn_tokens():
+    history, turns = _three_turn_history()
+    history.add_user([15])
+    expected = [1, 2] + [t for user, resp, close in turns for t in user + resp + close] + [15]
+    assert history.prompt_ids() == expected
+    # The prompt of turn 1 is a prefix of every later prompt: nothing is re-tokenised.
+    assert expected[: len(history.prompt_ids(1))] == history.prompt_ids(1)
+
+
+def test_loss_mask_covers_exactly_the_generated_tokens():
+    history, turns = _three_turn_history()
+    ids, mask, logprobs = history.full_sequence()
+    generated = [t for _, resp, _ in turns for t in resp]
+    assert [t for t, m in zip(ids, mask) if m] == generated
+    assert sum(mask) == len(generated)
+    assert [lp for lp, m in zip(logprobs, mask) if m] == [-1.0] * len(generated)
+    assert all(lp == 0.0 for lp, m in zip(logprobs, mask) if not m)
+
+
+def test_history_window_keeps_the_last_k_turns_and_one_row_per_turn():
+    history, turns = _three_turn_history(window=1)
+    # Turn 2 sees the system block, turn 1 and its own user message only.
+    assert history.prompt_ids(2) == [1, 2] + [12, 23, 31] + [13, 14]
+    rows = history.training_rows()
+    assert len(rows) == 3
+    ids, mask, _ = rows[2]
+    assert [t for t, m in zip(ids, mask) if m] == [24, 25]
+
+
+def test_history_rejects_out_of_order_calls():
+    history = TokenHistory([1])
+    with pytest.raises(RuntimeError):
+        history.add_response([5], [0.0], [])
+    history.add_user([2])
+    with pytest.raises(ValueError, match="log-probs"):
+        history.add_response([5, 6], [0.0], [])
+
+
+def test_protocol_renders_instructions_and_parses_with_prefill(chat_template, tiny_tokenizer):
+    config = ProtocolConfig(max_actions_per_turn=2, think=False, prefill=True)
+    protocol = PromptProtocol(chat_template, instructions="Push the box.", action_vocabulary=VOCAB, config=config)
+    assert "Push the box." in protocol.system_text and "up to 2 action" in protocol.system_text
+    prompt = tiny_tokenizer.decode(protocol.user_ids("#P_#", reward=-0.1, turns_left=3))
+    assert prompt.endswith("<|im_start|>assistant\n<answer>")  # the prefill is part of the prompt
+    assert "Reward: -0.1" in prompt and "3 turn(s)" in prompt
+    # The model continues after the prefilled "<answer>".
+    text, parsed = protocol.parse(_response(tiny_tokenizer, "Left || Up || Down</answer>"))
+    assert text.startswith("<answer>Left")
+    assert parsed.actions == ("Left", "Up") and parsed.dropped_actions == ("Down",)
+
+
+def test_feedback_names_the_problem(chat_template):
+    protocol = PromptProtocol(chat_template, instructions="x", action_vocabulary=VOCAB, config=ProtocolConfig())
+    _, parsed = protocol.parse(chat_template.encode("just words"))
+    assert "malformed" in feedback_for(parsed)
+
+
+def test_protocol_config_validation():
+    with pytest.raises(ValueError, match="format_penalty"):
+        ProtocolConfig(format_penalty=0.5)
+    with pytest.raises(ValueError, match="history_window"):
+        ProtocolConfig(history_window=-1)
