@@ -11,6 +11,7 @@ ends in a hole or at the goal, and is truncated after `max_steps` valid moves.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -52,7 +53,7 @@ class FrozenLakeConfig:
     max_steps: int = 100
 
     def __post_init__(self) -> None:
-        if not isinstance(self.size, int) or self.size < 2:
+        if not isinstance(self.size, numbers.Integral) or self.size < 2:
             raise ValueError(f"size must be an int >= 2, got {self.size!r}")
         if not 0.0 < self.p_frozen <= 1.0:
             raise ValueError(f"p_frozen must be in (0, 1], got {self.p_frozen}")

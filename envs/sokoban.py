@@ -9,6 +9,7 @@ after `max_steps` valid moves; invalid actions do not count (see envs.base).
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any
 
 import numpy as np
@@ -51,8 +52,9 @@ class SokobanConfig:
 
     def __post_init__(self) -> None:
         dims = tuple(self.dim_room)
-        if len(dims) != 2 or any(not isinstance(d, int) or d < 4 for d in dims):
+        if len(dims) != 2 or any(not isinstance(d, numbers.Integral) or d < 4 for d in dims):
             raise ValueError(f"dim_room must be two ints >= 4 (height, width), got {self.dim_room!r}")
+        dims = (int(dims[0]), int(dims[1]))
         object.__setattr__(self, "dim_room", dims)
         interior = (dims[0] - 2) * (dims[1] - 2)
         if not 1 <= self.num_boxes <= interior - 2:

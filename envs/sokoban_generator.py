@@ -16,6 +16,7 @@ redrawn from the same generator, so the result stays a function of the seed.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -127,7 +128,9 @@ def reverse_play(
     return Room(layout, player_cell, frozenset(boxes))
 
 
-def _reverse_moves(layout: Layout, player: int, boxes: tuple[int, ...], last: int, swaps: int):
+def _reverse_moves(
+    layout: Layout, player: int, boxes: tuple[int, ...], last: int, swaps: int
+) -> Iterator[tuple[int, tuple[int, ...], int, int]]:
     """Yields (player, boxes, last pulled id, swaps) after each walk or pull."""
     opposite = (1, 0, 3, 2)
     for direction in range(len(DIRECTIONS)):

@@ -466,6 +466,7 @@ class StarPO(Algorithm):
     def setup(self, config) -> None:
         super().setup(config)
         self.echo_trap = EchoTrapMonitor(window=self.config.echo_trap_window, ratio=self.config.echo_trap_ratio)
+        self._evaluation_episodes: list = []
 
     @override(Algorithm)
     def training_step(self) -> None:
@@ -517,7 +518,13 @@ class StarPO(Algorithm):
         stats = rollout_statistics(episodes)
         for key, value in stats.items():
             self.metrics.log_value((EVALUATION_RESULTS, key), value, window=1)
+        self._evaluation_episodes = episodes
         return stats
+
+    def pop_evaluation_episodes(self) -> list:
+        """The episodes of the latest evaluation not yet taken (for trajectory pages)."""
+        episodes, self._evaluation_episodes = self._evaluation_episodes, []
+        return episodes
 
     def export_policy(self, directory: str | Path) -> Path:
         """Writes the trained policy as a plain Hugging Face model directory."""

@@ -209,8 +209,7 @@ def prepare_builtin(model: BuiltinModel, *, models_dir: Path, progress: bool = F
     if (target / MARKER_FILE).is_file():
         return target.resolve()
     models_dir.mkdir(parents=True, exist_ok=True)
-    import contextlib
-    with contextlib.nullcontext():
+    with filelock.FileLock(models_dir / f"{model.name}.lock"):
         if (target / MARKER_FILE).is_file():  # another process finished it while we waited
             return target.resolve()
         _remove_stale_builds(target)

