@@ -40,7 +40,9 @@ class BanditConfig:
         for field in ("low_arm", "high_arm"):
             name = getattr(self, field)
             if not isinstance(name, str) or not name.strip() or name != name.strip():
-                raise ValueError(f"{field} must be a non-empty name without outer spaces, got {name!r}")
+                raise ValueError(
+                    f"{field} must be a non-empty name without outer spaces, got {name!r}"
+                )
         if self.low_arm.casefold() == self.high_arm.casefold():
             raise ValueError(f"arm names must differ (ignoring case), got {self.low_arm!r} twice")
         for field in ("low_payoff", "high_payoff"):

@@ -71,6 +71,15 @@ class TextEnv(gym.Env, abc.ABC):
         """The exact action names, or None when actions are free-form text."""
         return None
 
+    def random_action(self, rng: np.random.Generator) -> str:
+        """A valid action drawn at random in the current state (for format warm starts).
+
+        Envs with free-form actions override this; the default draws from the vocabulary.
+        """
+        if not self.action_vocabulary:
+            raise NotImplementedError(f"{type(self).__name__} has free-form actions and no random_action")
+        return str(rng.choice(self.action_vocabulary))
+
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:

@@ -31,7 +31,12 @@ FORMAT_REWARD = 0.1
 MAX_EQUATION_LENGTH = 200
 MAX_INSTANCE_TRIES = 1000
 
-_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+_OPERATORS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
 _OP_SYMBOLS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
 _TRAILING_RESULT = re.compile(r"^(?P<lhs>[^=]*)=\s*(?P<rhs>[0-9]+)$")
 # Decimal digits only: keeps out 0x10, 1_0, 2.5, names, which Python would parse.
@@ -160,9 +165,22 @@ class CountdownEnv(TextEnv):
         )
         return {"success": False}
 
+    def random_action(self, rng: np.random.Generator) -> str:
+        """A well-formed equation using every number once, with random operators (rarely correct)."""
+        numbers = [str(n) for n in rng.permutation(self.numbers)]
+        operators = rng.choice(["+", "-", "*", "/"], size=len(numbers) - 1)
+        parts = [numbers[0]]
+        for operator, number in zip(operators, numbers[1:]):
+            parts += [str(operator), number]
+        return "".join(parts)
+
     def _step(self, action: str) -> tuple[float, bool, bool, dict[str, Any]]:
         score = score_equation(action, self.numbers, self.target)
-        info = {"action_is_valid": score.well_formed, "success": score.correct, "reason": score.reason}
+        info = {
+            "action_is_valid": score.well_formed,
+            "success": score.correct,
+            "reason": score.reason,
+        }
         return score.reward, score.well_formed, False, info
 
     def render_text(self) -> str:

@@ -30,7 +30,8 @@ _SYMBOLS = {"S": ("_", "P"), "F": ("_", "P"), "H": ("O", "X"), "G": ("G", "√")
 
 INSTRUCTIONS = (
     "You are walking on a frozen lake: reach the goal without falling into a hole.\n"
-    "Symbols: P you, _ frozen ice, O hole, G goal, X you fell into a hole, √ you reached the goal.\n"
+    "Symbols: P you, _ frozen ice, O hole, G goal, "
+    "X you fell into a hole, √ you reached the goal.\n"
     "Actions: Left, Down, Right, Up. The ice is slippery: you may slide to a side "
     "instead of moving where you intended."
 )
@@ -156,5 +157,7 @@ def check_desc(desc: Sequence[str]) -> tuple[str, ...]:
         raise ValueError(f"desc must be non-empty rows of equal length, got {rows!r}")
     text = "".join(rows)
     if set(text) - set("SFHG") or text.count("S") != 1 or text.count("G") != 1:
-        raise ValueError(f"desc must use only S, F, H, G with exactly one S and one G, got {rows!r}")
+        raise ValueError(
+            f"desc must use only S, F, H, G with exactly one S and one G, got {rows!r}"
+        )
     return rows

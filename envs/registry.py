@@ -99,7 +99,10 @@ def accepted_config_keys(factory: EnvFactory) -> tuple[str, ...] | None:
 def _check_keys(name: str, config: dict[str, Any], accepted: tuple[str, ...] | None) -> None:
     unknown = sorted(set(config) - set(accepted)) if accepted is not None else []
     if unknown:
-        raise TypeError(f"env {name!r} does not accept config key(s) {unknown}; accepted keys: {list(accepted)}")
+        raise TypeError(
+            f"env {name!r} does not accept config key(s) {unknown}; "
+            f"accepted keys: {list(accepted)}"
+        )
 
 
 def _register_builtins() -> None:

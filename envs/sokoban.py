@@ -53,7 +53,9 @@ class SokobanConfig:
     def __post_init__(self) -> None:
         dims = tuple(self.dim_room)
         if len(dims) != 2 or any(not isinstance(d, numbers.Integral) or d < 4 for d in dims):
-            raise ValueError(f"dim_room must be two ints >= 4 (height, width), got {self.dim_room!r}")
+            raise ValueError(
+                f"dim_room must be two ints >= 4 (height, width), got {self.dim_room!r}"
+            )
         dims = (int(dims[0]), int(dims[1]))
         object.__setattr__(self, "dim_room", dims)
         interior = (dims[0] - 2) * (dims[1] - 2)
@@ -104,7 +106,9 @@ class SokobanEnv(TextEnv):
         elif isinstance(room, str):
             room = parse_room(room)
         elif not isinstance(room, Room):
-            raise TypeError(f"options['room'] must be a Room or its text, got {type(room).__name__}")
+            raise TypeError(
+                f"options['room'] must be a Room or its text, got {type(room).__name__}"
+            )
         self.room = room
         self.num_steps = 0
         return {"success": room.solved}
@@ -137,4 +141,6 @@ def _box_reward(room: Room, box_from: int, box_to: int) -> float:
     if box_to < 0:
         return 0.0
     targets = room.layout.targets
-    return BOX_ON_TARGET_REWARD * (box_to in targets) + BOX_OFF_TARGET_PENALTY * (box_from in targets)
+    onto = BOX_ON_TARGET_REWARD if box_to in targets else 0.0
+    off = BOX_OFF_TARGET_PENALTY if box_from in targets else 0.0
+    return onto + off

@@ -46,7 +46,9 @@ class Layout:
         size = self.height * self.width
         outside = [c for c in self.walls | self.targets if not 0 <= c < size]
         if outside:
-            raise ValueError(f"cells {sorted(outside)} lie outside the {self.height}x{self.width} grid")
+            raise ValueError(
+                f"cells {sorted(outside)} lie outside the {self.height}x{self.width} grid"
+            )
         if self.walls & self.targets:
             raise ValueError(f"targets {sorted(self.walls & self.targets)} are on walls")
         object.__setattr__(self, "neighbors", tuple(self._neighbors_of(c) for c in range(size)))

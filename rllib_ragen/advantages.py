@@ -430,6 +430,19 @@ ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {
 }
 
 
+def register_advantage_estimator(name: str, estimator: Estimator, *, overwrite: bool = False) -> None:
+    """Adds an estimator ``fn(inputs: AdvantageInputs, **hparams) -> (advantages, returns)``.
+
+    Estimators other than "gae"/"bi_level_gae" are treated as critic-free. The
+    registry is per process: register in a module every learner process imports.
+    """
+    if name in ADVANTAGE_ESTIMATORS and not overwrite:
+        raise ValueError(f"advantage estimator {name!r} already exists; pass overwrite=True to replace it")
+    if not callable(estimator):
+        raise TypeError(f"advantage estimator {name!r} must be callable, got {type(estimator).__name__}")
+    ADVANTAGE_ESTIMATORS[name] = estimator
+
+
 def get_advantage_estimator(name: str) -> Estimator:
     """Returns the estimator ``fn(inputs: AdvantageInputs, **hparams) -> (advantages, returns)``."""
     try:

@@ -77,7 +77,7 @@ class StarPOConfig(AlgorithmConfig):
         self.grad_clip = 1.0
         self.grad_clip_by = "global_norm"
         # .llm()
-        self.model = "Qwen/Qwen2.5-0.5B-Instruct"
+        self.llm_model = "Qwen/Qwen2.5-0.5B-Instruct"
         self.critic = "separate"
         self.dtype = "float32"
         self.gradient_checkpointing = False
@@ -158,7 +158,7 @@ class StarPOConfig(AlgorithmConfig):
             dtype: Trained parameter dtype: "float32", "bfloat16" or "float16".
             gradient_checkpointing: Recompute activations in backward to save memory.
         """
-        return self._set(model=model, critic=critic, dtype=dtype, gradient_checkpointing=gradient_checkpointing)
+        return self._set(llm_model=model, critic=critic, dtype=dtype, gradient_checkpointing=gradient_checkpointing)
 
     def rollouts(
         self,
@@ -377,7 +377,7 @@ class StarPOConfig(AlgorithmConfig):
     @property
     def llm_module_config(self) -> LLMModuleConfig:
         return LLMModuleConfig(
-            model=self.model, critic=self.critic, dtype=self.dtype,
+            model=self.llm_model, critic=self.critic, dtype=self.dtype,
             logit_temperature=self.temperature, gradient_checkpointing=self.gradient_checkpointing,
         )
 
@@ -445,7 +445,7 @@ class StarPOConfig(AlgorithmConfig):
     def rollout_summary(self) -> str:
         return (
             f"{self.env}: {self.n_groups} groups x {self.group_size} trajectories, "
-            f"{self.max_turns} turns, model {self.model}, estimator {self.advantage_estimator}"
+            f"{self.max_turns} turns, model {self.llm_model}, estimator {self.advantage_estimator}"
         )
 
 
@@ -531,7 +531,7 @@ class StarPO(Algorithm):
         component = f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}"
         state = self.learner_group.get_state(components=component, inference_only=True)
         module_state = state[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
-        model_path = resolve_model(self.config.model)
+        model_path = resolve_model(self.config.llm_model)
         policy = load_causal_lm(model_path)
         policy.load_state_dict(policy_weights(module_state))
         directory = Path(directory)

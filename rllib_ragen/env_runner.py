@@ -52,7 +52,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
     def __init__(self, *, config, **kwargs) -> None:
         super().__init__(config=config, **kwargs)
-        self.model_path = resolve_model(config.model)
+        self.model_path = resolve_model(config.llm_model)
         self.make_env()
         self.make_module()
         self._next_train_seed = config.train_seed_start

@@ -59,7 +59,7 @@ def build_parser(*, env: str, description: str, success_threshold: float, stop_i
 def config_from_args(args: argparse.Namespace) -> StarPOConfig:
     """The preset for the env, with the flags applied and validated."""
     config = preset(args.preset, args.env)
-    config.llm(model=args.model or config.model)
+    config.llm(model=args.model or config.llm_model)
     config.inference(engine=args.engine or config.engine, num_engines=args.num_engines or config.num_engines)
     config.rollouts(
         n_groups=args.n_groups or config.n_groups,
@@ -104,10 +104,10 @@ def apply_warm_start(config: StarPOConfig, *, num_examples: int) -> None:
         num_examples=num_examples,
         epochs=2,
         batch_size=4,
-        lr=1e-4 if config.model != "tiny-random" else 3e-3,
+        lr=1e-4 if config.llm_model != "tiny-random" else 3e-3,
     )
-    print(f"format warm start of {config.model} on {config.env} ({num_examples} examples; cached after the first run)")
-    config.llm(model=str(warm_start(config.model, ws, progress=True)))
+    print(f"format warm start of {config.llm_model} on {config.env} ({num_examples} examples; cached after the first run)")
+    config.llm(model=str(warm_start(config.llm_model, ws, progress=True)))
 
 
 def run(config: StarPOConfig, args: argparse.Namespace) -> dict[str, Any]:

@@ -118,7 +118,7 @@ class StarPOTorchLearner(TorchLearner):
             stats["kl"] = kl
         stats["ratio_to_sampling_mean"] = masked_mean(torch.exp(fwd_out[TOKEN_LOGP] - batch[SAMPLING_LOGP]), mask)
         for key, value in stats.items():
-            self.metrics.log_value((module_id, key), float(value), reduce="mean")
+            self.metrics.log_value((module_id, key), float(value.detach()), reduce="mean")
         return total
 
     @torch.no_grad()

@@ -46,6 +46,8 @@ class WarmStartConfig:
         protocol: Prompt settings; must match the later RL run's.
         budget: Turn budget shown in the prompt; must match the later RL run's.
         num_examples: Distinct prompts (one env seed each).
+        answers_per_prompt: Random answers trained per prompt; several per
+            prompt teach a spread-out choice instead of one arbitrary answer.
         epochs: Passes over the examples.
         batch_size: Examples per optimiser step.
         lr: AdamW learning rate.
@@ -57,13 +59,14 @@ class WarmStartConfig:
     protocol: ProtocolConfig = ProtocolConfig()
     budget: TurnBudget = TurnBudget()
     num_examples: int = 256
+    answers_per_prompt: int = 1
     epochs: int = 2
     batch_size: int = 8
     lr: float = 1e-4
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("num_examples", "epochs", "batch_size"):
+        for name in ("num_examples", "answers_per_prompt", "epochs", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"warm start {name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
@@ -80,7 +83,7 @@ def warm_start(
 ) -> Path:
     """Returns the directory of `model` warm-started with `config` (built once, then cached)."""
     base_path = resolve_model(model, cache_dir=cache_dir, progress=progress)
-    steps = config.epochs * -(-config.num_examples // config.batch_size)
+    steps = config.epochs * -(-config.num_examples * config.answers_per_prompt // config.batch_size)
     builtin = BuiltinModel(
         name=f"warm-start-{config.fingerprint(str(base_path))}",
         description=f"{model} format-warm-started on {config.env}",
@@ -95,11 +98,6 @@ def warm_start(
 def format_examples(protocol: PromptProtocol, config: WarmStartConfig) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, response ids) pairs: first-turn prompts, random well-formed answers."""
     env = make_env(config.env, **config.env_config)
-    vocabulary = env.action_vocabulary
-    if not vocabulary:
-        raise ValueError(
-            f"env {config.env!r} has free-form actions; the format warm start needs an action vocabulary"
-        )
     rng = np.random.default_rng(config.seed)
     template = protocol.template
     examples = []
@@ -108,11 +106,12 @@ def format_examples(protocol: PromptProtocol, config: WarmStartConfig) -> list[t
         prompt = protocol.system_ids + protocol.user_ids(
             observation, turns_left=config.budget.max_turns, actions_left=config.budget.max_actions_per_traj
         )
-        count = int(rng.integers(1, config.protocol.max_actions_per_turn + 1))
-        actions = [str(a) for a in rng.choice(vocabulary, size=count)]
-        answer = _answer_text(actions, think=config.protocol.think)
-        response = template.encode(answer[len(config.protocol.prefill_text):]) + [template.eos_token_id]
-        examples.append((prompt, response))
+        for _ in range(config.answers_per_prompt):
+            count = int(rng.integers(1, config.protocol.max_actions_per_turn + 1))
+            actions = [env.random_action(rng) for _ in range(count)]
+            answer = _answer_text(actions, think=config.protocol.think)
+            response = template.encode(answer[len(config.protocol.prefill_text):]) + [template.eos_token_id]
+            examples.append((prompt, response))
     return examples
 
 

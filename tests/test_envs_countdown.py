@@ -84,9 +84,10 @@ def test_generated_instances_are_solvable_and_in_range():
 
 
 def test_four_numbers_and_determinism():
-    env = CountdownEnv(num_numbers=4, max_number=20, max_target=50)
+    config = {"num_numbers": 4, "max_number": 20, "max_target": 50}
+    env = CountdownEnv(**config)
     obs, _ = env.reset(seed=9)
-    assert len(env.numbers) == 4 and obs == CountdownEnv(num_numbers=4, max_number=20, max_target=50).reset(seed=9)[0]
+    assert len(env.numbers) == 4 and obs == CountdownEnv(**config).reset(seed=9)[0]
     assert score_equation(env.reference_equation, env.numbers, env.target).correct
 
 
@@ -112,3 +113,16 @@ def test_env_step_rewards_and_termination():
 def test_config_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):
         CountdownConfig(**kwargs)
+
+
+def test_random_action_is_well_formed_and_uses_every_number():
+    import numpy as np
+
+    from envs.countdown import score_equation
+
+    env = CountdownEnv()
+    env.reset(seed=11)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        equation = env.random_action(rng)
+        assert score_equation(equation, env.numbers, env.target).well_formed, equation

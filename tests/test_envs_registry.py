@@ -51,12 +51,12 @@ def test_builtins_are_registered_with_their_defaults():
         "sokoban", "larger_sokoban", "frozenlake", "bandit", "bandit_test", "countdown"
     }
     sokoban, larger = envs.make_env("sokoban"), envs.make_env("larger_sokoban")
-    assert (sokoban.config.dim_room, sokoban.config.num_boxes, sokoban.config.max_steps) == ((6, 6), 1, 100)
+    assert sokoban.config == envs.SokobanConfig(dim_room=(6, 6), num_boxes=1, max_steps=100)
     assert (larger.config.dim_room, larger.config.num_boxes) == ((8, 8), 2)
     bandit, held_out = envs.make_env("bandit"), envs.make_env("bandit_test")
     assert (bandit.config.low_arm, bandit.config.high_arm) == ("Phoenix", "Dragon")
     assert (held_out.config.low_arm, held_out.config.high_arm) == ("Trader", "Librarian")
-    assert (bandit.config.low_payoff, bandit.config.high_payoff, bandit.config.high_prob) == (0.1, 1.0, 0.25)
+    assert bandit.config == envs.BanditConfig(low_payoff=0.1, high_payoff=1.0, high_prob=0.25)
     lake = envs.make_env("frozenlake")
     assert (lake.config.size, lake.config.p_frozen, lake.config.is_slippery) == (4, 0.8, True)
     assert isinstance(envs.make_env("countdown"), envs.CountdownEnv)

@@ -43,10 +43,11 @@ def trajectory_from_episode(episode: SingleAgentEpisode, *, history_window: int 
             raise ValueError(f"episode {episode.id_} was not made by LLMEnvRunner: no {key!r} in its reset info")
     history = TokenHistory(list(reset_info[SYSTEM_IDS]), history_window)
     for t in range(len(episode)):
-        extra = episode.get_extra_model_outputs(key=None, indices=t)
-        history.add_user(list(extra[USER_IDS]))
+        history.add_user(list(episode.get_extra_model_outputs(USER_IDS, t)))
         history.add_response(
-            list(episode.get_actions(t)), list(extra[Columns.ACTION_LOGP]), list(extra[CLOSE_IDS])
+            list(episode.get_actions(t)),
+            list(episode.get_extra_model_outputs(Columns.ACTION_LOGP, t)),
+            list(episode.get_extra_model_outputs(CLOSE_IDS, t)),
         )
     return Trajectory(history, [float(r) for r in episode.get_rewards()], int(reset_info[GROUP_ID]))
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from rllib_ragen.inference.batching import check_token_ids, left_pad
 from rllib_ragen.inference.engine import Completion, InferenceEngine, SamplingParams
 from rllib_ragen.inference.sampling import choose_tokens, processed_logprobs
 from rllib_ragen.inference.weights import check_weights
@@ -175,32 +176,6 @@ class HFEngine(InferenceEngine):
             raise ValueError(
                 f"a sequence needs {longest} positions (prompt + new tokens), more than the model's {self.max_length}"
             )
-
-
-def check_token_ids(sequences: Sequence[Sequence[int]], *, vocab_size: int, what: str) -> None:
-    """Raises ValueError naming the first empty sequence or out-of-vocabulary token id."""
-    for index, sequence in enumerate(sequences):
-        if len(sequence) == 0:
-            raise ValueError(f"{what} {index} is empty")
-        if min(sequence) < 0 or max(sequence) >= vocab_size:
-            raise ValueError(f"{what} {index} has token ids outside [0, {vocab_size})")
-
-
-def left_pad(sequences: Sequence[Sequence[int]], *, pad_token_id: int) -> tuple[Tensor, Tensor]:
-    """Left-pads token-id sequences to one length.
-
-    Returns:
-        input_ids [B, L] int64 and attention_mask [B, L] int64 (0 on padding),
-        L = the longest sequence.
-    """
-    width = max(len(s) for s in sequences)
-    input_ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, sequence in enumerate(sequences):
-        if sequence:
-            input_ids[row, width - len(sequence) :] = torch.as_tensor(sequence, dtype=torch.long)
-            mask[row, width - len(sequence) :] = 1
-    return input_ids, mask
 
 
 def completion_from_tokens(tokens: list[int], logprobs: list[float], *, stop_token_ids: Sequence[int]) -> Completion:

@@ -29,8 +29,6 @@ def actor_env_vars(config: EngineConfig) -> dict[str, str]:
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         # Lets collective_rpc ship `reload_in_worker` to tensor-parallel workers.
         "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
-        # The legacy variable would override kv_cache_memory_bytes; the config is the one source.
-        "VLLM_CPU_KVCACHE_SPACE": "",
         "OMP_NUM_THREADS": str(config.threads_per_engine),
         "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
         "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
@@ -48,7 +46,7 @@ def llm_kwargs(config: EngineConfig, model_path: str, rank: int) -> dict[str, ob
         "enable_prefix_caching": config.enable_prefix_caching,
         "tensor_parallel_size": config.tensor_parallel_size,
         # Log-probs after temperature and top-p: those of the distribution sampled from.
-        "logprobs_mode": "processed_logprobs",
+        "logprobs_mode": "raw_logprobs",
         "enforce_eager": config.enforce_eager,
         "seed": config.seed + rank,
     }
@@ -86,8 +84,10 @@ class VLLMEngineActor:
     """
 
     def __init__(self, model_path: str, config: EngineConfig, rank: int) -> None:
-        # Ray sets OMP_NUM_THREADS=1 in actors; torch reads it at import, so set threads explicitly.
+        # Ray gives actors OMP_NUM_THREADS = their CPU reservation: set the thread count explicitly.
         torch.set_num_threads(config.threads_per_engine)
+        # The legacy variable, if inherited, would override kv_cache_gb: the config is the one source.
+        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
         import vllm
 
         start = time.perf_counter()

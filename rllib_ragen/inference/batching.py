@@ -1,0 +1,51 @@
+"""Token-id batches: validation, left padding, and splitting across engines."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+
+def check_token_ids(sequences: Sequence[Sequence[int]], *, vocab_size: int, what: str = "prompt") -> None:
+    """Raises ValueError naming the first empty sequence or out-of-vocabulary token id."""
+    for index, sequence in enumerate(sequences):
+        if len(sequence) == 0:
+            raise ValueError(f"{what} {index} is empty")
+        if min(sequence) < 0 or max(sequence) >= vocab_size:
+            raise ValueError(f"{what} {index} has token ids outside [0, {vocab_size})")
+
+
+def left_pad(sequences: Sequence[Sequence[int]], *, pad_token_id: int) -> tuple[Tensor, Tensor]:
+    """Left-pads token-id sequences to one length.
+
+    Returns:
+        input_ids [B, L] int64 and attention_mask [B, L] int64 (0 on padding),
+        L = the longest sequence.
+    """
+    width = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        if sequence:
+            input_ids[row, width - len(sequence) :] = torch.as_tensor(sequence, dtype=torch.long)
+            mask[row, width - len(sequence) :] = 1
+    return input_ids, mask
+
+
+def shard_bounds(n_items: int, n_shards: int) -> list[tuple[int, int]]:
+    """Contiguous [start, stop) ranges splitting n_items into n_shards, sizes differing by <= 1.
+
+    Contiguous shards keep a StarPO group (same prompt, adjacent) on one engine,
+    where prefix caching can share its prompt.
+    """
+    if n_shards < 1:
+        raise ValueError(f"n_shards must be >= 1, got {n_shards}")
+    base, extra = divmod(n_items, n_shards)
+    bounds, start = [], 0
+    for shard in range(n_shards):
+        stop = start + base + (1 if shard < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
