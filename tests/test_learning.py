@@ -50,12 +50,12 @@ def _config(model: str, *, lr: float, estimator: str = "grpo") -> StarPOConfig:
         .environment("bandit", env_config=ENV_CONFIG)
         .llm(model=model, critic="none")
         .rollouts(
-            n_groups=4, group_size=8, max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1,
+            n_groups=8, group_size=8, max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1,
             response_length=8, think=False, prefill=True,
         )
         .inference(engine="hf")
         .training(
-            advantage_estimator=estimator, rollout_filter_ratio=1.0, mini_batch_size=32,
+            advantage_estimator=estimator, rollout_filter_ratio=1.0, mini_batch_size=64,
             micro_batch_size=16, actor_lr=lr, entropy_coeff=0.0,
         )
         .starpo_evaluation(eval_interval=0, eval_size=64, eval_temperature=1.0)
@@ -78,7 +78,7 @@ def _train(config: StarPOConfig, iterations: int) -> tuple[float, list[float]]:
 
 
 def test_starpo_learns_the_better_arm(warm_model):
-    initial, curve = _train(_config(warm_model, lr=1e-3), MAX_ITERS)
+    initial, curve = _train(_config(warm_model, lr=2e-3), MAX_ITERS)
     print("initial", initial, "curve", curve)
     assert 0.25 <= initial <= 0.75, f"warm start should leave the choice random, got success {initial}"
     assert max(curve[-2:]) >= 0.9, f"success did not reach 0.9 in {MAX_ITERS} iterations: {curve}"

@@ -33,12 +33,20 @@ LONG_PROMPT = [1] + [(37 * i) % 5000 + 10 for i in range(299)]
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """tiny-random's config with head_dim 32: vLLM's CPU attention has no kernel for 16."""
+    """tiny-random's config with head_dim 32 (vLLM's CPU attention has no kernel for 16).
+
+    Its generation config names as eos the 2nd token greedy decoding of PROMPTS[0]
+    produces: only `stop_token_ids` may end a completion, so an engine that stops
+    there (vLLM does by default) fails the comparison with the HF engine.
+    """
     config = tiny_random_config()
     config.num_attention_heads, config.num_key_value_heads, config.head_dim = 2, 1, 32
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = transformers.LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = HFEngine(model).generate(
+        [PROMPTS[0]], SamplingParams(max_new_tokens=2, temperature=0.0)
+    )[0].token_ids[1]
     path = tmp_path_factory.mktemp("vllm_tiny")
     model.save_pretrained(path)
     return path
@@ -236,6 +244,14 @@ def test_packed_weights_round_trip_through_the_object_store(dtype, ray_cluster):
     assert list(unpacked) == list(state)
     for name, tensor in state.items():
         assert unpacked[name].dtype == dtype and torch.equal(unpacked[name], tensor)
+
+
+def test_tied_weights_are_packed_once(model_dir):
+    model = load_causal_lm(model_dir)
+    packed = pack_weights(model.state_dict())
+    assert "lm_head.weight" in model.state_dict() and "lm_head.weight" not in packed.names
+    assert "model.embed_tokens.weight" in packed.names
+    assert len(packed.names) == len(dict(model.named_parameters()))
 
 
 def test_shard_bounds_are_contiguous_and_balanced():

@@ -137,8 +137,12 @@ def _log_batch_metrics(metrics, tokens: TokenBatch, old_logp: torch.Tensor, adva
     mask = tokens.loss_mask.bool()
     # Train/inference mismatch: the engine's sampling log-probs vs the learner's.
     gap = (old_logp - tokens.sampling_logp).abs()
-    metrics.log_value("train_inference_logp_gap_mean", masked_mean(gap, mask).item(), window=1)
-    metrics.log_value("train_inference_logp_gap_max", gap[mask].max().item() if mask.any() else 0.0, window=1)
-    metrics.log_value("advantage_mean", masked_mean(advantages, tokens.traj_mask).item(), window=1)
-    metrics.log_value("num_trained_tokens", float(mask.sum()), window=1)
-    metrics.log_value("num_trained_trajectories", float(tokens.traj_mask.shape[0]), window=1)
+    values = {
+        "train_inference_logp_gap_mean": masked_mean(gap, mask).item(),
+        "train_inference_logp_gap_max": gap[mask].max().item() if mask.any() else 0.0,
+        "advantage_mean": masked_mean(advantages, tokens.traj_mask).item(),
+        "num_trained_tokens": float(mask.sum()),
+        "num_trained_trajectories": float(tokens.traj_mask.shape[0]),
+    }
+    for key, value in values.items():
+        metrics.log_value((DEFAULT_MODULE_ID, key), value, window=1)

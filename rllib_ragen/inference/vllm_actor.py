@@ -46,7 +46,7 @@ def llm_kwargs(config: EngineConfig, model_path: str, rank: int) -> dict[str, ob
         "enable_prefix_caching": config.enable_prefix_caching,
         "tensor_parallel_size": config.tensor_parallel_size,
         # Log-probs after temperature and top-p: those of the distribution sampled from.
-        "logprobs_mode": "raw_logprobs",
+        "logprobs_mode": "processed_logprobs",
         "enforce_eager": config.enforce_eager,
         "seed": config.seed + rank,
     }
@@ -64,6 +64,8 @@ def to_vllm_params(params: SamplingParams, seed: int | None):
         seed=seed,
         logprobs=0,
         detokenize=False,
+        # Otherwise vLLM adds the checkpoint's generation-config eos to the stop ids.
+        ignore_eos=True,
     )
 
 

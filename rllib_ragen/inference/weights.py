@@ -78,10 +78,21 @@ class PackedWeights:
 
 
 def pack_weights(state_dict: Mapping[str, Tensor]) -> PackedWeights:
-    """Packs a state dict (tensors on any device) into numpy arrays on the host."""
+    """Packs a state dict (tensors on any device) into numpy arrays on the host.
+
+    Tensors that are one tensor under two names (tied embeddings: `state_dict()`
+    lists `lm_head.weight` and `model.embed_tokens.weight`) are packed once, under
+    the first name.
+    """
     names, arrays, dtypes = [], [], []
+    seen: set[tuple] = set()
     for name, tensor in state_dict.items():
-        tensor = torch.as_tensor(tensor).detach().to("cpu").contiguous()
+        tensor = torch.as_tensor(tensor).detach()
+        identity = (tensor.device, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+        if tensor.numel() and identity in seen:
+            continue
+        seen.add(identity)
+        tensor = tensor.to("cpu").contiguous()
         dtypes.append(str(tensor.dtype).removeprefix("torch."))
         raw = _RAW_VIEWS.get(tensor.dtype)
         arrays.append((tensor.view(raw) if raw is not None else tensor).numpy())
