@@ -167,23 +167,35 @@ def vllm_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def report_weight_sync(engine: InferenceEngine, setup: Setup) -> None:
-    """Times `update_weights` with the full fp32 HF state dict; checks the pool then matches HF."""
+    """Times `update_weights` with a changed fp32 HF state dict; checks the pool then follows HF.
+
+    The engine may run in bf16, so its log-probs differ from the fp32 HF model's
+    by bf16 noise: the sync is right when that gap stays at its pre-sync level
+    while the probe's log-probs themselves move by much more.
+    """
     model = load_causal_lm(setup.model_path)
-    with torch.no_grad():
+    hf = HFEngine(model)
+    probe = ([setup.prompts[0]], [setup.prompts[1][-8:]])
+    hf_before, engine_before = hf.score(*probe)[0], engine.score(*probe)[0]
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
         for parameter in model.parameters():
-            parameter.mul_(1.01)  # a visible change, as an optimiser step would make
+            parameter.add_(0.02 * parameter.std() * torch.randn_like(parameter))
     seconds = []
     for _ in range(setup.args.sync_repeats):
         engine.update_weights(model.state_dict())
         seconds.append(engine.last_sync_seconds)
-    megabytes = sum(t.numel() * t.element_size() for t in model.state_dict().values()) / 2**20
-    print(f"weight sync ({megabytes:.0f} MB fp32 state dict -> {setup.args.num_engines} engine(s)): "
+    megabytes = engine.weight_sync.last_nbytes / 2**20
+    print(f"weight sync ({megabytes:.0f} MB fp32 -> {setup.args.num_engines} engine(s)): "
           f"mean {np.mean(seconds):.2f} s, min {np.min(seconds):.2f} s over {len(seconds)}")
-    prompt, continuation = setup.prompts[0], setup.prompts[1][-8:]
-    engine_logp = engine.score([prompt], [continuation])[0]
-    hf_logp = HFEngine(model).score([prompt], [continuation])[0]
-    print(f"after sync, max |engine - HF| log-prob on a probe: {np.max(np.abs(np.subtract(engine_logp, hf_logp))):.4f} "
-          f"(engine dtype {setup.args.vllm_dtype})")
+    hf_after, engine_after = hf.score(*probe)[0], engine.score(*probe)[0]
+
+    def gap(a: list[float], b: list[float]) -> float:
+        return float(np.max(np.abs(np.subtract(a, b))))
+
+    print(f"probe log-probs moved by {gap(hf_after, hf_before):.3f} (HF); max |engine - HF| "
+          f"before sync {gap(engine_before, hf_before):.3f}, after {gap(engine_after, hf_after):.3f} "
+          f"(engine {setup.args.vllm_dtype})")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -44,7 +44,7 @@ def build_parser(*, env: str, description: str, success_threshold: float, stop_i
     parser.add_argument("--estimator", choices=("gae", "bi_level_gae", "grpo", "brpo", "arpo"), help="advantage estimator")
     parser.add_argument("--no-think", action="store_true", help="answer with <answer> only (no-think mode)")
     parser.add_argument("--no-warm-start", action="store_true", help="skip the supervised format warm start")
-    parser.add_argument("--warm-start-examples", type=int, default=64, help="examples in the format warm start")
+    parser.add_argument("--warm-start-examples", type=int, default=16, help="prompts in the format warm start (2 random answers each)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="set any StarPOConfig attribute, e.g. --set actor_lr=1e-5 (repeatable)")
     parser.add_argument("--seed", type=int, help="random seed")
@@ -102,8 +102,9 @@ def apply_warm_start(config: StarPOConfig, *, num_examples: int) -> None:
         protocol=config.protocol_config,
         budget=config.turn_budget,
         num_examples=num_examples,
+        answers_per_prompt=2,
         epochs=2,
-        batch_size=4,
+        batch_size=8,
         lr=1e-4 if config.llm_model != "tiny-random" else 3e-3,
     )
     print(f"format warm start of {config.llm_model} on {config.env} ({num_examples} examples; cached after the first run)")

@@ -43,8 +43,9 @@ class LLMModuleConfig:
     Args:
         model: A built-in model name, a local HF directory or a hub id.
         critic: "none" (critic-free estimators), "head" (a value head on the
-            policy's last hidden state) or "separate" (its own copy of the LM
-            trunk plus a value head, as RAGEN's PPO).
+            policy's last hidden state, detached: value-loss gradients train
+            only the head and never move the policy) or "separate" (its own
+            copy of the LM trunk plus a value head, as RAGEN's PPO).
         dtype: Parameter dtype of the trained model.
         logit_temperature: Logits are divided by this before log-probs, so the
             learner scores tokens under the distribution they were sampled from.
@@ -113,7 +114,8 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
         """Critic values per token, [B, L], aligned like the log-probs.
 
         `embeddings` (the policy trunk's hidden states) is reused by the
-        value-head critic; a separate critic runs its own trunk.
+        value-head critic, detached so the critic cannot drag the policy; a
+        separate critic runs its own trunk.
         """
         if not self.has_critic:
             raise ValueError("this module has no critic (critic='none'); use grpo/brpo/arpo")
@@ -121,6 +123,7 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
             hidden = trunk_hidden(self.critic_trunk, batch)
         else:
             hidden = embeddings if embeddings is not None else trunk_hidden(self.policy.base_model, batch)
+            hidden = hidden.detach()
         selected = _select_predicting(hidden, batch[Columns.LOSS_MASK])
         values = self.value_head(selected).squeeze(-1).float()
         return _scatter(values, batch[Columns.LOSS_MASK])

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
 
 from rllib_ragen.inference.engine import SamplingParams
+from rllib_ragen.inference.factory import EngineConfig, make_engine
 from rllib_ragen.inference.batching import left_pad
 from rllib_ragen.inference.hf_engine import HFEngine
 from rllib_ragen.inference.sampling import mask_top_p, processed_logprobs
@@ -108,6 +110,22 @@ def test_stop_token_ends_a_completion_and_is_included(model, engine):
     assert stopped[0].token_ids[-1] == stop and len(stopped[0].token_ids) <= 3
 
 
+def test_rows_that_stop_early_leave_the_batch_without_mixing_up_the_others(model, engine):
+    # A third of the vocabulary stops: rows finish at different steps and are pruned one by one.
+    stops = tuple(range(0, model.config.vocab_size, 3))
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, stop_token_ids=stops, seed=1)
+    completions = engine.generate(PROMPTS * 2, params)
+    assert len({len(c.token_ids) for c in completions}) > 1
+    for prompt, completion in zip(PROMPTS * 2, completions):
+        expected = manual_logprobs(model, prompt, completion.token_ids, 1.0)
+        picked = expected.gather(-1, torch.tensor(completion.token_ids)[:, None]).squeeze(-1)
+        assert completion.logprobs == pytest.approx(picked.tolist(), abs=1e-4)
+        stopped = completion.token_ids[-1] in stops
+        assert completion.finish_reason == ("stop" if stopped else "length")
+        assert all(t not in stops for t in completion.token_ids[:-1])
+        assert stopped or len(completion.token_ids) == 6
+
+
 def test_mixed_length_batch_keeps_order_across_sub_batches(model):
     batched = HFEngine(model, max_batch_size=2).generate(PROMPTS, SamplingParams(max_new_tokens=4, temperature=0.0))
     alone = [HFEngine(model).generate([p], SamplingParams(max_new_tokens=4, temperature=0.0))[0] for p in PROMPTS]
@@ -183,3 +201,37 @@ def test_left_pad_masks_the_padding():
     ids, mask = left_pad([[5, 6, 7], [8]], pad_token_id=0)
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
     assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+# ---------------------------------------------------------------- EngineConfig / make_engine
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"kind": "tpu"}, "kind must be one of"),
+        ({"dtype": "float64"}, "dtype must be one of"),
+        ({"num_engines": 0}, "num_engines must be > 0"),
+        ({"kv_cache_gb": 0}, "kv_cache_gb must be > 0"),
+        ({"num_threads": 0}, "num_threads must be > 0"),
+        ({"num_gpus_per_engine": -1}, "must be >= 0"),
+        ({"tensor_parallel_size": 2, "num_gpus_per_engine": 1}, "needs num_gpus_per_engine >= 2"),
+    ],
+)
+def test_engine_config_rejects_bad_values(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**overrides)
+
+
+def test_threads_per_engine_splits_the_cores_unless_given():
+    assert EngineConfig(num_threads=3, num_engines=2).threads_per_engine == 3
+    assert EngineConfig(num_engines=2).threads_per_engine == max(1, os.cpu_count() // 2)
+    assert EngineConfig(num_engines=10**4).threads_per_engine == 1
+
+
+def test_make_engine_builds_the_hf_engine(tiny_model_path, tmp_path):
+    engine = make_engine(EngineConfig(kind="hf", max_batch_size=4), tiny_model_path)
+    assert isinstance(engine, HFEngine) and engine.max_batch_size == 4
+    assert engine.health()["healthy"] and engine.health()["dtype"] == "torch.float32"
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        make_engine(EngineConfig(kind="hf"), tmp_path)

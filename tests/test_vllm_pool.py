@@ -118,6 +118,13 @@ def test_generate_keeps_order_and_matches_the_hf_engine(pool, learner):
 
 
 @pytest.mark.vllm
+def test_health_reports_live_engines_and_their_threads(pool):
+    health = pool.health()
+    assert health["healthy"] and health["live_engines"] == 2
+    assert health["engine_threads"] == [1, 1]
+
+
+@pytest.mark.vllm
 def test_sampled_logprobs_are_after_temperature(pool, learner):
     completions = pool.generate(PROMPTS, SamplingParams(max_new_tokens=5, temperature=0.7, seed=5))
     for prompt, completion in zip(PROMPTS, completions):
@@ -193,6 +200,7 @@ def test_an_engine_killed_mid_call_is_replaced_with_current_weights(pool, learne
     pool.update_weights(dict(learner.state_dict()))
     prompts = [PROMPTS[i % len(PROMPTS)] + [i + 10] for i in range(16)]
     params = SamplingParams(max_new_tokens=96, temperature=1.0, seed=7)
+    restarts = pool.restarts
     start = time.perf_counter()
     reference = pool.generate(prompts, params)
     duration = time.perf_counter() - start
@@ -200,15 +208,31 @@ def test_an_engine_killed_mid_call_is_replaced_with_current_weights(pool, learne
     result: list = []
     call = threading.Thread(target=lambda: result.extend(pool.generate(prompts, params)))
     call.start()
-    time.sleep(duration / 3)
+    time.sleep(duration / 4)
     victim = pool.actors[0]
     ray.kill(victim)
     call.join(timeout=300)
 
-    assert pool.restarts == 1 and pool.actors[0] is not victim
+    assert pool.restarts == restarts + 1 and pool.actors[0] is not victim
     # Same completions as before the kill: every prompt done, in order, by engines with the synced weights.
     assert_same_completions(result, reference)
     assert pool.health()["healthy"]
+
+
+@pytest.mark.vllm
+def test_an_engine_dead_before_a_sync_is_replaced_and_gets_the_new_weights(pool, learner):
+    ray.kill(pool.actors[1])
+    health = pool.health(timeout_s=5)
+    assert not health["healthy"] and health["live_engines"] == 1
+    with torch.no_grad():
+        learner.model.layers[0].mlp.down_proj.weight.mul_(-1.0)
+    restarts = pool.restarts
+    pool.update_weights(dict(learner.state_dict()))
+    assert pool.restarts == restarts + 1 and pool.health()["healthy"]
+    # Prompts 3 and 4 land on the replaced engine (shards of 5 over 2 engines: 3 + 2).
+    continuations = [[11, 12, 13]] * len(PROMPTS)
+    for prompt, got in zip(PROMPTS, pool.score(PROMPTS, continuations)):
+        assert max_diff(got, hf_logprobs(learner, prompt, [11, 12, 13])) < TOLERANCE
 
 
 @pytest.mark.vllm

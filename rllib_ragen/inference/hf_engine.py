@@ -127,33 +127,40 @@ class HFEngine(InferenceEngine):
     def _generate_batch(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, generator: torch.Generator | None
     ) -> list[Completion]:
+        """Decodes one sub-batch; a row leaves the batch (and its KV cache) once it stops."""
         input_ids, mask = left_pad(prompts, pad_token_id=self.pad_token_id)
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-        batch = len(prompts)
-        tokens = torch.empty(batch, 0, dtype=torch.long)
-        logprobs = torch.empty(batch, 0)
-        finished = torch.zeros(batch, dtype=torch.bool)
+        cache, logits = out.past_key_values, out.logits[:, -1]
+        rows = torch.arange(len(prompts))  # the prompt index of each live batch row
+        tokens: list[list[int]] = [[] for _ in prompts]
+        logprobs: list[list[float]] = [[] for _ in prompts]
         stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.long)
-        for _ in range(params.max_new_tokens):
-            step_logprobs = processed_logprobs(out.logits[:, -1].cpu(), temperature=params.temperature, top_p=params.top_p)
+        for step in range(params.max_new_tokens):
+            step_logprobs = processed_logprobs(logits.cpu(), temperature=params.temperature, top_p=params.top_p)
             chosen = choose_tokens(step_logprobs, greedy=params.temperature == 0, generator=generator)
-            tokens = torch.cat([tokens, chosen[:, None]], dim=1)
-            logprobs = torch.cat([logprobs, step_logprobs.gather(-1, chosen[:, None])], dim=1)
-            finished |= torch.isin(chosen, stop_ids)
-            if finished.all():
+            picked = step_logprobs.gather(-1, chosen[:, None]).squeeze(-1)
+            for row, token, logprob in zip(rows.tolist(), chosen.tolist(), picked.tolist()):
+                tokens[row].append(token)
+                logprobs[row].append(logprob)
+            live = ~torch.isin(chosen, stop_ids)
+            if step == params.max_new_tokens - 1 or not live.any():
                 break
-            mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
+            if not live.all():
+                keep = live.nonzero().squeeze(-1)
+                cache.batch_select_indices(keep.to(self.device))
+                rows, chosen = rows[keep], chosen[keep]
+                mask, positions = mask[keep.to(self.device)], positions[keep.to(self.device)]
+            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
             positions = positions[:, -1:] + 1
             out = self.model(
-                input_ids=chosen[:, None].to(self.device),
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=out.past_key_values,
-                use_cache=True,
+                input_ids=chosen[:, None].to(self.device), attention_mask=mask, position_ids=positions,
+                past_key_values=cache, use_cache=True,
             )
-        return [completion_from_tokens(t, lp, stop_token_ids=params.stop_token_ids) for t, lp in zip(tokens.tolist(), logprobs.tolist())]
+            logits = out.logits[:, -1]
+        stops = set(params.stop_token_ids)
+        return [Completion(t, lp, "stop" if t[-1] in stops else "length") for t, lp in zip(tokens, logprobs)]
 
     @torch.no_grad()
     def _score_batch(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> list[list[float]]:
@@ -176,15 +183,6 @@ class HFEngine(InferenceEngine):
             raise ValueError(
                 f"a sequence needs {longest} positions (prompt + new tokens), more than the model's {self.max_length}"
             )
-
-
-def completion_from_tokens(tokens: list[int], logprobs: list[float], *, stop_token_ids: Sequence[int]) -> Completion:
-    """Cuts a decoded row after its first stop token; finish_reason "stop" or "length"."""
-    stops = set(stop_token_ids)
-    for position, token in enumerate(tokens):
-        if token in stops:
-            return Completion(tokens[: position + 1], logprobs[: position + 1], "stop")
-    return Completion(tokens, logprobs, "length")
 
 
 def _pad_token_id(config) -> int:

@@ -107,21 +107,23 @@ class VLLMEnginePool(InferenceEngine):
         )
 
     def health(self, timeout_s: float = 30.0) -> dict[str, object]:
-        """Pings every actor; healthy when all answer within `timeout_s`."""
-        live = 0
+        """Pings every actor; healthy when all answer within `timeout_s`.
+
+        `engine_threads` are the torch thread counts the live actors report.
+        """
+        infos = []
         for actor in self.actors:
             try:
-                ray.get(actor.info.remote(), timeout=timeout_s)
-                live += 1
+                infos.append(ray.get(actor.info.remote(), timeout=timeout_s))
             except (RayActorError, GetTimeoutError):
                 pass
         return {
             "engine": type(self).__name__,
-            "healthy": live == len(self.actors) > 0,
+            "healthy": len(infos) == len(self.actors) > 0,
             "num_engines": len(self.actors),
-            "live_engines": live,
+            "live_engines": len(infos),
+            "engine_threads": [info["num_threads"] for info in infos],
             "restarts": self.restarts,
-            "threads_per_engine": self.config.threads_per_engine,
             "last_sync_seconds": self.last_sync_seconds,
         }
 

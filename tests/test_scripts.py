@@ -1,0 +1,39 @@
+"""Every script answers --help; the tuned-example flags build valid configs."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rllib_ragen.experiment import apply_setting, build_parser, config_from_args
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((ROOT / "tuned_examples").glob("*.py")) + sorted((ROOT / "benchmarks").glob("*.py"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_help(script):
+    out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "usage" in out.stdout.lower()
+
+
+def _args(*argv):
+    return build_parser(env="sokoban", description="t", success_threshold=0.5, stop_iters=3).parse_args(list(argv))
+
+
+def test_flags_reach_the_config():
+    config = config_from_args(_args("--n-groups", "3", "--group-size", "2", "--estimator", "grpo", "--no-think",
+                                    "--set", "actor_lr=2e-5", "--set", "history_window=1"))
+    assert (config.n_groups, config.group_size, config.advantage_estimator) == (3, 2, "grpo")
+    assert config.critic == "none" and not config.think and config.prefill
+    assert config.actor_lr == 2e-5 and config.history_window == 1
+
+
+def test_unknown_setting_is_named():
+    config = config_from_args(_args())
+    with pytest.raises(ValueError, match="unknown config key 'actor_lrr'"):
+        apply_setting(config, "actor_lrr=1")
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        apply_setting(config, "actor_lr")
