@@ -219,7 +219,8 @@ def main(argv: list[str] | None = None) -> None:
     if "vllm" in results:
         for name in ("hf-generate", "hf-engine"):
             if name in results:
-                print(f"ratio vLLM pool / {results[name].name}: {results['vllm'].tokens_per_s / results[name].tokens_per_s:.2f}")
+                ratio = results["vllm"].tokens_per_s / results[name].tokens_per_s
+                print(f"ratio vLLM pool / {results[name].name}: {ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from envs import list_envs
 from rllib_ragen.advantages import ADVANTAGE_ESTIMATORS
 from rllib_ragen.connectors.learner_connector import AdvantageSettings, StarPOLearnerConnector
 from rllib_ragen.connectors.protocol import ProtocolConfig
+from rllib_ragen.data.parquet import write_rollouts
 from rllib_ragen.echo_trap import EchoTrapMonitor
 from rllib_ragen.env_group import TurnBudget
 from rllib_ragen.env_runner import LLMEnvRunner, policy_weights, rollout_statistics
@@ -50,6 +51,7 @@ ROLLOUT_TIMER = "rollout"
 UPDATE_TIMER = "update"
 WEIGHT_SYNC_TIMER = "weight_sync"
 EVAL_TIMER = "evaluation"
+OFFLINE_DATA_RESULTS = "offline_data"
 
 
 class StarPOConfig(AlgorithmConfig):
@@ -136,6 +138,9 @@ class StarPOConfig(AlgorithmConfig):
         self.eval_size = 256
         self.eval_temperature = 0.5
         self.eval_seed = 123
+        # .rollout_recording()
+        self.rollout_parquet_dir = None
+        self.write_rollouts_every = 1
 
     # ------------------------------------------------------------------ builders
     def llm(
@@ -338,6 +343,22 @@ class StarPOConfig(AlgorithmConfig):
             eval_temperature=eval_temperature, eval_seed=eval_seed,
         )
 
+    def rollout_recording(
+        self,
+        *,
+        rollout_parquet_dir: str | None = NotProvided,
+        write_rollouts_every: int | None = NotProvided,
+    ) -> StarPOConfig:
+        """Writing sampled rollouts to Parquet (layout: `rllib_ragen.data.schema`).
+
+        Args:
+            rollout_parquet_dir: Directory receiving one `rollouts-iterNNNNNN.parquet`
+                file per written iteration, with every group sampled in it (before
+                the StarPO-S filter); None writes nothing.
+            write_rollouts_every: Write the rollouts of every this many iterations.
+        """
+        return self._set(rollout_parquet_dir=rollout_parquet_dir, write_rollouts_every=write_rollouts_every)
+
     def _set(self, **values: Any) -> StarPOConfig:
         for key, value in values.items():
             if value is not NotProvided:
@@ -353,7 +374,7 @@ class StarPOConfig(AlgorithmConfig):
     def protocol_config(self) -> ProtocolConfig:
         return ProtocolConfig(
             max_actions_per_turn=self.max_actions_per_turn, think=self.think, prefill=self.prefill,
-            history_window=self.history_window, format_penalty=self.format_penalty,
+            history_window=self.history_window,
         )
 
     @property
@@ -425,7 +446,7 @@ class StarPOConfig(AlgorithmConfig):
                 ".llm(critic='head' or 'separate') or use grpo/brpo/arpo"
             )
         for name in ("n_groups", "group_size", "rollout_frequency", "mini_batch_size", "micro_batch_size",
-                     "response_length", "eval_size", "echo_trap_window", "num_engines"):
+                     "response_length", "eval_size", "echo_trap_window", "num_engines", "write_rollouts_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.rollout_filter_ratio <= 1:
@@ -470,10 +491,8 @@ class StarPO(Algorithm):
 
     @override(Algorithm)
     def training_step(self) -> None:
-        runner = self.env_runner
         with self.metrics.log_time((TIMERS, ROLLOUT_TIMER)):
-            episodes = runner.sample()
-        self.metrics.aggregate([runner.get_metrics()], key=ENV_RUNNER_RESULTS)
+            episodes = self._collect_episodes()
         kept = self._filter_groups(episodes)
         with self.metrics.log_time((TIMERS, UPDATE_TIMER)):
             learner_results = self.learner_group.update(
@@ -489,6 +508,23 @@ class StarPO(Algorithm):
         interval = self.config.eval_interval
         if interval and (self.iteration + 1) % interval == 0:
             self.evaluate_fixed_seeds()
+
+    def _collect_episodes(self) -> list:
+        """This iteration's groups: from the offline dataset if one is configured, else fresh rollouts."""
+        config = self.config
+        if self.offline_data is not None:
+            episodes = self.offline_data.sample(num_samples=config.n_groups)
+            for key, value in rollout_statistics(episodes).items():
+                self.metrics.log_value((OFFLINE_DATA_RESULTS, key), value, window=1)
+            return episodes
+        episodes = self.env_runner.sample()
+        self.metrics.aggregate([self.env_runner.get_metrics()], key=ENV_RUNNER_RESULTS)
+        if config.rollout_parquet_dir and (self.iteration + 1) % config.write_rollouts_every == 0:
+            write_rollouts(
+                episodes, config.rollout_parquet_dir, iteration=self.iteration + 1,
+                env=config.env, env_config=config.env_config,
+            )
+        return episodes
 
     def _filter_groups(self, episodes: list) -> list:
         """StarPO-S: keeps the groups whose trajectories disagree most in reward."""

@@ -41,6 +41,8 @@ class TurnBudget:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.max_actions_per_traj < 1:
             raise ValueError(f"max_actions_per_traj must be >= 1, got {self.max_actions_per_traj}")
+        if self.format_penalty > 0:
+            raise ValueError(f"format_penalty must be <= 0, got {self.format_penalty}")
 
 
 def agent_id(index: int) -> str:

@@ -7,7 +7,6 @@ import argparse
 import ast
 import logging
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -15,26 +14,37 @@ from typing import Any
 
 import ray
 
-from rllib_ragen.algorithm import StarPO, StarPOConfig
+from rllib_ragen.algorithm import StarPOConfig
+from rllib_ragen.callbacks import FINAL_POLICY, MLflowSettings, mlflow_callback_of, with_mlflow
+from rllib_ragen.checkpoints import latest_checkpoint
 from rllib_ragen.presets import PRESETS, preset
-from rllib_ragen.tracking import MLflowTracker, config_params, flatten_metrics, trajectories_html
+from rllib_ragen.tracking import DEFAULT_EXPERIMENT
 from rllib_ragen.warm_start import WarmStartConfig, warm_start
 
 logger = logging.getLogger("rllib_ragen")
 
-LATEST = "latest"
 RUN_ID_FILE = "mlflow_run_id.txt"
 
 
 def build_parser(*, env: str, description: str, success_threshold: float, stop_iters: int) -> argparse.ArgumentParser:
     """The flags every tuned example takes (RLlib's tuned-example style)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--env", default=env, help="registered env name")
-    parser.add_argument("--preset", choices=PRESETS, default="cpu", help="cpu: SmolLM2-135M on CPU; gpu: RAGEN's defaults")
-    parser.add_argument("--stop-iters", type=int, default=stop_iters, help="training iterations")
+    add_config_flags(parser, env=env, stop_iters=stop_iters)
+    add_tracking_flags(parser)
     parser.add_argument("--as-test", action="store_true", help="exit 1 unless the success threshold is reached")
     parser.add_argument("--success-threshold", type=float, default=success_threshold,
                         help="success rate --as-test requires (evaluation's if evaluated, else training's)")
+    parser.add_argument("--checkpoint-dir", help="where checkpoints go (default: ./checkpoints/<env>-starpo)")
+    parser.add_argument("--checkpoint-every", type=int, default=1, help="save a local checkpoint every N iterations")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    return parser
+
+
+def add_config_flags(parser: argparse.ArgumentParser, *, env: str, stop_iters: int) -> None:
+    """Flags that build the `StarPOConfig` (read by `config_from_args`)."""
+    parser.add_argument("--env", default=env, help="registered env name")
+    parser.add_argument("--preset", choices=PRESETS, default="cpu", help="cpu: SmolLM2-135M on CPU; gpu: RAGEN's defaults")
+    parser.add_argument("--stop-iters", type=int, default=stop_iters, help="training iterations")
     parser.add_argument("--model", help="model name, local HF dir or hub id (default: the preset's)")
     parser.add_argument("--engine", choices=("auto", "vllm", "hf"), help="rollout engine (default: the preset's)")
     parser.add_argument("--num-engines", type=int, help="vLLM engine actors")
@@ -48,12 +58,14 @@ def build_parser(*, env: str, description: str, success_threshold: float, stop_i
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="set any StarPOConfig attribute, e.g. --set actor_lr=1e-5 (repeatable)")
     parser.add_argument("--seed", type=int, help="random seed")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite:///./mlflow.db)")
-    parser.add_argument("--experiment", default="rllib-ragen", help="MLflow experiment name")
-    parser.add_argument("--checkpoint-dir", help="where checkpoints go (default: ./checkpoints/<env>-starpo)")
-    parser.add_argument("--checkpoint-every", type=int, default=1, help="save every N iterations")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
-    return parser
+
+
+def add_tracking_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags of the MLflow tracking (read by `mlflow_settings`)."""
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI, e.g. http://127.0.0.1:5000 (default: sqlite:///./mlflow.db)")
+    parser.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment name")
+    parser.add_argument("--log-checkpoint-every", type=int, default=0,
+                        help="also log a checkpoint to MLflow every N iterations (0: only the last one)")
 
 
 def config_from_args(args: argparse.Namespace) -> StarPOConfig:
@@ -82,16 +94,26 @@ def config_from_args(args: argparse.Namespace) -> StarPOConfig:
 
 def apply_setting(config: StarPOConfig, assignment: str) -> None:
     """Applies one `KEY=VALUE` (VALUE as a Python literal, else a string)."""
+    key, raw = split_assignment(config, assignment, flag="--set")
+    setattr(config, key, parse_literal(raw))
+
+
+def split_assignment(config: StarPOConfig, assignment: str, *, flag: str) -> tuple[str, str]:
+    """`KEY=VALUE` -> (KEY, VALUE), KEY checked to be a config attribute."""
     key, sep, raw = assignment.partition("=")
     if not sep:
-        raise ValueError(f"--set expects KEY=VALUE, got {assignment!r}")
+        raise ValueError(f"{flag} expects KEY=VALUE, got {assignment!r}")
     if not hasattr(config, key):
-        raise ValueError(f"unknown config key {key!r} in --set {assignment!r}")
+        raise ValueError(f"unknown config key {key!r} in {flag} {assignment!r}")
+    return key, raw
+
+
+def parse_literal(raw: str) -> Any:
+    """A Python literal (`3`, `1e-5`, `None`, `(1, 2)`), else the text itself."""
     try:
-        value = ast.literal_eval(raw)
+        return ast.literal_eval(raw)
     except (ValueError, SyntaxError):
-        value = raw
-    setattr(config, key, value)
+        return raw
 
 
 def apply_warm_start(config: StarPOConfig, *, num_examples: int) -> None:
@@ -112,79 +134,71 @@ def apply_warm_start(config: StarPOConfig, *, num_examples: int) -> None:
 
 
 def run(config: StarPOConfig, args: argparse.Namespace) -> dict[str, Any]:
-    """Trains for `args.stop_iters` iterations; returns the last result."""
+    """Trains until iteration `args.stop_iters`, logging to MLflow; returns the last result."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     checkpoint_dir = Path(args.checkpoint_dir or Path("checkpoints") / f"{config.env}-starpo").resolve()
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-    algo, start = _build_or_resume(config, checkpoint_dir, resume=args.resume)
-    tracker = _tracker(args, checkpoint_dir, run_name=f"{config.env}-starpo")
-    tracker.log_params(config_params(algo.config))
+    resume_from = latest_checkpoint(checkpoint_dir) if args.resume else None
+    if args.resume and resume_from is None:
+        print(f"--resume: no checkpoint in {checkpoint_dir}; starting fresh")
+    settings = mlflow_settings(
+        args, run_name=f"{config.env}-starpo", run_id=_previous_run_id(checkpoint_dir) if resume_from else None,
+        checkpoint_dir=checkpoint_dir, checkpoint_every=args.checkpoint_every,
+    )
+    algo = with_mlflow(config, settings).build_algo()
+    callback = mlflow_callback_of(algo)
+    tracker = callback.start(algo)
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    (checkpoint_dir / RUN_ID_FILE).write_text(tracker.run_id)
+    if resume_from is not None:
+        algo.restore_from_path(str(resume_from))
+        print(f"resumed from {resume_from} at iteration {algo.iteration}")
     print(f"MLflow run: {tracker.run_url}\ncheckpoints: {checkpoint_dir}\n{algo.config.rollout_summary}")
     result: dict[str, Any] = {}
-    status = "FAILED"
     try:
-        for iteration in range(start, args.stop_iters):
+        if algo.iteration >= args.stop_iters:
+            print(f"already at iteration {algo.iteration} >= --stop-iters {args.stop_iters}; nothing to train")
+            callback.end("FINISHED")
+        while algo.iteration < args.stop_iters:
             began = time.perf_counter()
             result = algo.train()
-            tracker.log_metrics(flatten_metrics(result), step=iteration + 1)
-            _log_evaluation_page(algo, tracker, iteration + 1)
-            print(progress_line(iteration + 1, args.stop_iters, result, time.perf_counter() - began), flush=True)
-            if (iteration + 1) % args.checkpoint_every == 0 or iteration + 1 == args.stop_iters:
-                save_checkpoint(algo, checkpoint_dir)
-        policy_dir = algo.export_policy(checkpoint_dir / "final_policy")
-        tracker.log_artifacts(policy_dir, "final_policy")
-        status = "FINISHED"
+            print(progress_line(algo.iteration, args.stop_iters, result, time.perf_counter() - began), flush=True)
+    except KeyboardInterrupt:
+        callback.end("KILLED")
+        raise
+    except Exception:
+        callback.end("FAILED")
+        raise
     finally:
-        tracker.end(status)
         algo.stop()
-    print(f"done. MLflow run: {tracker.run_url}; final policy (HF format): {checkpoint_dir / 'final_policy'}")
+    print(f"done. MLflow run: {tracker.run_url}; final policy (HF format): {checkpoint_dir / FINAL_POLICY}")
     if args.as_test:
         check_success(result, args.success_threshold)
     return result
 
 
-def _build_or_resume(config: StarPOConfig, checkpoint_dir: Path, *, resume: bool) -> tuple[StarPO, int]:
-    latest = checkpoint_dir / LATEST
-    if resume and latest.exists():
-        algo = StarPO.from_checkpoint(str(latest))
-        print(f"resumed from {latest} at iteration {algo.iteration}")
-        return algo, algo.iteration
-    if resume:
-        print(f"--resume: no checkpoint in {checkpoint_dir}; starting fresh")
-    return config.build_algo(), 0
+def mlflow_settings(
+    args: argparse.Namespace,
+    *,
+    run_name: str | None = None,
+    run_id: str | None = None,
+    checkpoint_dir: Path | None = None,
+    checkpoint_every: int = 1,
+) -> MLflowSettings:
+    """The MLflow callback settings the tracking flags ask for."""
+    uri = {"tracking_uri": args.tracking_uri} if args.tracking_uri else {}
+    return MLflowSettings(
+        **uri, experiment=args.experiment, run_name=run_name, run_id=run_id, stop_iters=args.stop_iters,
+        checkpoint_dir=str(checkpoint_dir) if checkpoint_dir is not None else None,
+        checkpoint_every=checkpoint_every, log_checkpoint_every=args.log_checkpoint_every,
+    )
 
 
-def _tracker(args: argparse.Namespace, checkpoint_dir: Path, *, run_name: str) -> MLflowTracker:
+def _previous_run_id(checkpoint_dir: Path) -> str | None:
     run_id_file = checkpoint_dir / RUN_ID_FILE
-    run_id = run_id_file.read_text().strip() if args.resume and run_id_file.exists() else None
-    tracker = MLflowTracker(tracking_uri=args.tracking_uri, experiment=args.experiment, run_name=run_name, run_id=run_id)
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    run_id_file.write_text(tracker.run_id)
-    return tracker
-
-
-def save_checkpoint(algo: StarPO, checkpoint_dir: Path) -> Path:
-    """Saves to `<dir>/latest` atomically: a crash mid-save never loses the previous one."""
-    partial = checkpoint_dir / f"{LATEST}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    algo.save_to_path(str(partial))
-    latest = checkpoint_dir / LATEST
-    previous = checkpoint_dir / f"{LATEST}.previous"
-    shutil.rmtree(previous, ignore_errors=True)
-    if latest.exists():
-        latest.rename(previous)
-    partial.rename(latest)
-    shutil.rmtree(previous, ignore_errors=True)
-    return latest
-
-
-def _log_evaluation_page(algo: StarPO, tracker: MLflowTracker, step: int) -> None:
-    episodes = algo.pop_evaluation_episodes()
-    if episodes:
-        page = trajectories_html(episodes, title=f"{algo.config.env} evaluation at iteration {step}")
-        tracker.log_text(page, f"trajectories/eval_iter_{step:04d}.html")
+    return run_id_file.read_text().strip() if run_id_file.exists() else None
 
 
 def progress_line(iteration: int, total: int, result: dict[str, Any], seconds: float) -> str:
@@ -222,7 +236,7 @@ def main(*, env: str, description: str, success_threshold: float, stop_iters: in
         env=env, description=description, success_threshold=success_threshold, stop_iters=stop_iters
     ).parse_args(argv)
     config = config_from_args(args)
-    if not args.no_warm_start and not args.resume:
+    if not args.no_warm_start:  # cached: a resumed run gets the same warm-started model back
         apply_warm_start(config, num_examples=args.warm_start_examples)
     run(config, args)
 

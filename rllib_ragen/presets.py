@@ -49,6 +49,11 @@ def cpu_preset(env: str) -> StarPOConfig:
     """
     budget = dict(ENV_BUDGETS.get(env, {}))
     budget["max_turns"] = min(budget.get("max_turns", 3), 3)
+    # RAGEN's -0.1 format penalty equals one Sokoban step penalty, so a small
+    # model that cannot solve rooms yet earns more by answering badly (-0.1 a
+    # turn) than by moving (-0.1 a step, up to 5 a turn), and RL duly unlearns
+    # the format. A penalty worse than a full turn of moves keeps acting worth it.
+    budget["format_penalty"] = -1.0
     return (
         StarPOConfig()
         .environment(env)
@@ -57,7 +62,7 @@ def cpu_preset(env: str) -> StarPOConfig:
         .inference(engine="auto", num_engines=1, kv_cache_gb=2.0, max_model_len=2048)
         .training(
             advantage_estimator="gae", rollout_filter_ratio=0.5, mini_batch_size=8, micro_batch_size=2,
-            actor_lr=1e-5, critic_lr=1e-4, entropy_coeff=0.001, kl_coeff=0.0,
+            actor_lr=5e-6, critic_lr=1e-4, entropy_coeff=0.001, kl_coeff=0.0,
         )
         .starpo_evaluation(eval_interval=5, eval_size=16, eval_temperature=0.5)
         .debugging(seed=0)

@@ -8,33 +8,42 @@ Look at runs with `mlflow ui --backend-store-uri sqlite:///mlflow.db`.
 from __future__ import annotations
 
 import html
-import logging
 import math
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import mlflow
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
+from rllib_ragen.connectors.answer_parser import parse_answer
 from rllib_ragen.env_runner import RESPONSE_TEXT
 
-logger = logging.getLogger(__name__)
-
 DEFAULT_EXPERIMENT = "rllib-ragen"
+TRIAL_TAG = "rllib_ragen.trial_dir"  # the algorithm's log dir name (Tune: the trial dir)
+# Top-level entries of a Tune result that are not training metrics (the
+# config goes in as params; the rest are process bookkeeping).
+NOT_METRICS = frozenset({"config", "pid", "timestamp", "node_ip", "hostname", "date", "trial_id"})
 _MAX_PARAM_LENGTH = 500
+_PARAMS_PER_BATCH = 100
+_METRICS_PER_BATCH = 500
 
 
 def default_tracking_uri() -> str:
+    """The local store in the working directory: `sqlite:///<cwd>/mlflow.db`."""
     return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
 
 
 def flatten_metrics(result: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
-    """Numeric leaves of a nested RLlib result dict as {"a/b/c": value} (NaN/inf dropped)."""
+    """Numeric leaves of a nested RLlib result dict as {"a/b/c": value}.
+
+    NaN/inf values and the top-level `NOT_METRICS` entries are left out.
+    """
     flat: dict[str, float] = {}
     for key, value in result.items():
+        if not prefix and key in NOT_METRICS:
+            continue
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
             flat.update(flatten_metrics(value, prefix=f"{name}/"))
@@ -63,9 +72,10 @@ class MLflowTracker:
 
     Args:
         tracking_uri: MLflow tracking URI; None = the local store in the working dir.
-        experiment: Experiment name.
-        run_name: Display name of the run.
-        run_id: Continue this run (used when a crashed run resumes).
+        experiment: Experiment name (created when missing).
+        run_name: Display name of a new run.
+        run_id: Continue this run instead of creating one.
+        tags: Tags of a new run.
     """
 
     def __init__(
@@ -75,13 +85,15 @@ class MLflowTracker:
         experiment: str = DEFAULT_EXPERIMENT,
         run_name: str | None = None,
         run_id: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> None:
         self.tracking_uri = tracking_uri or default_tracking_uri()
-        mlflow.set_tracking_uri(self.tracking_uri)
         self.client = MlflowClient(self.tracking_uri)
         if run_id is None:
-            experiment_id = _experiment_id(self.client, experiment)
-            run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
+            experiment_id = experiment_id_of(self.client, experiment)
+            run_id = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags or {})).info.run_id
+        elif self.client.get_run(run_id).info.status != "RUNNING":
+            self.client.update_run(run_id, status="RUNNING")
         self.run_id = run_id
 
     @property
@@ -90,16 +102,16 @@ class MLflowTracker:
         return f"{self.tracking_uri} experiment {run.info.experiment_id} run {self.run_id}"
 
     def log_params(self, params: Mapping[str, Any]) -> None:
+        """Logs params not logged yet (a resumed run keeps its first values)."""
         existing = self.client.get_run(self.run_id).data.params
-        new = {k: str(v)[:_MAX_PARAM_LENGTH] for k, v in params.items() if k not in existing}
-        for start in range(0, len(new), 100):
-            batch = dict(list(new.items())[start : start + 100])
-            self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in batch.items()])
+        new = [Param(k, str(v)[:_MAX_PARAM_LENGTH]) for k, v in params.items() if k not in existing]
+        for start in range(0, len(new), _PARAMS_PER_BATCH):
+            self.client.log_batch(self.run_id, params=new[start : start + _PARAMS_PER_BATCH])
 
     def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
         entities = [Metric(k, v, _now_ms(), step) for k, v in metrics.items()]
-        for start in range(0, len(entities), 500):
-            self.client.log_batch(self.run_id, metrics=entities[start : start + 500])
+        for start in range(0, len(entities), _METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=entities[start : start + _METRICS_PER_BATCH])
 
     def log_text(self, text: str, artifact_file: str) -> None:
         self.client.log_text(self.run_id, text, artifact_file)
@@ -112,12 +124,26 @@ class MLflowTracker:
             self.client.set_tag(self.run_id, key, value)
 
     def end(self, status: str = "FINISHED") -> None:
+        """Marks the run FINISHED, FAILED or KILLED."""
         self.client.set_terminated(self.run_id, status=status)
 
 
-def _experiment_id(client: MlflowClient, name: str) -> str:
+def experiment_id_of(client: MlflowClient, name: str) -> str:
+    """The id of experiment `name`, created when missing."""
     experiment = client.get_experiment_by_name(name)
     return experiment.experiment_id if experiment else client.create_experiment(name)
+
+
+def find_run(client: MlflowClient, experiment: str, *, tag: str, value: str) -> str | None:
+    """The id of the newest run of `experiment` tagged `tag=value`, or None."""
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    runs = client.search_runs(
+        [found.experiment_id], filter_string=f"tags.`{tag}` = '{value}'", order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return runs[0].info.run_id if runs else None
 
 
 def _now_ms() -> int:
@@ -125,7 +151,7 @@ def _now_ms() -> int:
 
 
 def trajectories_html(episodes: Iterable[Any], *, title: str, limit: int = 16) -> str:
-    """A readable HTML page of trajectories: states, the model's answers, rewards.
+    """A readable HTML page of trajectories: states, thoughts, actions, rewards.
 
     Args:
         episodes: Group episodes (`MultiAgentEpisode`) from `LLMEnvRunner.sample`.
@@ -136,17 +162,16 @@ def trajectories_html(episodes: Iterable[Any], *, title: str, limit: int = 16) -
         "<!doctype html><meta charset='utf-8'>",
         f"<title>{html.escape(title)}</title>",
         "<style>body{font-family:sans-serif;max-width:60em;margin:auto}"
-        "pre{background:#f4f4f4;padding:.4em}.ok{color:green}.bad{color:#b00}"
+        "pre{background:#f4f4f4;padding:.4em;white-space:pre-wrap}.ok{color:green}.bad{color:#b00}"
         ".turn{border-left:3px solid #ccc;padding-left:.6em;margin:.6em 0}</style>",
         f"<h1>{html.escape(title)}</h1>",
     ]
-    shown = 0
-    for group_index, episode in enumerate(episodes):
-        for agent, trajectory in episode.agent_episodes.items():
-            if shown >= limit:
-                break
-            shown += 1
-            parts.append(_trajectory_html(group_index, agent, trajectory))
+    trajectories = [
+        (group_index, agent, trajectory)
+        for group_index, episode in enumerate(episodes)
+        for agent, trajectory in episode.agent_episodes.items()
+    ]
+    parts.extend(_trajectory_html(*item) for item in trajectories[:limit])
     return "\n".join(parts)
 
 
@@ -161,10 +186,15 @@ def _trajectory_html(group_index: int, agent: str, trajectory: Any) -> str:
     ]
     for t, reward in enumerate(rewards):
         info = infos[t + 1]
+        response = str(info.get(RESPONSE_TEXT, ""))
+        # The thought is shown on its own so a reader sees at a glance whether
+        # reasoning collapsed while the answers still parse.
+        thought = parse_answer(response, max_actions_per_turn=1, think=True).think
         rows.append(
             f"<div class='turn'><b>turn {t + 1}</b> &mdash; reward {reward:.2f}, "
             f"actions {html.escape(str(info.get('parsed_actions', [])))}"
-            f"<pre>{html.escape(str(info.get(RESPONSE_TEXT, '')))}</pre>"
+            f"<br><b>thought</b><pre>{html.escape(thought) if thought is not None else '(none)'}</pre>"
+            f"<b>response</b><pre>{html.escape(response)}</pre>"
             f"<b>state after</b><pre>{html.escape(str(observations[t + 1]))}</pre></div>"
         )
     return "\n".join(rows)

@@ -54,3 +54,10 @@ def test_bandit_group_ends_after_one_pick_with_success_flag():
 def test_unknown_env_is_a_clear_error():
     with pytest.raises(KeyError, match="sokoban"):
         EnvGroup("sokobann", group_size=1, budget=TurnBudget())
+
+
+def test_budget_validation():
+    with pytest.raises(ValueError, match="format_penalty"):
+        TurnBudget(format_penalty=0.5)
+    with pytest.raises(ValueError, match="max_turns"):
+        TurnBudget(max_turns=0)

@@ -114,7 +114,7 @@ def test_feedback_names_the_problem(chat_template):
 
 
 def test_protocol_config_validation():
-    with pytest.raises(ValueError, match="format_penalty"):
-        ProtocolConfig(format_penalty=0.5)
+    with pytest.raises(ValueError, match="max_actions_per_turn"):
+        ProtocolConfig(max_actions_per_turn=0)
     with pytest.raises(ValueError, match="history_window"):
         ProtocolConfig(history_window=-1)

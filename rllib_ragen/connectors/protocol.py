@@ -26,22 +26,18 @@ class ProtocolConfig:
         prefill: Start the assistant turn with the first tag (`<think>` or, in
             no-think mode, `<answer>`): small models follow the format far more often.
         history_window: Past turns kept in each prompt; None = the full history.
-        format_penalty: Reward added to a turn whose answer has no valid action (RAGEN: -0.1).
     """
 
     max_actions_per_turn: int = 5
     think: bool = True
     prefill: bool = False
     history_window: int | None = None
-    format_penalty: float = -0.1
 
     def __post_init__(self) -> None:
         if self.max_actions_per_turn < 1:
             raise ValueError(f"max_actions_per_turn must be >= 1, got {self.max_actions_per_turn}")
         if self.history_window is not None and self.history_window < 0:
             raise ValueError(f"history_window must be >= 0 or None, got {self.history_window}")
-        if self.format_penalty > 0:
-            raise ValueError(f"format_penalty must be <= 0, got {self.format_penalty}")
 
     @property
     def prefill_text(self) -> str:

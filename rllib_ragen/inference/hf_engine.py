@@ -131,7 +131,9 @@ class HFEngine(InferenceEngine):
         input_ids, mask = left_pad(prompts, pad_token_id=self.pad_token_id)
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+        out = self.model(
+            input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
+        )
         cache, logits = out.past_key_values, out.logits[:, -1]
         rows = torch.arange(len(prompts))  # the prompt index of each live batch row
         tokens: list[list[int]] = [[] for _ in prompts]
@@ -163,15 +165,18 @@ class HFEngine(InferenceEngine):
         return [Completion(t, lp, "stop" if t[-1] in stops else "length") for t, lp in zip(tokens, logprobs)]
 
     @torch.no_grad()
-    def _score_batch(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> list[list[float]]:
+    def _score_batch(
+        self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
         sequences = [list(p) + list(c) for p, c in zip(prompts, continuations)]
         input_ids, mask = left_pad(sequences, pad_token_id=self.pad_token_id)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        device = self.device
         logits = self.model(
-            input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device), position_ids=positions.to(self.device)
+            input_ids=input_ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device)
         ).logits
         # Position t predicts token t + 1; labels past the end are dummies, sliced off below.
-        labels = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1).to(self.device)
+        labels = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1).to(device)
         logp = token_logprobs(logits, labels).cpu()
         width = input_ids.shape[1]
         return [logp[row, width - 1 - len(c) : width - 1].tolist() for row, c in enumerate(continuations)]

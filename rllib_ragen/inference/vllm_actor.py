@@ -94,11 +94,16 @@ class VLLMEngineActor:
 
         start = time.perf_counter()
         self.llm = vllm.LLM(**llm_kwargs(config, model_path, rank))
+        # One token now: an unsupported model (e.g. a head size without a CPU attention
+        # kernel) fails here, at start, and the first real call is not a slow one.
+        self.generate([[0]], SamplingParams(max_new_tokens=1, temperature=0.0), [None])
         self.rank = rank
         self.num_threads = torch.get_num_threads()
         logger.info("engine %d ready in %.1f s (%d threads)", rank, time.perf_counter() - start, self.num_threads)
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int | None]) -> list[Completion]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int | None]
+    ) -> list[Completion]:
         """Completions for `prompts`, in order; `seeds[i]` seeds prompt i's sampler."""
         from vllm.inputs import TokensPrompt
 

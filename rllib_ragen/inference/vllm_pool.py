@@ -49,6 +49,8 @@ class VLLMEnginePool(InferenceEngine):
     ) -> None:
         from transformers import AutoConfig
 
+        if max_restarts_per_call < 0:
+            raise ValueError(f"max_restarts_per_call must be >= 0, got {max_restarts_per_call}")
         self.model_path = str(Path(model_path).resolve())
         self.config = config
         self.weight_sync = weight_sync or ObjectStoreWeightSync()
@@ -62,8 +64,12 @@ class VLLMEnginePool(InferenceEngine):
             runtime_env={"env_vars": actor_env_vars(config)},
         )
         self.actors = [self._actor_class.remote(self.model_path, config, rank) for rank in range(config.num_engines)]
-        for rank, actor in enumerate(self.actors):
-            self._wait_started(rank, actor)
+        try:
+            for rank, actor in enumerate(self.actors):
+                self._wait_started(rank, actor)
+        except RuntimeError:
+            self.shutdown()
+            raise
         self.restarts = 0
         self.last_sync_seconds: float | None = None
 
@@ -140,11 +146,12 @@ class VLLMEnginePool(InferenceEngine):
         results = []
         for rank, (ref, (lo, hi)) in enumerate(zip(refs, bounds)):
             if ref is not None:
-                results.extend(self._get(rank, ref, resend=lambda rank=rank, lo=lo, hi=hi: submit(self.actors[rank], lo, hi)))
+                # _get runs before the loop moves on, so the lambda sees this shard's lo, hi.
+                results.extend(self._get(rank, ref, resend=lambda actor: submit(actor, lo, hi)))
         return results
 
-    def _get(self, rank: int, ref: ray.ObjectRef, *, resend: Callable[[], ray.ObjectRef] | None) -> Any:
-        """`ray.get(ref)`; if actor `rank` died, replaces it and re-submits with `resend`."""
+    def _get(self, rank: int, ref: ray.ObjectRef, *, resend: Callable[[Any], ray.ObjectRef] | None) -> Any:
+        """`ray.get(ref)`; if actor `rank` died, replaces it and re-submits with `resend(new_actor)`."""
         for attempt in range(self.max_restarts_per_call + 1):
             try:
                 return ray.get(ref)
@@ -157,7 +164,7 @@ class VLLMEnginePool(InferenceEngine):
                 self._replace(rank)
                 if resend is None:
                     return None
-                ref = resend()
+                ref = resend(self.actors[rank])
         raise AssertionError("unreachable")
 
     def _replace(self, rank: int) -> None:

@@ -48,7 +48,8 @@ def repack_tied_embeddings(model: nn.Module) -> list[str]:
     sharing: dict[int, list[tuple[str, nn.Module]]] = {}
     for name, module in model.named_modules(remove_duplicate=False):
         weight = getattr(module, "weight", None)
-        if isinstance(weight, torch.Tensor) and isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod):
+        unquantized = isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod)
+        if isinstance(weight, torch.Tensor) and unquantized:
             sharing.setdefault(id(weight), []).append((name, module))
     repacked = []
     for modules in sharing.values():

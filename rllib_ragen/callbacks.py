@@ -1,0 +1,190 @@
+"""`MLflowCallback`: logs a StarPO run to MLflow from inside the Algorithm.
+
+Plain runs (`rllib_ragen.experiment`) and Ray Tune trials (`rllib_ragen.sweep`)
+share this one path, so every run looks the same in MLflow:
+
+- params: every plain `StarPOConfig` setting (logged once, at algorithm init);
+- metrics: every numeric leaf of each iteration's result, step = iteration;
+- `trajectories/eval_iter_NNNN.html`: one page per evaluation (states,
+  thoughts, actions, rewards);
+- `checkpoints/iter_NNNN`: an RLlib checkpoint every `log_checkpoint_every`
+  iterations and at the last one;
+- `final_policy`: the trained policy as a Hugging Face model directory.
+
+The run ends FINISHED after iteration `stop_iters`; a driver that stops
+earlier calls `MLflowCallback.end` itself (the sweep's Tune callback does so
+for trials a scheduler stops).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from ray.rllib.callbacks.callbacks import RLlibCallback
+from ray.rllib.utils import force_list
+
+from rllib_ragen.checkpoints import save_checkpoint
+from rllib_ragen.tracking import (
+    DEFAULT_EXPERIMENT,
+    TRIAL_TAG,
+    MLflowTracker,
+    config_params,
+    default_tracking_uri,
+    find_run,
+    flatten_metrics,
+    trajectories_html,
+)
+
+FINAL_POLICY = "final_policy"
+
+
+@dataclasses.dataclass(frozen=True)
+class MLflowSettings:
+    """Where and what `MLflowCallback` logs.
+
+    Args:
+        tracking_uri: MLflow tracking URI; the default, the local store
+            `sqlite:///<cwd>/mlflow.db`, is resolved when the settings are made
+            (in the driver: Tune trials run in other working directories).
+        experiment: Experiment name.
+        run_name: Name of a new run (default: the Tune trial directory name).
+        run_id: Continue this run (a resumed plain run).
+        stop_iters: Last iteration: final checkpoint, final policy, run FINISHED.
+        checkpoint_dir: Keep local checkpoints here (`<dir>/latest`, and the
+            final policy in `<dir>/final_policy`); None keeps nothing locally.
+        checkpoint_every: Save a local checkpoint every N iterations.
+        log_checkpoint_every: Also log a checkpoint to MLflow every N
+            iterations (0: only the last one).
+        trajectory_limit: Most trajectories on a trajectory page.
+    """
+
+    tracking_uri: str = dataclasses.field(default_factory=default_tracking_uri)
+    experiment: str = DEFAULT_EXPERIMENT
+    run_name: str | None = None
+    run_id: str | None = None
+    stop_iters: int | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 1
+    log_checkpoint_every: int = 0
+    trajectory_limit: int = 16
+
+    def __post_init__(self) -> None:
+        if not self.tracking_uri:
+            raise ValueError("tracking_uri must not be empty (leave it out for ./mlflow.db)")
+        if not self.experiment:
+            raise ValueError("experiment must be a non-empty MLflow experiment name")
+        if self.stop_iters is not None and self.stop_iters < 1:
+            raise ValueError(f"stop_iters must be >= 1 (or None), got {self.stop_iters}")
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+        if self.log_checkpoint_every < 0:
+            raise ValueError(f"log_checkpoint_every must be >= 0 (0 = last iteration only), got {self.log_checkpoint_every}")
+        if self.trajectory_limit < 1:
+            raise ValueError(f"trajectory_limit must be >= 1, got {self.trajectory_limit}")
+
+
+class MLflowCallback(RLlibCallback):
+    """RLlib callback logging params, metrics, trajectories, checkpoints and the policy."""
+
+    def __init__(self, settings: MLflowSettings | None = None) -> None:
+        super().__init__()
+        self.settings = settings or MLflowSettings()
+        self.tracker: MLflowTracker | None = None
+
+    def start(self, algorithm: Algorithm) -> MLflowTracker:
+        """Opens the run (once) and logs the config; later calls return it.
+
+        Lazy, so restoring a checkpoint only to evaluate it opens no run.
+        """
+        if self.tracker is None:
+            self.tracker = _open_run(self.settings, algorithm)
+            self.tracker.log_params(config_params(algorithm.config))
+        return self.tracker
+
+    def on_train_result(self, *, algorithm: Algorithm, result: dict, **kwargs: Any) -> None:
+        step = int(result["training_iteration"])
+        tracker = self.start(algorithm)
+        tracker.log_metrics(flatten_metrics(result), step=step)
+        episodes = algorithm.pop_evaluation_episodes()
+        if episodes:
+            title = f"{algorithm.config.env} evaluation at iteration {step}"
+            page = trajectories_html(episodes, title=title, limit=self.settings.trajectory_limit)
+            tracker.log_text(page, f"trajectories/eval_iter_{step:04d}.html")
+        last = step == self.settings.stop_iters
+        self._checkpoint(algorithm, step, last=last)
+        if last:
+            self._log_final_policy(algorithm)
+            self.end("FINISHED")
+
+    def end(self, status: str) -> None:
+        """Marks the run FINISHED, FAILED or KILLED."""
+        self._tracker().end(status)
+
+    def _tracker(self) -> MLflowTracker:
+        if self.tracker is None:
+            raise RuntimeError("MLflowCallback has no run yet: call start(algorithm) or train once")
+        return self.tracker
+
+    def _checkpoint(self, algorithm: Algorithm, step: int, *, last: bool) -> None:
+        settings = self.settings
+        keep = settings.checkpoint_dir is not None and (last or step % settings.checkpoint_every == 0)
+        log = last or (settings.log_checkpoint_every > 0 and step % settings.log_checkpoint_every == 0)
+        if keep:
+            saved = save_checkpoint(algorithm, settings.checkpoint_dir)
+            if log:
+                self._tracker().log_artifacts(saved, f"checkpoints/iter_{step:04d}")
+        elif log:
+            with tempfile.TemporaryDirectory(prefix="starpo_ckpt_") as scratch:
+                algorithm.save_to_path(scratch)
+                self._tracker().log_artifacts(scratch, f"checkpoints/iter_{step:04d}")
+
+    def _log_final_policy(self, algorithm: Algorithm) -> None:
+        if self.settings.checkpoint_dir is not None:
+            policy_dir = algorithm.export_policy(Path(self.settings.checkpoint_dir) / FINAL_POLICY)
+            self._tracker().log_artifacts(policy_dir, FINAL_POLICY)
+            return
+        with tempfile.TemporaryDirectory(prefix="starpo_policy_") as scratch:
+            self._tracker().log_artifacts(algorithm.export_policy(scratch), FINAL_POLICY)
+
+
+def _open_run(settings: MLflowSettings, algorithm: Algorithm) -> MLflowTracker:
+    """The run to log into: `settings.run_id`, the run of this trial directory
+    (a Tune trial restarted after a failure), or a new one.
+
+    The key is the algorithm's log directory name: Tune's trial directory name
+    inside Tune (RLlib drops Tune's trial id when it turns the config dict into
+    an `AlgorithmConfig`), a fresh unique name otherwise.
+    """
+    trial_key = Path(algorithm.logdir).name
+    run_id = settings.run_id
+    if run_id is None:
+        run_id = find_run(MlflowClient(settings.tracking_uri), settings.experiment, tag=TRIAL_TAG, value=trial_key)
+    tags = {"env": str(algorithm.config.env), "model": str(algorithm.config.llm_model), TRIAL_TAG: trial_key}
+    return MLflowTracker(
+        tracking_uri=settings.tracking_uri, experiment=settings.experiment, run_name=settings.run_name or trial_key,
+        run_id=run_id, tags=tags,
+    )
+
+
+def with_mlflow(config: AlgorithmConfig, settings: MLflowSettings) -> AlgorithmConfig:
+    """Adds `MLflowCallback(settings)` to the config's callbacks (replacing an earlier one)."""
+    kept = [
+        c for c in force_list(config.callbacks_class)
+        if c is not RLlibCallback and getattr(c, "func", None) is not MLflowCallback
+    ]
+    return config.callbacks(callbacks_class=[*kept, functools.partial(MLflowCallback, settings)])
+
+
+def mlflow_callback_of(algo: Algorithm) -> MLflowCallback:
+    """The algorithm's `MLflowCallback` instance."""
+    for callback in force_list(algo.callbacks):
+        if isinstance(callback, MLflowCallback):
+            return callback
+    raise ValueError("this algorithm has no MLflowCallback; build its config with with_mlflow(config, settings)")

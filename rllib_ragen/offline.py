@@ -1,0 +1,268 @@
+"""Offline StarPO and behaviour cloning from a Parquet dataset of trajectories, via RLlib's offline API.
+
+    config = offline_config(
+        StarPOConfig().environment("sokoban").llm(model=...).rollouts(n_groups=8),
+        OfflineSettings(input_path="demos/", objective="bc"),
+    )
+    algo = config.build_algo()   # RLlib builds TrajectoryOfflineData from config.input_
+    algo.train()                 # n_groups groups from the dataset -> learner update -> weight sync
+
+How the pieces map onto RLlib's offline API (Ray 2.60):
+- `config.offline_data(input_=..., offline_data_class=TrajectoryOfflineData,
+  prelearner_class=TrajectoryPreLearner)`: `Algorithm.setup` builds the
+  `OfflineData`, which reads the Parquet files with `ray.data.read_parquet`.
+- `TrajectoryOfflineData.sample(n)` maps the rows with `map_batches` through
+  the pre-learner (rows -> trajectory episodes), assembles the group
+  episodes and returns `n` of them, epoch after epoch.
+- `StarPO.training_step` feeds them to `learner_group.update(episodes=...)`
+  exactly like fresh rollouts, so the learner connector turns them into token
+  batches on the learner.
+
+Why the pre-learner stops at episodes instead of running the learner
+connector inside the data pipeline (RLlib's default): StarPO's connector
+scores every row with the *current* weights (old log-probs for the PPO ratio,
+critic values for GAE). A pipeline copy of the module is synced once and goes
+stale after the first update, and the connector's [rows, L] padded tensors
+would be re-batched row by row across different paddings. Episodes carry no
+such state, so they are what flows through Ray Data.
+
+Behaviour cloning is the same learner with another loss (`BCTorchLearner`):
+the negative log-likelihood of the dataset's response tokens, aggregated like
+the StarPO loss (`loss_agg_mode`). Its connector only builds the token rows
+(`TokenBatchConnector`): no scoring pass, no advantages, no critic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import ray.data
+import torch
+from ray.rllib.connectors.connector_v2 import ConnectorV2
+from ray.rllib.connectors.learner.learner_connector_pipeline import LearnerConnectorPipeline
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.columns import Columns
+from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
+from ray.rllib.offline.offline_data import OfflineData
+from ray.rllib.offline.offline_prelearner import OfflinePreLearner
+from ray.rllib.utils.annotations import override
+
+from rllib_ragen.algorithm import StarPOConfig
+from rllib_ragen.connectors.token_batch import TokenBatch, build_token_batch, trajectories_from_episodes
+from rllib_ragen.data.parquet import iter_group_episodes, trajectories_from_batch
+from rllib_ragen.learner import StarPOTorchLearner
+from rllib_ragen.losses import aggregate_loss
+from rllib_ragen.module import ATTENTION_MASK, INPUT_IDS, TOKEN_ENTROPY, TOKEN_LOGP
+from rllib_ragen.warm_start import response_nll
+
+OBJECTIVES = ("bc", "starpo")
+
+
+@dataclasses.dataclass(frozen=True)
+class OfflineSettings:
+    """What to train on offline, and how.
+
+    Args:
+        input_path: A Parquet file, a directory of them, or a tuple of files,
+            in `rllib_ragen.data.schema.TRAJECTORY_SCHEMA` (local paths are
+            checked to exist).
+        objective: "bc": maximise the log-likelihood of the dataset's response
+            tokens (behaviour cloning, e.g. from solver demonstrations);
+            "starpo": the configured StarPO update (estimator, clipping,
+            critic, group filter) on the stored trajectories as if they were
+            fresh rollouts, e.g. a run's own rollouts.
+    """
+
+    input_path: str | Path | tuple[str, ...]
+    objective: str = "bc"
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {list(OBJECTIVES)}, got {self.objective!r}")
+        paths = (self.input_path,) if isinstance(self.input_path, (str, Path)) else tuple(self.input_path)
+        if not paths:
+            raise ValueError("input_path must name at least one Parquet file or directory")
+        for path in paths:
+            if "://" not in str(path) and not Path(path).exists():
+                raise FileNotFoundError(f"offline input {path} does not exist")
+        object.__setattr__(self, "input_path", str(paths[0]) if len(paths) == 1 else tuple(str(p) for p in paths))
+
+    @property
+    def rllib_input(self) -> str | list[str]:
+        """`input_` as RLlib takes it: one path or a list of paths."""
+        return self.input_path if isinstance(self.input_path, str) else list(self.input_path)
+
+
+def offline_config(config: StarPOConfig, settings: OfflineSettings) -> StarPOConfig:
+    """Sets `config` up to train from `settings.input_path` through RLlib's offline API.
+
+    The env runner stays: it evaluates the policy in the real env. With the
+    "bc" objective every group is kept (`rollout_filter_ratio=1.0`): a
+    demonstration group has no in-group reward spread to rank by.
+    """
+    config.offline_data(
+        input_=settings.rllib_input,
+        offline_data_class=TrajectoryOfflineData,
+        prelearner_class=TrajectoryPreLearner,
+        input_read_method_kwargs={"include_paths": True},
+    )
+    if settings.objective == "bc":
+        config.learners(learner_class=BCTorchLearner)
+        config.training(rollout_filter_ratio=1.0)
+    return config
+
+
+class TrajectoryPreLearner(OfflinePreLearner):
+    """The `map_batches` step of the offline pipeline: trajectory rows -> trajectory episodes.
+
+    Deliberately does not call `OfflinePreLearner.__init__`, which builds a
+    copy of the RLModule and the learner connector for the data workers: here
+    the connector runs on the learner (see the module docstring), so a data
+    worker needs neither the model nor its weights. Subclass and override
+    `__call__` to read another row layout.
+    """
+
+    def __init__(self, *, config: Any = None, **kwargs: Any) -> None:
+        self.config = config
+
+    @override(OfflinePreLearner)
+    def __call__(self, batch: pa.Table) -> dict[str, np.ndarray]:
+        return trajectories_from_batch(batch)
+
+
+class TrajectoryOfflineData(OfflineData):
+    """RLlib `OfflineData` over trajectory Parquet files that samples whole group episodes."""
+
+    def __init__(self, config: StarPOConfig) -> None:
+        super().__init__(config)
+        if config.prelearner_class is None:
+            self.prelearner_class = TrajectoryPreLearner
+        if not issubclass(self.prelearner_class, TrajectoryPreLearner):
+            raise ValueError(
+                f"TrajectoryOfflineData maps rows with a TrajectoryPreLearner; got {self.prelearner_class.__name__}"
+            )
+        self._groups: Iterator[MultiAgentEpisode] | None = None
+
+    @override(OfflineData)
+    def sample(
+        self,
+        num_samples: int,
+        return_iterator: bool = False,
+        num_shards: int = 1,
+        module_state: dict | None = None,
+    ) -> list[MultiAgentEpisode]:
+        """The next `num_samples` group episodes (not timesteps); restarts at the end of the data.
+
+        The learner group shards episodes over learners itself, so only one
+        driver-side stream exists (`return_iterator` and `num_shards` > 1 are refused).
+        """
+        if return_iterator or num_shards > 1:
+            raise ValueError("TrajectoryOfflineData returns episodes to the driver; iterators and shards are not supported")
+        if not self.data_is_mapped:
+            # One actor by default: row -> episode conversion is light next to the LLM update.
+            map_kwargs = {"compute": ray.data.ActorPoolStrategy(size=1)} | self.config.map_batches_kwargs
+            self.data = self.data.map_batches(
+                self.prelearner_class, fn_constructor_kwargs={"config": self.config}, batch_format="pyarrow",
+                **map_kwargs,
+            )
+            if self.materialize_mapped_data:
+                self.data = self.data.materialize()
+            self.data_is_mapped = True
+        if self._groups is None:
+            self._groups = self._endless_groups()
+        return list(itertools.islice(self._groups, num_samples))
+
+    def _endless_groups(self) -> Iterator[MultiAgentEpisode]:
+        kwargs = {k: v for k, v in self.iter_batches_kwargs.items() if k != "batch_size"}
+        while True:
+            count = 0
+            for group in iter_group_episodes(self.data, **kwargs):
+                count += 1
+                yield group
+            if count == 0:
+                raise ValueError(f"offline dataset {self.path} holds no trajectories")
+
+
+class TokenBatchConnector(ConnectorV2):
+    """Episodes -> padded token rows (`input_ids`, `attention_mask`, `loss_mask`), nothing else.
+
+    What a likelihood loss needs: no scoring pass and no advantages.
+
+    Args:
+        history_window: The protocol's history window (decides the row layout).
+    """
+
+    def __init__(self, input_observation_space=None, input_action_space=None, *, history_window: int | None,
+                 **kwargs) -> None:
+        super().__init__(input_observation_space, input_action_space, **kwargs)
+        self.history_window = history_window
+
+    @override(ConnectorV2)
+    def __call__(self, *, rl_module, batch, episodes, metrics=None, **kwargs) -> dict[str, Any]:
+        tokens = build_token_batch(
+            trajectories_from_episodes(episodes, history_window=self.history_window), pad_token_id=0
+        )
+        device = rl_module[DEFAULT_MODULE_ID].policy.device
+        batch[DEFAULT_MODULE_ID] = {k: v.to(device) for k, v in token_columns(tokens).items()}
+        if metrics is not None:
+            metrics.log_value((DEFAULT_MODULE_ID, "num_trained_tokens"), float(tokens.loss_mask.sum()), window=1)
+        return batch
+
+
+def token_columns(tokens: TokenBatch) -> dict[str, torch.Tensor]:
+    """The module's input columns of a token batch, each [R, L]."""
+    return {
+        INPUT_IDS: tokens.input_ids,
+        ATTENTION_MASK: tokens.attention_mask,
+        Columns.LOSS_MASK: tokens.loss_mask,
+    }
+
+
+class BCTorchLearner(StarPOTorchLearner):
+    """Behaviour cloning: minimises the NLL of the response tokens (same module, optimiser, micro-batching)."""
+
+    @override(StarPOTorchLearner)
+    def build(self) -> None:
+        super().build()
+        self._learner_connector = LearnerConnectorPipeline(
+            connectors=[TokenBatchConnector(history_window=self.config.history_window)]
+        )
+
+    @override(StarPOTorchLearner)
+    def compute_loss_for_module(self, *, module_id, config, batch: dict[str, Any], fwd_out: dict[str, Any]):
+        mask = batch[Columns.LOSS_MASK]
+        nll = aggregate_loss(-fwd_out[TOKEN_LOGP], mask, agg=config.loss_agg_mode)
+        entropy = aggregate_loss(fwd_out[TOKEN_ENTROPY], mask, agg=config.loss_agg_mode)
+        self.metrics.log_value((module_id, "bc_nll"), float(nll.detach()), reduce="mean")
+        self.metrics.log_value((module_id, "entropy"), float(entropy.detach()), reduce="mean")
+        return nll
+
+
+@torch.no_grad()
+def response_token_nll(
+    policy: torch.nn.Module, episodes: Sequence[MultiAgentEpisode], *, history_window: int | None,
+    micro_batch_size: int = 4,
+) -> float:
+    """Mean NLL per response token of `episodes` under an HF causal LM (e.g. demonstrations).
+
+    Args:
+        policy: The causal LM (e.g. `LLMRLModule.policy`).
+        episodes: Group episodes.
+        history_window: The protocol's history window (decides the rows).
+        micro_batch_size: Rows per forward pass.
+    """
+    tokens = build_token_batch(trajectories_from_episodes(episodes, history_window=history_window), pad_token_id=0)
+    columns = token_columns(tokens)
+    total, count = 0.0, 0
+    for start in range(0, tokens.input_ids.shape[0], micro_batch_size):
+        micro = {k: v[start : start + micro_batch_size].to(policy.device) for k, v in columns.items()}
+        n = int(micro[Columns.LOSS_MASK].sum())
+        total += float(response_nll(policy, micro)) * n
+        count += n
+    return total / max(count, 1)

@@ -1,0 +1,111 @@
+"""Reading StarPO runs back from MLflow: run lists, metric curves, the echo-trap
+signals and the trajectory pages (used by notebooks/starpo_runs.ipynb).
+
+RAGEN's Echo Trap shows first as falling in-group reward spread and policy
+entropy, with spiking gradient norms, while the success rate stalls; the
+four curves of `ECHO_TRAP_SIGNALS` are those signals.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+from mlflow.tracking import MlflowClient
+
+from rllib_ragen.echo_trap import EchoTrapMonitor
+
+# Plot title -> MLflow metric key (as logged by MLflowCallback).
+ECHO_TRAP_SIGNALS: dict[str, str] = {
+    "success rate": "env_runners/success_rate",
+    "in-group reward std": "env_runners/in_group_reward_std",
+    "policy entropy": "learners/default_policy/entropy",
+    "policy grad norm": "learners/default_policy/gradients_policy_global_norm",
+}
+IN_GROUP_STD = ECHO_TRAP_SIGNALS["in-group reward std"]
+TRAJECTORY_DIR = "trajectories"
+RUN_PARAMS = ("env", "llm_model", "advantage_estimator", "n_groups", "group_size", "max_turns", "rollout_frequency")
+
+
+def list_runs(client: MlflowClient, experiment: str, *, max_runs: int = 20) -> pd.DataFrame:
+    """The newest runs of `experiment`: id, name, status, start time and key params.
+
+    Raises:
+        KeyError: the experiment does not exist in this tracking store.
+    """
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        names = [e.name for e in client.search_experiments()]
+        raise KeyError(f"no MLflow experiment {experiment!r} in this store; it has {names}")
+    runs = client.search_runs([found.experiment_id], order_by=["attributes.start_time DESC"], max_results=max_runs)
+    rows = [
+        {
+            "run_id": run.info.run_id,
+            "run_name": run.info.run_name,
+            "status": run.info.status,
+            "start": pd.Timestamp(run.info.start_time, unit="ms"),
+            **{name: run.data.params.get(name) for name in RUN_PARAMS},
+        }
+        for run in runs
+    ]
+    return pd.DataFrame(rows, columns=["run_id", "run_name", "status", "start", *RUN_PARAMS])
+
+
+def metric_histories(client: MlflowClient, run_id: str, keys: Sequence[str]) -> pd.DataFrame:
+    """Per-iteration values of `keys`: index = iteration (MLflow step), one column
+    per key, NaN where a key was not logged at that iteration."""
+    columns = {}
+    for key in keys:
+        history = client.get_metric_history(run_id, key)
+        columns[key] = pd.Series({m.step: m.value for m in history}, dtype=float)
+    frame = pd.DataFrame(columns, columns=list(keys))
+    frame.index.name = "iteration"
+    return frame.sort_index()
+
+
+def echo_trap_warnings(in_group_std: Sequence[float], *, window: int = 10, ratio: float = 0.1) -> list[tuple[int, str]]:
+    """(iteration, warning) for every iteration `EchoTrapMonitor` flags, replayed
+    over a logged in-group reward std curve (iterations count from 1)."""
+    monitor = EchoTrapMonitor(window=window, ratio=ratio)
+    flagged = []
+    for iteration, value in enumerate(in_group_std, start=1):
+        warning = monitor.update(value)
+        if warning:
+            flagged.append((iteration, warning))
+    return flagged
+
+
+def plot_signals(histories: Mapping[str, pd.DataFrame], signals: Mapping[str, str] = ECHO_TRAP_SIGNALS) -> Figure:
+    """One panel per signal, one line per run (`histories`: run label -> `metric_histories`)."""
+    if not histories:
+        raise ValueError("no runs to plot: histories is empty")
+    figure = Figure(figsize=(11, 3.2 * ((len(signals) + 1) // 2)), layout="constrained")
+    axes = figure.subplots((len(signals) + 1) // 2, 2, squeeze=False).ravel()
+    for ax, (title, key) in zip(axes, signals.items()):
+        for label, frame in histories.items():
+            if key in frame and frame[key].notna().any():
+                ax.plot(frame.index, frame[key], marker="o", markersize=3, label=label)
+        ax.set_title(title)
+        ax.set_xlabel("iteration")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize="small")
+    for ax in axes[len(signals):]:
+        ax.set_visible(False)
+    return figure
+
+
+def trajectory_pages(client: MlflowClient, run_id: str) -> list[str]:
+    """Artifact paths of the run's trajectory pages, oldest evaluation first."""
+    return sorted(a.path for a in client.list_artifacts(run_id, TRAJECTORY_DIR) if a.path.endswith(".html"))
+
+
+def read_text_artifact(client: MlflowClient, run_id: str, path: str) -> str:
+    """The text of one artifact file of a run."""
+    with tempfile.TemporaryDirectory() as scratch:
+        local = client.download_artifacts(run_id, path, scratch)
+        return Path(local).read_text(encoding="utf-8")

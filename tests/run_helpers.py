@@ -1,0 +1,143 @@
+"""Test helpers: a real MLflow server and a real Ray head node on loopback,
+each in its own process group and stopped by that group's id; the tiny
+StarPO setup the tracking, sweep and notebook tests train with."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+from rllib_ragen.algorithm import StarPOConfig
+from rllib_ragen.experiment import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_http(url: str, *, timeout_s: float, process: subprocess.Popen, headers: dict | None = None) -> None:
+    """Polls `url` until it answers 200; fails early if `process` died."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server process exited with {process.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} did not answer within {timeout_s} s")
+
+
+def stop_group(process: subprocess.Popen, *, grace_s: float = 20) -> None:
+    """SIGTERM to the process group we started, then SIGKILL what is left of it."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    # Children of the group may outlive its leader; take the rest down too.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def mlflow_server(root: Path) -> Iterator[str]:
+    """`mlflow server` on 127.0.0.1 with a sqlite store and served artifacts; yields its URI."""
+    port = free_port()
+    root.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+        "--serve-artifacts", "--artifacts-destination", str(root / "artifacts"),
+    ]
+    log = open(root / "server.log", "wb")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/health", timeout_s=60, process=process)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_group(process)
+        log.close()
+
+
+@contextlib.contextmanager
+def ray_head(root: Path) -> Iterator[tuple[str, str]]:
+    """`ray start --head --block` on 127.0.0.1 with its own temp dir, ports and
+    auth token; yields (dashboard URL, token). Stopped through its process
+    group: `ray stop` would stop every Ray instance of this user."""
+    root.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_hex(32)
+    token_file = root / "auth_token"
+    token_file.write_text(token)
+    dashboard_port = free_port()
+    command = [
+        str(Path(VENV_BIN) / "ray"), "start", "--head", "--block", "--num-cpus", "2",
+        "--node-ip-address", "127.0.0.1", "--port", str(free_port()),
+        "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
+        "--dashboard-agent-listen-port", str(free_port()), "--ray-client-server-port", str(free_port()),
+        "--temp-dir", str(root / "ray"), "--disable-usage-stats",
+    ]
+    env = dict(
+        os.environ,
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=str(token_file),
+        # Job entrypoints say `python`: this venv's.
+        PATH=os.pathsep.join([VENV_BIN, os.environ.get("PATH", "")]),
+    )
+    env.pop("RAY_ADDRESS", None)
+    log = open(root / "ray_start.log", "wb")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    url = f"http://127.0.0.1:{dashboard_port}"
+    try:
+        wait_for_http(f"{url}/api/version", timeout_s=90, process=process, headers=auth_headers(token))
+        yield url, token
+    finally:
+        # `ray start --block` itself lingers after SIGTERM; its children are gone by then.
+        stop_group(process, grace_s=5)
+        log.close()
+
+
+def auth_headers(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def tiny_config(model_path: Path | str, *, env: str = "sokoban") -> StarPOConfig:
+    """StarPO on the tiny random model: 2 groups x 2, short answers, HF engine, eval every iteration."""
+    return (
+        StarPOConfig()
+        .environment(env)
+        .llm(model=str(model_path), critic="head")
+        .rollouts(n_groups=2, group_size=2, max_turns=2, max_actions_per_turn=2, response_length=12)
+        .inference(engine="hf")
+        .training(mini_batch_size=4, micro_batch_size=2, actor_lr=1e-3, critic_lr=1e-3)
+        .starpo_evaluation(eval_interval=1, eval_size=2)
+        .debugging(seed=0)
+    )
+
+
+def driver_args(*argv: str, stop_iters: int = 2):
+    """The tuned-example flags, parsed (`rllib_ragen.experiment.run` takes them)."""
+    parser = build_parser(env="sokoban", description="test", success_threshold=0.0, stop_iters=stop_iters)
+    return parser.parse_args(list(argv))

@@ -1,0 +1,124 @@
+"""Sokoban solver demonstrations: the rollout protocol, the solver's plan, success when replayed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import ray
+
+from envs import make_env
+from envs.sokoban import BOX_ON_TARGET_REWARD, SOLVED_REWARD, STEP_PENALTY
+from envs.sokoban_solver import solve
+from rllib_ragen.algorithm import StarPOConfig
+from rllib_ragen.connectors.chat_template import ChatTemplate
+from rllib_ragen.connectors.protocol import PromptProtocol, ProtocolConfig
+from rllib_ragen.data.convert import episodes_to_rows, rows_to_episodes
+from rllib_ragen.data.demonstrations import DemonstrationConfig, demonstration_response, solver_demonstrations
+from rllib_ragen.env_group import TurnBudget
+
+SEEDS = tuple(range(8))
+PROTOCOL = ProtocolConfig(max_actions_per_turn=3, think=True)
+BUDGET = TurnBudget(max_turns=5, max_actions_per_traj=15)
+
+
+def _protocol(tokenizer, protocol_config=PROTOCOL):
+    env = make_env("sokoban")
+    return PromptProtocol(
+        ChatTemplate.from_tokenizer(tokenizer), instructions=env.instructions,
+        action_vocabulary=env.action_vocabulary, config=protocol_config,
+    )
+
+
+def _plan(seed):
+    env = make_env("sokoban")
+    env.reset(seed=seed)
+    return solve(env)
+
+
+@pytest.fixture(scope="module")
+def demos(tiny_tokenizer):
+    return solver_demonstrations(tiny_tokenizer, DemonstrationConfig(seeds=SEEDS, protocol=PROTOCOL, budget=BUDGET))
+
+
+def test_every_seed_solved_within_the_budget_gives_one_demonstration(demos):
+    fitting = [s for s in SEEDS if len(_plan(s)) <= 15]
+    assert len(fitting) >= 4  # the test means something
+    assert [e.agent_episodes["traj_0"].get_infos(0)["seed"] for e in demos] == fitting
+    assert [e.agent_episodes["traj_0"].get_infos(0)["group_id"] for e in demos] == list(range(len(fitting)))
+
+
+@pytest.mark.parametrize(
+    "protocol_config", [PROTOCOL, ProtocolConfig(max_actions_per_turn=2, think=False, prefill=True)], ids=["think", "prefill"]
+)
+def test_responses_parse_back_to_the_solvers_plan(tiny_tokenizer, protocol_config):
+    demos = solver_demonstrations(
+        tiny_tokenizer, DemonstrationConfig(seeds=SEEDS[:4], protocol=protocol_config, budget=BUDGET)
+    )
+    protocol = _protocol(tiny_tokenizer, protocol_config)
+    for episode in demos:
+        trajectory = episode.agent_episodes["traj_0"]
+        plan = _plan(trajectory.get_infos(0)["seed"])
+        chunks = [protocol.parse(trajectory.get_actions(t)) for t in range(len(trajectory))]
+        assert all(parsed.format_ok and not parsed.invalid_actions for _, parsed in chunks)
+        assert [a for _, parsed in chunks for a in parsed.actions] == plan
+        assert all(len(parsed.actions) <= protocol_config.max_actions_per_turn for _, parsed in chunks)
+        assert len(trajectory) == -(-len(plan) // protocol_config.max_actions_per_turn)
+        # One box: every move costs 0.1, the last push lands the box (+1) and solves the room (+10).
+        expected = STEP_PENALTY * len(plan) + BOX_ON_TARGET_REWARD + SOLVED_REWARD
+        assert sum(trajectory.get_rewards()) == pytest.approx(expected)
+        assert trajectory.get_infos(-1)["success"] and trajectory.is_terminated
+        assert np.isnan(trajectory.get_extra_model_outputs("action_logp", 0)).all()
+
+
+def test_stored_demonstrations_succeed_when_replayed_in_the_env(demos, tiny_tokenizer):
+    rows = episodes_to_rows(demos, env="sokoban")
+    assert all(row["sampling_logp"] is None and row["success"] for row in rows)
+    protocol = _protocol(tiny_tokenizer)
+    for row in rows:
+        env = make_env(row["env"])
+        env.reset(seed=row["seed"])
+        info = {}
+        for _, response_start, response_end in row["turn_spans"]:
+            _, parsed = protocol.parse(row["token_ids"][response_start:response_end])
+            for action in parsed.actions:
+                _, _, terminated, _, info = env.step(action)
+        assert info["success"] and terminated
+    # And the rows come back as the same episodes.
+    assert episodes_to_rows(rows_to_episodes(rows), env="sokoban") == rows
+
+
+def test_demonstration_prompts_are_the_runners_prompts(demos, tiny_model_path):
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    config = (
+        StarPOConfig().environment("sokoban").llm(model=str(tiny_model_path), critic="none")
+        .rollouts(max_turns=BUDGET.max_turns, max_actions_per_turn=3, max_actions_per_traj=15, response_length=4)
+        .training(advantage_estimator="grpo").inference(engine="hf").starpo_evaluation(eval_interval=0)
+    )
+    algo = config.build_algo()
+    try:
+        seed = demos[0].agent_episodes["traj_0"].get_infos(0)["seed"]
+        rollout = algo.env_runner.sample(seeds=[seed], group_size=1)[0].agent_episodes["traj_0"]
+    finally:
+        algo.stop()
+        ray.shutdown()
+    demo = demos[0].agent_episodes["traj_0"]
+    assert demo.get_infos(0)["system_ids"] == rollout.get_infos(0)["system_ids"]
+    np.testing.assert_array_equal(demo.get_extra_model_outputs("user_ids", 0), rollout.get_extra_model_outputs("user_ids", 0))
+    assert demo.get_observations(0) == rollout.get_observations(0)
+
+
+def test_answer_ends_with_the_end_of_turn_token(tiny_tokenizer):
+    protocol = _protocol(tiny_tokenizer)
+    ids = demonstration_response(protocol, ["Up", "Left"], ["Up", "Left", "Down"])
+    assert ids[-1] == protocol.template.eos_token_id
+    text, parsed = protocol.parse(ids)
+    assert text.startswith("<think>Shortest plan from here: Up, Left, Down.</think>") and parsed.actions == ("Up", "Left")
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [(dict(seeds=()), "at least one"), (dict(seeds=(1, 1)), "must not repeat"), (dict(seeds=(1,), max_states=0), "max_states")],
+)
+def test_bad_demonstration_config_is_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        DemonstrationConfig(**kwargs)

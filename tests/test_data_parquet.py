@@ -1,0 +1,121 @@
+"""Parquet trajectories: episodes -> files -> Ray Data map_batches -> the same episodes; rollouts written by a run."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import ray
+from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+from rllib_ragen.algorithm import StarPOConfig
+from rllib_ragen.connectors.token_batch import trajectories_from_episodes
+from rllib_ragen.data.convert import episodes_to_rows
+from rllib_ragen.data.parquet import (
+    TRAJECTORY,
+    map_to_trajectories,
+    read_episodes,
+    read_trajectories,
+    rollout_file,
+    write_trajectories,
+)
+from rllib_ragen.data.schema import TRAJECTORY_SCHEMA
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def sokoban_config(model_path) -> StarPOConfig:
+    return (
+        StarPOConfig()
+        .environment("sokoban")
+        .llm(model=str(model_path), critic="head")
+        .rollouts(n_groups=2, group_size=2, max_turns=2, max_actions_per_turn=2, response_length=12)
+        .inference(engine="hf")
+        .training(mini_batch_size=4, micro_batch_size=2, actor_lr=1e-3, critic_lr=1e-3)
+        .starpo_evaluation(eval_interval=0)
+        .debugging(seed=0)
+    )
+
+
+@pytest.fixture(scope="module")
+def rollouts(tiny_model_path):
+    algo = sokoban_config(tiny_model_path).build_algo()
+    try:
+        return algo.env_runner.sample()
+    finally:
+        algo.stop()
+
+
+def _view(episodes):
+    return [
+        (t.history.training_rows(), t.turn_rewards, t.group_id)
+        for t in trajectories_from_episodes(episodes, history_window=None)
+    ]
+
+
+def test_parquet_round_trip_through_ray_data_map_batches(rollouts, tmp_path):
+    first = write_trajectories(rollouts[:1], tmp_path / "data" / "a.parquet", env="sokoban", env_config={"max_steps": 50})
+    write_trajectories(rollouts[1:], tmp_path / "data" / "b.parquet", env="sokoban")
+    assert pq.read_schema(first).equals(TRAJECTORY_SCHEMA, check_metadata=False)
+    assert pq.read_table(first).to_pylist() == episodes_to_rows(rollouts[:1], env="sokoban", env_config={"max_steps": 50})
+    # map_batches turns each row into its trajectory episode ...
+    mapped = map_to_trajectories(read_trajectories(tmp_path / "data")).take_all()
+    assert len(mapped) == 4 and all(isinstance(r[TRAJECTORY], SingleAgentEpisode) for r in mapped)
+    # ... and the groups come back whole, token for token.
+    restored = sorted(read_episodes(tmp_path / "data"), key=lambda e: [x.id_ for x in rollouts].index(e.id_))
+    assert [e.id_ for e in restored] == [e.id_ for e in rollouts]
+    assert _view(restored) == _view(rollouts)
+
+
+def test_malformed_row_in_a_file_names_file_row_and_field(rollouts, tmp_path):
+    rows = episodes_to_rows(rollouts, env="sokoban")
+    rows[3]["loss_mask"] = rows[3]["loss_mask"][:-2]
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA), path)
+    # Ray Data re-raises a worker's error as a RayError that carries its message.
+    with pytest.raises(ray.exceptions.RayError) as caught:
+        read_episodes(path)
+    message = str(caught.value)
+    assert "field 'loss_mask'" in message and "entries, but token_ids makes it" in message
+    assert f"trajectory_id {rows[3]['trajectory_id']!r}" in message and str(path) in message
+
+
+def test_wrongly_typed_column_is_named(rollouts, tmp_path):
+    rows = episodes_to_rows(rollouts, env="sokoban")
+    for row in rows:
+        row["token_ids"] = [str(t) for t in row["token_ids"]]
+    path = tmp_path / "strings.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)  # no schema: token_ids become list<string>
+    with pytest.raises(ray.exceptions.RayError, match=r"field 'token_ids' must be a flat list of integers"):
+        read_episodes(path)
+
+
+def test_starpo_run_writes_rollouts_every_n_iterations(tiny_model_path, tmp_path):
+    algo = sokoban_config(tiny_model_path).rollout_recording(
+        rollout_parquet_dir=str(tmp_path / "rollouts"), write_rollouts_every=2
+    ).build_algo()
+    sampled = []
+    sample = algo.env_runner.sample
+    algo.env_runner.sample = lambda **kw: sampled.append(sample(**kw)) or sampled[-1]
+    try:
+        for _ in range(2):
+            algo.train()
+    finally:
+        algo.stop()
+    assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == [rollout_file(".", 2).name]
+    # The file holds every group sampled in iteration 2 (before the StarPO-S filter), exactly.
+    restored = read_episodes(rollout_file(tmp_path / "rollouts", 2))
+    assert sorted(e.id_ for e in restored) == sorted(e.id_ for e in sampled[1])
+    by_id = {e.id_: e for e in restored}
+    assert _view([by_id[e.id_] for e in sampled[1]]) == _view(sampled[1])
+
+
+def test_recording_knob_is_validated(tiny_model_path):
+    config = sokoban_config(tiny_model_path).rollout_recording(write_rollouts_every=0)
+    with pytest.raises(ValueError, match="write_rollouts_every must be >= 1"):
+        config.validate_starpo()

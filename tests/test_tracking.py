@@ -1,0 +1,183 @@
+"""MLflow tracking against a real `mlflow server` on loopback: every plain run is
+one MLflow run with its params, per-iteration metrics, trajectory pages,
+checkpoints and final policy; a resumed run continues the same MLflow run."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import ray
+import torch
+from mlflow.tracking import MlflowClient
+from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
+from run_helpers import driver_args, mlflow_server, tiny_config
+
+from rllib_ragen.callbacks import MLflowSettings
+from rllib_ragen.experiment import RUN_ID_FILE, run
+from rllib_ragen.models import load_causal_lm
+from rllib_ragen.tracking import MLflowTracker, find_run, flatten_metrics, trajectories_html
+
+
+@pytest.fixture(scope="module")
+def tracking_uri(tmp_path_factory):
+    with mlflow_server(tmp_path_factory.mktemp("mlflow_server")) as uri:
+        yield uri
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def test_flatten_metrics_keeps_finite_numeric_leaves_only():
+    result = {
+        "env_runners": {"success_rate": 0.25, "num_trajectories": 4, "done": True, "bad": float("nan")},
+        "learners": {"default_policy": {"entropy": 1.5, "note": "text"}},
+        "training_iteration": 3,
+        "config": {"actor_lr": 1e-6},  # params, not metrics
+        "timestamp": 1_700_000_000,
+        "weird key(%)": 2.0,
+    }
+    assert flatten_metrics(result) == {
+        "env_runners/success_rate": 0.25,
+        "env_runners/num_trajectories": 4.0,
+        "learners/default_policy/entropy": 1.5,
+        "training_iteration": 3.0,
+        "weird key___": 2.0,
+    }
+
+
+def test_default_store_is_mlflow_db_in_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert MLflowSettings().tracking_uri == f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(experiment=""), "experiment"),
+        (dict(stop_iters=0), "stop_iters"),
+        (dict(checkpoint_every=0), "checkpoint_every"),
+        (dict(log_checkpoint_every=-1), "log_checkpoint_every"),
+        (dict(trajectory_limit=0), "trajectory_limit"),
+        (dict(tracking_uri=""), "tracking_uri"),
+    ],
+)
+def test_bad_settings_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MLflowSettings(**kwargs)
+
+
+def _one_turn_episode(response: str, *, success: bool) -> MultiAgentEpisode:
+    episode = MultiAgentEpisode()
+    episode.add_env_reset(observations={"traj_0": "#P<O>#"}, infos={"traj_0": {"seed": 7}})
+    episode.add_env_step(
+        observations={"traj_0": "#_P_#"},
+        actions={"traj_0": np.array([5, 6])},
+        rewards={"traj_0": 1.5},
+        infos={"traj_0": {"response_text": response, "parsed_actions": ["Right"], "success": success}},
+        terminateds={"traj_0": True, "__all__": True},
+        truncateds={"traj_0": False, "__all__": False},
+    )
+    return episode
+
+
+def test_trajectory_page_shows_escaped_states_thought_actions_and_rewards():
+    page = trajectories_html(
+        [_one_turn_episode("<think>box is left</think><answer>Right</answer>", success=True)], title="eval <1>"
+    )
+    assert "<h1>eval &lt;1&gt;</h1>" in page
+    assert "(seed 7): return 1.50, <span class='ok'>success</span>" in page
+    assert "<b>initial state</b><pre>#P&lt;O&gt;#</pre>" in page
+    assert "<b>thought</b><pre>box is left</pre>" in page
+    assert "reward 1.50, actions [&#x27;Right&#x27;]" in page
+    assert "<b>state after</b><pre>#_P_#</pre>" in page
+
+
+def test_trajectory_page_limit_and_missing_thought():
+    episodes = [_one_turn_episode("<answer>Right</answer>", success=False) for _ in range(3)]
+    page = trajectories_html(episodes, title="t", limit=2)
+    assert page.count("<h2>") == 2
+    assert "<b>thought</b><pre>(none)</pre>" in page and "no success" in page
+
+
+def test_find_run_returns_the_newest_run_with_the_tag(tracking_uri):
+    client = MlflowClient(tracking_uri)
+    older = MLflowTracker(tracking_uri=tracking_uri, experiment="find-run", tags={"k": "a"}).run_id
+    newer = MLflowTracker(tracking_uri=tracking_uri, experiment="find-run", tags={"k": "a"}).run_id
+    MLflowTracker(tracking_uri=tracking_uri, experiment="find-run", tags={"k": "b"})
+    assert older != newer
+    assert find_run(client, "find-run", tag="k", value="a") == newer
+    assert find_run(client, "find-run", tag="k", value="zzz") is None
+    assert find_run(client, "no-such-experiment", tag="k", value="a") is None
+
+
+def _metric_steps(client: MlflowClient, run_id: str, key: str) -> dict[int, float]:
+    return {m.step: m.value for m in client.get_metric_history(run_id, key)}
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _tree_digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): _sha(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_run_logs_params_metrics_pages_checkpoints_and_policy_then_resumes(
+    tracking_uri, ray_session, tiny_model_path, tmp_path
+):
+    client = MlflowClient(tracking_uri)
+    checkpoints = tmp_path / "ckpt"
+    flags = ("--tracking-uri", tracking_uri, "--experiment", "plain-runs", "--checkpoint-dir", str(checkpoints))
+    result = run(tiny_config(tiny_model_path), driver_args(*flags, stop_iters=2))
+
+    run_id = (checkpoints / RUN_ID_FILE).read_text().strip()
+    logged = client.get_run(run_id)
+    assert logged.info.status == "FINISHED" and logged.info.run_name == "sokoban-starpo"
+    params = logged.data.params
+    assert (params["env"], params["n_groups"], params["group_size"], params["max_turns"]) == ("sokoban", "2", "2", "2")
+    assert params["llm_model"] == str(tiny_model_path) and params["actor_lr"] == "0.001"
+    # One value per iteration, the last equal to what training returned.
+    success = _metric_steps(client, run_id, "env_runners/success_rate")
+    assert sorted(success) == [1, 2] and success[2] == result["env_runners"]["success_rate"]
+    entropy = _metric_steps(client, run_id, "learners/default_policy/entropy")
+    assert entropy[2] == pytest.approx(result["learners"]["default_policy"]["entropy"])
+    assert not any(key.startswith("config/") for key in logged.data.metrics)
+
+    pages = sorted(a.path for a in client.list_artifacts(run_id, "trajectories"))
+    assert pages == ["trajectories/eval_iter_0001.html", "trajectories/eval_iter_0002.html"]
+    page = Path(client.download_artifacts(run_id, pages[1], str(tmp_path / "dl"))).read_text()
+    # eval_size=2 instances (seeds 123, 124), 2 turns each.
+    assert page.count("<h2>") == 2 and "(seed 123)" in page and "(seed 124)" in page
+    assert page.count("<b>turn 2</b>") == 2 and "<b>initial state</b><pre>#" in page
+
+    # The logged checkpoint is the local one of iteration 2, file for file.
+    checkpoint = Path(client.download_artifacts(run_id, "checkpoints/iter_0002", str(tmp_path / "dl")))
+    assert _tree_digest(checkpoint) == _tree_digest(checkpoints / "latest")
+    assert "learner_group" in {p.name for p in checkpoint.iterdir()}
+    assert [a.path for a in client.list_artifacts(run_id, "checkpoints")] == ["checkpoints/iter_0002"]
+
+    policy = Path(client.download_artifacts(run_id, "final_policy", str(tmp_path / "dl")))
+    assert _sha(policy / "model.safetensors") == _sha(checkpoints / "final_policy" / "model.safetensors")
+    trained, initial = load_causal_lm(policy).state_dict(), load_causal_lm(tiny_model_path).state_dict()
+    assert trained.keys() == initial.keys()
+    assert any(not torch.equal(trained[k], initial[k]) for k in trained), "final policy equals the untrained model"
+
+    # A crash after iteration 2, then --resume: the same MLflow run goes on.
+    run(tiny_config(tiny_model_path), driver_args(*flags, "--resume", stop_iters=3))
+    assert (checkpoints / RUN_ID_FILE).read_text().strip() == run_id
+    resumed = client.get_run(run_id)
+    assert resumed.info.status == "FINISHED"
+    assert sorted(_metric_steps(client, run_id, "training_iteration").items()) == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    assert [a.path for a in client.list_artifacts(run_id, "checkpoints")] == [
+        "checkpoints/iter_0002", "checkpoints/iter_0003"
+    ]
+    experiment_id = client.get_experiment_by_name("plain-runs").experiment_id
+    assert len(client.search_runs([experiment_id])) == 1
