@@ -85,7 +85,9 @@ class MLflowSettings:
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if self.log_checkpoint_every < 0:
-            raise ValueError(f"log_checkpoint_every must be >= 0 (0 = last iteration only), got {self.log_checkpoint_every}")
+            raise ValueError(
+                f"log_checkpoint_every must be >= 0 (0 = last iteration only), got {self.log_checkpoint_every}"
+            )
         if self.trajectory_limit < 1:
             raise ValueError(f"trajectory_limit must be >= 1, got {self.trajectory_limit}")
 

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.rllib.algorithms.algorithm import Algorithm
 
 from rllib_ragen.algorithm import StarPOConfig
-from rllib_ragen.callbacks import FINAL_POLICY, MLflowSettings, mlflow_callback_of, with_mlflow
+from rllib_ragen.callbacks import FINAL_POLICY, MLflowCallback, MLflowSettings, mlflow_callback_of, with_mlflow
 from rllib_ragen.checkpoints import latest_checkpoint
 from rllib_ragen.presets import PRESETS, preset
 from rllib_ragen.tracking import DEFAULT_EXPERIMENT
@@ -148,34 +149,42 @@ def run(config: StarPOConfig, args: argparse.Namespace) -> dict[str, Any]:
         checkpoint_dir=checkpoint_dir, checkpoint_every=args.checkpoint_every,
     )
     algo = with_mlflow(config, settings).build_algo()
-    callback = mlflow_callback_of(algo)
-    tracker = callback.start(algo)
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    (checkpoint_dir / RUN_ID_FILE).write_text(tracker.run_id)
-    if resume_from is not None:
-        algo.restore_from_path(str(resume_from))
-        print(f"resumed from {resume_from} at iteration {algo.iteration}")
-    print(f"MLflow run: {tracker.run_url}\ncheckpoints: {checkpoint_dir}\n{algo.config.rollout_summary}")
-    result: dict[str, Any] = {}
     try:
-        if algo.iteration >= args.stop_iters:
-            print(f"already at iteration {algo.iteration} >= --stop-iters {args.stop_iters}; nothing to train")
-            callback.end("FINISHED")
-        while algo.iteration < args.stop_iters:
+        callback = mlflow_callback_of(algo)
+        tracker = callback.start(algo)
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        (checkpoint_dir / RUN_ID_FILE).write_text(tracker.run_id)
+        if resume_from is not None:
+            algo.restore_from_path(str(resume_from))
+            print(f"resumed from {resume_from} at iteration {algo.iteration}")
+        print(f"MLflow run: {tracker.run_url}\ncheckpoints: {checkpoint_dir}\n{algo.config.rollout_summary}")
+        result = _train(algo, callback, stop_iters=args.stop_iters)
+    finally:
+        algo.stop()
+    print(f"done. MLflow run: {tracker.run_url}; final policy (HF format): {checkpoint_dir / FINAL_POLICY}")
+    if args.as_test:
+        check_success(result, args.success_threshold)
+    return result
+
+
+def _train(algo: Algorithm, callback: MLflowCallback, *, stop_iters: int) -> dict[str, Any]:
+    """Iterates up to `stop_iters` (the callback closes the run there); a run
+    that breaks off is closed KILLED (Ctrl-C) or FAILED."""
+    result: dict[str, Any] = {}
+    if algo.iteration >= stop_iters:
+        print(f"already at iteration {algo.iteration} >= --stop-iters {stop_iters}; nothing to train")
+        callback.end("FINISHED")
+    try:
+        while algo.iteration < stop_iters:
             began = time.perf_counter()
             result = algo.train()
-            print(progress_line(algo.iteration, args.stop_iters, result, time.perf_counter() - began), flush=True)
+            print(progress_line(algo.iteration, stop_iters, result, time.perf_counter() - began), flush=True)
     except KeyboardInterrupt:
         callback.end("KILLED")
         raise
     except Exception:
         callback.end("FAILED")
         raise
-    finally:
-        algo.stop()
-    print(f"done. MLflow run: {tracker.run_url}; final policy (HF format): {checkpoint_dir / FINAL_POLICY}")
-    if args.as_test:
-        check_success(result, args.success_threshold)
     return result
 
 

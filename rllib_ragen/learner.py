@@ -48,22 +48,16 @@ class StarPOTorchLearner(TorchLearner):
         policy_params, critic_params = [], []
         for name, param in module.named_parameters():
             (critic_params if name.split(".")[0] in critic_names else policy_params).append(param)
-        adam = dict(betas=config.adam_betas, weight_decay=config.weight_decay)
-        self.register_optimizer(
-            module_id=module_id,
-            optimizer_name=POLICY_OPTIMIZER,
-            optimizer=torch.optim.AdamW(policy_params, **adam),
-            params=policy_params,
-            lr_or_lr_schedule=config.actor_lr,
-        )
-        if critic_params:
-            self.register_optimizer(
-                module_id=module_id,
-                optimizer_name=CRITIC_OPTIMIZER,
-                optimizer=torch.optim.AdamW(critic_params, **adam),
-                params=critic_params,
-                lr_or_lr_schedule=config.critic_lr,
-            )
+        groups = {POLICY_OPTIMIZER: (policy_params, config.actor_lr), CRITIC_OPTIMIZER: (critic_params, config.critic_lr)}
+        for name, (params, lr) in groups.items():
+            if params:
+                self.register_optimizer(
+                    module_id=module_id,
+                    optimizer_name=name,
+                    optimizer=torch.optim.AdamW(params, betas=config.adam_betas, weight_decay=config.weight_decay),
+                    params=params,
+                    lr_or_lr_schedule=lr,
+                )
 
     @override(TorchLearner)
     def _uncompiled_update(self, batch: dict, **kwargs):

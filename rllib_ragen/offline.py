@@ -7,24 +7,27 @@
     algo = config.build_algo()   # RLlib builds TrajectoryOfflineData from config.input_
     algo.train()                 # n_groups groups from the dataset -> learner update -> weight sync
 
-How the pieces map onto RLlib's offline API (Ray 2.60):
-- `config.offline_data(input_=..., offline_data_class=TrajectoryOfflineData,
-  prelearner_class=TrajectoryPreLearner)`: `Algorithm.setup` builds the
-  `OfflineData`, which reads the Parquet files with `ray.data.read_parquet`.
-- `TrajectoryOfflineData.sample(n)` maps the rows with `map_batches` through
-  the pre-learner (rows -> trajectory episodes), assembles the group
-  episodes and returns `n` of them, epoch after epoch.
+How this uses RLlib's offline API (Ray 2.60):
+- `config.offline_data(input_=..., offline_data_class=TrajectoryOfflineData)`:
+  `Algorithm.setup` builds the `OfflineData`, which reads the Parquet files
+  with `ray.data.read_parquet`.
+- `TrajectoryOfflineData.sample(n)` maps the rows with `map_batches` (rows ->
+  trajectory episodes), assembles the group episodes and returns `n` of
+  them, epoch after epoch.
 - `StarPO.training_step` feeds them to `learner_group.update(episodes=...)`
   exactly like fresh rollouts, so the learner connector turns them into token
   batches on the learner.
 
-Why the pre-learner stops at episodes instead of running the learner
-connector inside the data pipeline (RLlib's default): StarPO's connector
-scores every row with the *current* weights (old log-probs for the PPO ratio,
-critic values for GAE). A pipeline copy of the module is synced once and goes
-stale after the first update, and the connector's [rows, L] padded tensors
-would be re-batched row by row across different paddings. Episodes carry no
-such state, so they are what flows through Ray Data.
+What is deliberately not used: RLlib's `OfflinePreLearner` (`prelearner_class`)
+runs the learner connector inside the data pipeline on a module copy that is
+synced once. StarPO's connector scores every row with the *current* weights
+(old log-probs for the PPO ratio, critic values for GAE), which that copy no
+longer has after the first update, and its [rows, L] padded tensors would be
+re-batched row by row across different paddings. `input_read_episodes`
+stores msgpacked `SingleAgentEpisode` states; a documented Arrow schema
+(`rllib_ragen.data.schema`) is readable by any tool instead. So episodes,
+which carry no weights, are what flows through Ray Data, and the row mapping
+is a plain function (tasks on pooled workers, no model in the data workers).
 
 Behaviour cloning is the same learner with another loss (`BCTorchLearner`):
 the negative log-likelihood of the dataset's response tokens, aggregated like
@@ -40,9 +43,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import ray.data
 import torch
 from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.connectors.learner.learner_connector_pipeline import LearnerConnectorPipeline
@@ -50,12 +50,11 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.offline.offline_data import OfflineData
-from ray.rllib.offline.offline_prelearner import OfflinePreLearner
 from ray.rllib.utils.annotations import override
 
-from rllib_ragen.algorithm import StarPOConfig
+from rllib_ragen.algorithm import StarPO, StarPOConfig
 from rllib_ragen.connectors.token_batch import TokenBatch, build_token_batch, trajectories_from_episodes
-from rllib_ragen.data.parquet import iter_group_episodes, trajectories_from_batch
+from rllib_ragen.data.parquet import iter_group_episodes, map_to_trajectories
 from rllib_ragen.learner import StarPOTorchLearner
 from rllib_ragen.losses import aggregate_loss
 from rllib_ragen.module import ATTENTION_MASK, INPUT_IDS, TOKEN_ENTROPY, TOKEN_LOGP
@@ -109,7 +108,6 @@ def offline_config(config: StarPOConfig, settings: OfflineSettings) -> StarPOCon
     config.offline_data(
         input_=settings.rllib_input,
         offline_data_class=TrajectoryOfflineData,
-        prelearner_class=TrajectoryPreLearner,
         input_read_method_kwargs={"include_paths": True},
     )
     if settings.objective == "bc":
@@ -118,35 +116,20 @@ def offline_config(config: StarPOConfig, settings: OfflineSettings) -> StarPOCon
     return config
 
 
-class TrajectoryPreLearner(OfflinePreLearner):
-    """The `map_batches` step of the offline pipeline: trajectory rows -> trajectory episodes.
+class TrajectoryOfflineData(OfflineData):
+    """RLlib `OfflineData` over trajectory Parquet files that samples whole group episodes.
 
-    Deliberately does not call `OfflinePreLearner.__init__`, which builds a
-    copy of the RLModule and the learner connector for the data workers: here
-    the connector runs on the learner (see the module docstring), so a data
-    worker needs neither the model nor its weights. Subclass and override
-    `__call__` to read another row layout.
+    Rows become trajectory episodes in `map_batches` with a stateless function
+    (`rllib_ragen.data.parquet.map_to_trajectories`), run as Ray tasks.
     """
 
-    def __init__(self, *, config: Any = None, **kwargs: Any) -> None:
-        self.config = config
-
-    @override(OfflinePreLearner)
-    def __call__(self, batch: pa.Table) -> dict[str, np.ndarray]:
-        return trajectories_from_batch(batch)
-
-
-class TrajectoryOfflineData(OfflineData):
-    """RLlib `OfflineData` over trajectory Parquet files that samples whole group episodes."""
-
     def __init__(self, config: StarPOConfig) -> None:
-        super().__init__(config)
-        if config.prelearner_class is None:
-            self.prelearner_class = TrajectoryPreLearner
-        if not issubclass(self.prelearner_class, TrajectoryPreLearner):
+        if config.prelearner_class is not None:
             raise ValueError(
-                f"TrajectoryOfflineData maps rows with a TrajectoryPreLearner; got {self.prelearner_class.__name__}"
+                "TrajectoryOfflineData maps rows to episodes itself and runs the learner connector on the "
+                f"learner; unset prelearner_class (got {config.prelearner_class.__name__})"
             )
+        super().__init__(config)
         self._groups: Iterator[MultiAgentEpisode] | None = None
 
     @override(OfflineData)
@@ -165,18 +148,19 @@ class TrajectoryOfflineData(OfflineData):
         if return_iterator or num_shards > 1:
             raise ValueError("TrajectoryOfflineData returns episodes to the driver; iterators and shards are not supported")
         if not self.data_is_mapped:
-            # One actor by default: row -> episode conversion is light next to the LLM update.
-            map_kwargs = {"compute": ray.data.ActorPoolStrategy(size=1)} | self.config.map_batches_kwargs
-            self.data = self.data.map_batches(
-                self.prelearner_class, fn_constructor_kwargs={"config": self.config}, batch_format="pyarrow",
-                **map_kwargs,
-            )
+            self.data = map_to_trajectories(self.data, **self.config.map_batches_kwargs)
             if self.materialize_mapped_data:
                 self.data = self.data.materialize()
             self.data_is_mapped = True
         if self._groups is None:
             self._groups = self._endless_groups()
         return list(itertools.islice(self._groups, num_samples))
+
+    def close(self) -> None:
+        """Ends the current pass over the data (call before `ray.shutdown()` to release its Ray Data iterator)."""
+        if self._groups is not None:
+            self._groups.close()
+            self._groups = None
 
     def _endless_groups(self) -> Iterator[MultiAgentEpisode]:
         kwargs = {k: v for k, v in self.iter_batches_kwargs.items() if k != "batch_size"}
@@ -242,6 +226,16 @@ class BCTorchLearner(StarPOTorchLearner):
         self.metrics.log_value((module_id, "bc_nll"), float(nll.detach()), reduce="mean")
         self.metrics.log_value((module_id, "entropy"), float(entropy.detach()), reduce="mean")
         return nll
+
+
+def learner_nll(algo: StarPO, episodes: Sequence[MultiAgentEpisode]) -> float:
+    """Mean NLL per response token of `episodes` under the (first) learner's current policy."""
+    window = algo.config.history_window
+
+    def nll(learner) -> float:
+        return response_token_nll(learner.module[DEFAULT_MODULE_ID].policy, episodes, history_window=window)
+
+    return float(next(iter(algo.learner_group.foreach_learner(nll))).get())
 
 
 @torch.no_grad()

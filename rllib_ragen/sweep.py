@@ -170,14 +170,18 @@ class TrialProgress(tune.Callback):
         print(f"{trial.trial_id} {line}", flush=True)
 
 
-def run_sweep(config: StarPOConfig, sweep: SweepConfig, settings: MLflowSettings) -> tuple[tune.ResultGrid, pd.DataFrame]:
+def run_sweep(
+    config: StarPOConfig, sweep: SweepConfig, settings: MLflowSettings
+) -> tuple[tune.ResultGrid, pd.DataFrame]:
     """Runs the sweep; returns Tune's results and the results table (best first).
 
     `settings` says where the trials log; each trial gets its own run (named
     after the trial, tagged with its trial id), ending at `sweep.stop_iters`.
     """
     check_grid(config, sweep.grid)
-    settings = dataclasses.replace(settings, stop_iters=sweep.stop_iters, run_id=None, run_name=None, checkpoint_dir=None)
+    settings = dataclasses.replace(
+        settings, stop_iters=sweep.stop_iters, run_id=None, run_name=None, checkpoint_dir=None
+    )
     # Created here, once: trials starting together would race to create it.
     experiment_id_of(MlflowClient(settings.tracking_uri), settings.experiment)
     tuner = tune.Tuner(

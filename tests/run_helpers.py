@@ -7,10 +7,12 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -92,12 +94,14 @@ def ray_head(root: Path) -> Iterator[tuple[str, str]]:
     token_file = root / "auth_token"
     token_file.write_text(token)
     dashboard_port = free_port()
+    # Ray's socket paths must stay under 107 bytes: pytest's tmp paths are too long.
+    ray_temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     command = [
         str(Path(VENV_BIN) / "ray"), "start", "--head", "--block", "--num-cpus", "2",
         "--node-ip-address", "127.0.0.1", "--port", str(free_port()),
         "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
         "--dashboard-agent-listen-port", str(free_port()), "--ray-client-server-port", str(free_port()),
-        "--temp-dir", str(root / "ray"), "--disable-usage-stats",
+        "--temp-dir", ray_temp, "--disable-usage-stats",
     ]
     env = dict(
         os.environ,
@@ -117,6 +121,7 @@ def ray_head(root: Path) -> Iterator[tuple[str, str]]:
         # `ray start --block` itself lingers after SIGTERM; its children are gone by then.
         stop_group(process, grace_s=5)
         log.close()
+        shutil.rmtree(ray_temp, ignore_errors=True)
 
 
 def auth_headers(token: str) -> dict[str, str]:

@@ -166,3 +166,26 @@ def test_learner_scores_match_the_engines_sampling_logprobs(tiny_model_path):
         assert np.isfinite(batch[Columns.ADVANTAGES][mask].numpy()).all()
     finally:
         algo.stop()
+
+
+@pytest.mark.parametrize(
+    "llm,rollouts,training,expected",
+    [
+        ({"critic": "head"}, {}, {"kl_coeff": 0.05, "kl_type": "k3"}, "kl"),
+        ({"critic": "separate"}, {"history_window": 1}, {"rollout_frequency": 2, "loss_agg_mode": "seq-mean-token-mean"}, "vf_loss"),
+        ({"critic": "none"}, {"think": False, "prefill": True}, {"advantage_estimator": "brpo"}, "policy_loss"),
+    ],
+    ids=["kl-to-reference", "separate-critic-window-two-passes", "critic-free-no-think"],
+)
+def test_config_variants_train(tiny_model_path, llm, rollouts, training, expected):
+    config = sokoban_config(tiny_model_path)
+    config.llm(**llm).rollouts(**rollouts).training(**training)
+    algo = config.build_algo()
+    try:
+        learner = algo.train()["learners"][DEFAULT_MODULE_ID]
+    finally:
+        algo.stop()
+    assert expected in learner
+    assert np.isfinite(learner["total_loss"])
+    if expected == "kl":
+        assert learner["kl"] >= 0.0  # k3 is non-negative

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -15,11 +17,12 @@ from rllib_ragen.data.demonstrations import DemonstrationConfig, solver_demonstr
 from rllib_ragen.data.parquet import write_trajectories
 from rllib_ragen.data.schema import TRAJECTORY_SCHEMA
 from rllib_ragen.env_runner import policy_weights
-from rllib_ragen.models import load_tokenizer
+from rllib_ragen.models import load_causal_lm, load_tokenizer
 from rllib_ragen.offline import (
     BCTorchLearner,
     OfflineSettings,
     TrajectoryOfflineData,
+    learner_nll,
     offline_config,
     response_token_nll,
 )
@@ -29,6 +32,8 @@ from rllib_ragen.offline import (
 def ray_session():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
+    # Offline data of finished tests still holds an open Ray Data iterator: close it while Ray is up.
+    gc.collect()
     ray.shutdown()
 
 
@@ -70,9 +75,10 @@ def test_behaviour_cloning_from_demonstrations_lowers_their_nll(tiny_model_path,
     assert config.learner_class is BCTorchLearner and config.rollout_filter_ratio == 1.0
     algo = config.build_algo()
     try:
-        before = response_token_nll(_policy(algo), demos, history_window=None)
+        before = learner_nll(algo, demos)
         results = [algo.train() for _ in range(4)]
-        after = response_token_nll(_policy(algo), demos, history_window=None)
+        after = learner_nll(algo, demos)
+        assert after == pytest.approx(response_token_nll(_policy(algo), demos, history_window=None))
         # The rollout engine received the cloned policy, and evaluation runs in the real env.
         engine = algo.env_runner.engine.model.state_dict()
         for name, value in policy_weights({f"policy.{k}": v for k, v in _policy(algo).state_dict().items()}).items():
@@ -114,12 +120,28 @@ def test_offline_starpo_on_a_runs_own_rollouts(tiny_model_path, tmp_path):
     assert result["offline_data"]["num_trajectories"] == 4.0
 
 
+def test_response_token_nll_is_a_mean_over_tokens_not_rows(tiny_model_path, demos):
+    policy = load_causal_lm(tiny_model_path)
+    # Demonstrations differ in length: a per-row mean would change with the micro-batch size.
+    per_row = [response_token_nll(policy, [d], history_window=None) for d in demos[:3]]
+    tokens = [int(sum(len(a) for a in d.agent_episodes["traj_0"].get_actions())) for d in demos[:3]]
+    assert len(set(tokens)) > 1
+    expected = sum(n * t for n, t in zip(per_row, tokens)) / sum(tokens)
+    for micro_batch_size in (1, 2, 3):
+        nll = response_token_nll(policy, demos[:3], history_window=None, micro_batch_size=micro_batch_size)
+        assert nll == pytest.approx(expected, rel=1e-5)
+
+
 def test_sampling_walks_the_dataset_epoch_after_epoch(tiny_model_path, demos, tmp_path):
     write_trajectories(demos[:3], tmp_path / "three.parquet", env="sokoban")
     config = offline_config(base_config(tiny_model_path), OfflineSettings(str(tmp_path / "three.parquet")))
     data = TrajectoryOfflineData(config)
     drawn = [e.id_ for _ in range(3) for e in data.sample(num_samples=2)]
     assert set(drawn[:3]) == set(drawn[3:]) == {e.id_ for e in demos[:3]}
+    # close() ends the pass: the next sample starts a new epoch.
+    data.close()
+    assert {e.id_ for e in data.sample(num_samples=3)} == {e.id_ for e in demos[:3]}
+    data.close()
     with pytest.raises(ValueError, match="iterators and shards"):
         data.sample(num_samples=2, num_shards=2)
 
@@ -131,10 +153,10 @@ def test_empty_dataset_is_an_error(tiny_model_path, tmp_path):
         TrajectoryOfflineData(config).sample(num_samples=1)
 
 
-def test_prelearner_must_make_trajectory_episodes(tiny_model_path, demo_dir):
+def test_a_prelearner_class_is_refused(tiny_model_path, demo_dir):
     config = offline_config(base_config(tiny_model_path), OfflineSettings(str(demo_dir)))
     config.offline_data(prelearner_class=OfflinePreLearner)
-    with pytest.raises(ValueError, match="TrajectoryPreLearner"):
+    with pytest.raises(ValueError, match="unset prelearner_class"):
         TrajectoryOfflineData(config)
 
 

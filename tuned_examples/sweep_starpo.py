@@ -24,12 +24,20 @@ sys.path.insert(0, str(ROOT))
 import pandas as pd  # noqa: E402
 import ray  # noqa: E402
 
-from rllib_ragen.experiment import add_config_flags, add_tracking_flags, apply_warm_start, config_from_args, mlflow_settings  # noqa: E402
+from rllib_ragen.experiment import (  # noqa: E402
+    add_config_flags,
+    add_tracking_flags,
+    apply_warm_start,
+    config_from_args,
+    mlflow_settings,
+)
 from rllib_ragen.sweep import DEFAULT_GRID, DEFAULT_METRIC, SCHEDULERS, SweepConfig, parse_grid, run_sweep  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     add_config_flags(parser, env="sokoban", stop_iters=20)
     add_tracking_flags(parser)
     default_grid = " ".join(f"{k}={','.join(map(str, v))}" for k, v in DEFAULT_GRID.items())

@@ -1,0 +1,107 @@
+"""The analysis notebook runs top to bottom (nbclient, a real kernel) against a
+StarPO run the test trains; its helpers read back exactly what was logged."""
+
+from __future__ import annotations
+
+import math
+
+import nbformat
+import pytest
+import ray
+from mlflow.tracking import MlflowClient
+from nbclient import NotebookClient
+from run_helpers import ROOT, driver_args, tiny_config
+
+from rllib_ragen.experiment import run
+from rllib_ragen.run_analysis import (
+    ECHO_TRAP_SIGNALS,
+    echo_trap_warnings,
+    list_runs,
+    metric_histories,
+    plot_signals,
+    read_text_artifact,
+    trajectory_pages,
+)
+from rllib_ragen.tracking import MLflowTracker
+
+NOTEBOOK = ROOT / "notebooks" / "starpo_runs.ipynb"
+
+
+@pytest.fixture
+def store(tmp_path):
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def test_metric_histories_align_iterations_and_mark_gaps(store):
+    tracker = MLflowTracker(tracking_uri=store, experiment="curves")
+    tracker.log_metrics({"a": 1.0, "b": 10.0}, step=1)
+    tracker.log_metrics({"a": 2.0}, step=2)
+    tracker.log_metrics({"a": 3.0, "b": 30.0}, step=3)
+    frame = metric_histories(MlflowClient(store), tracker.run_id, ["a", "b", "never"])
+    assert list(frame.index) == [1, 2, 3] and list(frame.columns) == ["a", "b", "never"]
+    assert list(frame["a"]) == [1.0, 2.0, 3.0]
+    assert frame["b"][1] == 10.0 and math.isnan(frame["b"][2]) and frame["b"][3] == 30.0
+    assert frame["never"].isna().all()
+
+
+def test_echo_trap_warnings_replay_the_monitor():
+    # Baseline = mean of the first 2 values = 1.0; below 0.5 from iteration 3 on,
+    # so the warning starts once 2 low iterations in a row have passed.
+    flagged = echo_trap_warnings([1.0, 1.0, 0.1, 0.1, 0.1], window=2, ratio=0.5)
+    assert [iteration for iteration, _ in flagged] == [4, 5]
+    assert "echo trap" in flagged[0][1]
+    assert echo_trap_warnings([1.0, 1.0, 0.9, 0.8], window=2, ratio=0.5) == []
+
+
+def test_list_runs_names_a_missing_experiment(store):
+    MLflowTracker(tracking_uri=store, experiment="present")
+    with pytest.raises(KeyError, match="no MLflow experiment 'absent'.*present"):
+        list_runs(MlflowClient(store), "absent")
+
+
+def test_plot_signals_draws_one_line_per_run_per_signal(store):
+    tracker = MLflowTracker(tracking_uri=store, experiment="plots")
+    for step in (1, 2):
+        tracker.log_metrics({key: float(step) for key in ECHO_TRAP_SIGNALS.values()}, step=step)
+    history = metric_histories(MlflowClient(store), tracker.run_id, list(ECHO_TRAP_SIGNALS.values()))
+    figure = plot_signals({"run A": history, "run B": history})
+    panels = [ax for ax in figure.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == list(ECHO_TRAP_SIGNALS)
+    assert all(len(ax.get_lines()) == 2 for ax in panels)
+    with pytest.raises(ValueError, match="no runs"):
+        plot_signals({})
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def test_notebook_runs_top_to_bottom_on_a_real_run(ray_session, tiny_model_path, tmp_path, monkeypatch):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run(tiny_config(tiny_model_path), driver_args(
+        "--tracking-uri", store, "--experiment", "notebook", "--checkpoint-dir", str(tmp_path / "ckpt"), stop_iters=2
+    ))
+    client = MlflowClient(store)
+    (run_row,) = list_runs(client, "notebook").itertuples()
+    assert trajectory_pages(client, run_row.run_id) == [
+        "trajectories/eval_iter_0001.html", "trajectories/eval_iter_0002.html"
+    ]
+    latest_page = read_text_artifact(client, run_row.run_id, "trajectories/eval_iter_0002.html")
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "notebook")
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    NotebookClient(
+        notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+    ).execute()
+
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
+    html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
+    text = "".join(o.get("text", "") for o in outputs if o["output_type"] == "stream")
+    assert any(run_row.run_id in page for page in html), "the runs table is missing"
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 1, "the echo-trap figure is missing"
+    assert f"sokoban-starpo ({run_row.run_id[:6]}): no echo-trap warning over 2 iterations" in text
+    assert latest_page in html, "the latest trajectory page is not shown"

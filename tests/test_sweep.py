@@ -1,0 +1,113 @@
+"""Ray Tune sweeps: grid parsing and validation, and a real 2-trial ASHA sweep of
+the tiny model where every trial is an MLflow run and the results table is right."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import ray
+from mlflow.tracking import MlflowClient
+from run_helpers import ROOT, tiny_config
+
+from rllib_ragen.sweep import STOPPED_EARLY_TAG, SweepConfig, check_grid, parse_grid
+from rllib_ragen.tracking import TRIAL_TAG
+
+
+def _sweep_cli():
+    spec = importlib.util.spec_from_file_location("sweep_starpo", ROOT / "tuned_examples" / "sweep_starpo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_parse_grid_reads_literals_per_key(tiny_model_path):
+    grid = parse_grid(tiny_config(tiny_model_path), ["group_size=4, 8", "actor_lr=1e-5,3e-5", "kl_type=k1,k3"])
+    assert grid == {"group_size": [4, 8], "actor_lr": [1e-5, 3e-5], "kl_type": ["k1", "k3"]}
+
+
+@pytest.mark.parametrize(
+    "assignments,message",
+    [
+        (["group_sise=4,8"], "unknown config key 'group_sise'"),
+        (["group_size"], "KEY=VALUE"),
+        (["group_size=4", "group_size=8"], "twice"),
+        (["group_size=,"], "no values"),
+    ],
+)
+def test_bad_grid_is_named(tiny_model_path, assignments, message):
+    with pytest.raises(ValueError, match=message):
+        parse_grid(tiny_config(tiny_model_path), assignments)
+
+
+def test_invalid_grid_point_fails_before_any_trial(tiny_model_path):
+    with pytest.raises(ValueError, match=r"grid point \{'rollout_frequency': 1, 'group_size': 0\}.*group_size"):
+        check_grid(tiny_config(tiny_model_path), {"rollout_frequency": [1], "group_size": [2, 0]})
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(grid={}), "grid is empty"),
+        (dict(grid={"group_size": []}), "non-empty list"),
+        (dict(scheduler="pbt"), "scheduler"),
+        (dict(mode="best"), "mode"),
+        (dict(max_concurrent=0), "max_concurrent"),
+        (dict(grace_period=5), "grace_period"),
+    ],
+)
+def test_bad_sweep_config_is_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SweepConfig(**{"grid": {"group_size": [2, 4]}, "stop_iters": 2, **kwargs})
+
+
+def test_num_trials_is_the_grid_product():
+    assert SweepConfig(grid={"a": [1, 2], "b": [3, 4, 5]}, stop_iters=1).num_trials == 6
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_two_trial_asha_sweep_logs_every_trial_to_mlflow(ray_session, tiny_model_path, tmp_path, monkeypatch):
+    # No --tracking-uri: the store is ./mlflow.db of the directory the sweep starts
+    # in, although trials run in their own trial directories.
+    monkeypatch.chdir(tmp_path)
+    # One trial after the other, so ASHA's rung-1 cutoff sees trial 0 (6 trajectories
+    # per iteration) before trial 1 (4) and stops trial 1 after its first iteration.
+    table = _sweep_cli().main([
+        "--env", "bandit", "--model", str(tiny_model_path), "--engine", "hf", "--no-warm-start",
+        "--stop-iters", "2", "--n-groups", "2",
+        "--set", "response_length=8", "--set", "mini_batch_size=4", "--set", "micro_batch_size=2",
+        "--set", "eval_interval=1", "--set", "eval_size=2",
+        "--grid", "rollout_frequency=2", "--grid", "group_size=3,2", "--grid", "max_turns=1",
+        "--scheduler", "asha", "--metric", "env_runners/num_trajectories", "--max-concurrent", "1",
+        "--experiment", "sweep-test", "--storage-path", str(tmp_path / "tune"),
+    ])
+
+    assert list(table["group_size"]) == [3, 2]  # best first
+    assert list(table["rollout_frequency"]) == [2, 2] and list(table["max_turns"]) == [1, 1]
+    assert list(table["iterations"]) == [2, 1] and list(table["error"]) == ["", ""]
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.get_experiment_by_name("sweep-test").experiment_id
+    runs = {run.info.run_id: run for run in client.search_runs([experiment_id])}
+    assert set(runs) == set(table["mlflow_run_id"])
+    best, stopped = (runs[run_id] for run_id in table["mlflow_run_id"])
+    for run, group_size in ((best, "3"), (stopped, "2")):
+        assert run.data.params["group_size"] == group_size and run.data.params["rollout_frequency"] == "2"
+        assert run.info.run_name == run.data.tags[TRIAL_TAG] and "StarPO_bandit" in run.info.run_name
+    assert best.info.status == "FINISHED" and STOPPED_EARLY_TAG not in best.data.tags
+    assert [m.step for m in client.get_metric_history(best.info.run_id, "env_runners/num_trajectories")] == [1, 2]
+    assert client.get_metric_history(best.info.run_id, "env_runners/num_trajectories")[-1].value == 6.0
+    assert {a.path for a in client.list_artifacts(best.info.run_id)} == {"checkpoints", "final_policy", "trajectories"}
+    # ASHA stopped trial 1: its run is closed as KILLED, with one iteration and no final policy.
+    assert stopped.info.status == "KILLED" and stopped.data.tags[STOPPED_EARLY_TAG] == "true"
+    assert [m.step for m in client.get_metric_history(stopped.info.run_id, "training_iteration")] == [1]
+    assert {a.path for a in client.list_artifacts(stopped.info.run_id)} == {"trajectories"}
+    assert Path(tmp_path / "tune").is_dir()
