@@ -103,7 +103,9 @@ def offline_config(config: StarPOConfig, settings: OfflineSettings) -> StarPOCon
 
     The env runner stays: it evaluates the policy in the real env. With the
     "bc" objective every group is kept (`rollout_filter_ratio=1.0`): a
-    demonstration group has no in-group reward spread to rank by.
+    demonstration group has no in-group reward spread to rank by. The data is
+    read in its stored order; to shuffle, add RLlib's
+    `config.offline_data(iter_batches_kwargs={"batch_size": 64, "local_shuffle_buffer_size": 256})`.
     """
     config.offline_data(
         input_=settings.rllib_input,
@@ -146,7 +148,9 @@ class TrajectoryOfflineData(OfflineData):
         driver-side stream exists (`return_iterator` and `num_shards` > 1 are refused).
         """
         if return_iterator or num_shards > 1:
-            raise ValueError("TrajectoryOfflineData returns episodes to the driver; iterators and shards are not supported")
+            raise ValueError(
+                "TrajectoryOfflineData returns episodes to the driver; iterators and shards are not supported"
+            )
         if not self.data_is_mapped:
             self.data = map_to_trajectories(self.data, **self.config.map_batches_kwargs)
             if self.materialize_mapped_data:
@@ -163,10 +167,9 @@ class TrajectoryOfflineData(OfflineData):
             self._groups = None
 
     def _endless_groups(self) -> Iterator[MultiAgentEpisode]:
-        kwargs = {k: v for k, v in self.iter_batches_kwargs.items() if k != "batch_size"}
         while True:
             count = 0
-            for group in iter_group_episodes(self.data, **kwargs):
+            for group in iter_group_episodes(self.data, **self.iter_batches_kwargs):
                 count += 1
                 yield group
             if count == 0:
@@ -182,8 +185,9 @@ class TokenBatchConnector(ConnectorV2):
         history_window: The protocol's history window (decides the row layout).
     """
 
-    def __init__(self, input_observation_space=None, input_action_space=None, *, history_window: int | None,
-                 **kwargs) -> None:
+    def __init__(
+        self, input_observation_space=None, input_action_space=None, *, history_window: int | None, **kwargs
+    ) -> None:
         super().__init__(input_observation_space, input_action_space, **kwargs)
         self.history_window = history_window
 

@@ -58,13 +58,23 @@ def _metric_name(name: str) -> str:
 
 
 def config_params(config: Any) -> dict[str, str]:
-    """The StarPO config's plain settings as MLflow params (long values shortened)."""
+    """The StarPO config's plain settings as MLflow params (long values shortened).
+
+    Plain = str/number/bool/None or lists/tuples of those; objects such as the
+    callbacks are left out.
+    """
     params = {}
     for key, value in sorted(config.to_dict().items()):
-        if isinstance(value, (str, int, float, bool, type(None), tuple, list)) and not key.startswith("_"):
+        if _is_plain(value) and not key.startswith("_"):
             text = repr(value) if not isinstance(value, str) else value
             params[key] = text[:_MAX_PARAM_LENGTH]
     return params
+
+
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain(item) for item in value)
+    return isinstance(value, (str, int, float, bool, type(None)))
 
 
 class MLflowTracker:

@@ -169,7 +169,8 @@ def test_malformed_row_names_row_and_field(rollouts, change, field, message):
 
 def test_row_errors_name_the_file_when_known(rollouts):
     row = dict(episodes_to_rows(rollouts, env="sokoban")[0], path="/data/rollouts.parquet", seed="x")
-    with pytest.raises(TrajectoryRowError, match=r"row 5 \(trajectory_id .*, file /data/rollouts.parquet\): field 'seed'"):
+    expected = r"row 5 \(trajectory_id .*, file /data/rollouts.parquet\): field 'seed'"
+    with pytest.raises(TrajectoryRowError, match=expected):
         row_to_trajectory(row, index=5)
 
 

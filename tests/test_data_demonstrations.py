@@ -48,7 +48,9 @@ def test_every_seed_solved_within_the_budget_gives_one_demonstration(demos):
 
 
 @pytest.mark.parametrize(
-    "protocol_config", [PROTOCOL, ProtocolConfig(max_actions_per_turn=2, think=False, prefill=True)], ids=["think", "prefill"]
+    "protocol_config",
+    [PROTOCOL, ProtocolConfig(max_actions_per_turn=2, think=False, prefill=True)],
+    ids=["think", "prefill"],
 )
 def test_responses_parse_back_to_the_solvers_plan(tiny_tokenizer, protocol_config):
     demos = solver_demonstrations(
@@ -103,7 +105,9 @@ def test_demonstration_prompts_are_the_runners_prompts(demos, tiny_model_path):
         ray.shutdown()
     demo = demos[0].agent_episodes["traj_0"]
     assert demo.get_infos(0)["system_ids"] == rollout.get_infos(0)["system_ids"]
-    np.testing.assert_array_equal(demo.get_extra_model_outputs("user_ids", 0), rollout.get_extra_model_outputs("user_ids", 0))
+    np.testing.assert_array_equal(
+        demo.get_extra_model_outputs("user_ids", 0), rollout.get_extra_model_outputs("user_ids", 0)
+    )
     assert demo.get_observations(0) == rollout.get_observations(0)
 
 
@@ -112,12 +116,17 @@ def test_answer_ends_with_the_end_of_turn_token(tiny_tokenizer):
     ids = demonstration_response(protocol, ["Up", "Left"], ["Up", "Left", "Down"])
     assert ids[-1] == protocol.template.eos_token_id
     text, parsed = protocol.parse(ids)
-    assert text.startswith("<think>Shortest plan from here: Up, Left, Down.</think>") and parsed.actions == ("Up", "Left")
+    assert text.startswith("<think>Shortest plan from here: Up, Left, Down.</think>")
+    assert parsed.actions == ("Up", "Left")
 
 
 @pytest.mark.parametrize(
     "kwargs,message",
-    [(dict(seeds=()), "at least one"), (dict(seeds=(1, 1)), "must not repeat"), (dict(seeds=(1,), max_states=0), "max_states")],
+    [
+        (dict(seeds=()), "at least one"),
+        (dict(seeds=(1, 1)), "must not repeat"),
+        (dict(seeds=(1,), max_states=0), "max_states"),
+    ],
 )
 def test_bad_demonstration_config_is_named(kwargs, message):
     with pytest.raises(ValueError, match=message):

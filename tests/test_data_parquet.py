@@ -13,6 +13,7 @@ from rllib_ragen.connectors.token_batch import trajectories_from_episodes
 from rllib_ragen.data.convert import episodes_to_rows
 from rllib_ragen.data.parquet import (
     TRAJECTORY,
+    iter_group_episodes,
     map_to_trajectories,
     read_episodes,
     read_trajectories,
@@ -59,10 +60,11 @@ def _view(episodes):
 
 
 def test_parquet_round_trip_through_ray_data_map_batches(rollouts, tmp_path):
-    first = write_trajectories(rollouts[:1], tmp_path / "data" / "a.parquet", env="sokoban", env_config={"max_steps": 50})
+    env_config = {"max_steps": 50}
+    first = write_trajectories(rollouts[:1], tmp_path / "data" / "a.parquet", env="sokoban", env_config=env_config)
     write_trajectories(rollouts[1:], tmp_path / "data" / "b.parquet", env="sokoban")
     assert pq.read_schema(first).equals(TRAJECTORY_SCHEMA, check_metadata=False)
-    assert pq.read_table(first).to_pylist() == episodes_to_rows(rollouts[:1], env="sokoban", env_config={"max_steps": 50})
+    assert pq.read_table(first).to_pylist() == episodes_to_rows(rollouts[:1], env="sokoban", env_config=env_config)
     # map_batches turns each row into its trajectory episode ...
     mapped = map_to_trajectories(read_trajectories(tmp_path / "data")).take_all()
     assert len(mapped) == 4 and all(isinstance(r[TRAJECTORY], SingleAgentEpisode) for r in mapped)
@@ -70,6 +72,15 @@ def test_parquet_round_trip_through_ray_data_map_batches(rollouts, tmp_path):
     restored = sorted(read_episodes(tmp_path / "data"), key=lambda e: [x.id_ for x in rollouts].index(e.id_))
     assert [e.id_ for e in restored] == [e.id_ for e in rollouts]
     assert _view(restored) == _view(rollouts)
+
+
+def test_shuffled_rows_still_come_back_as_whole_groups(rollouts, tmp_path):
+    write_trajectories(rollouts, tmp_path / "all.parquet", env="sokoban")
+    mapped = map_to_trajectories(read_trajectories(tmp_path / "all.parquet")).materialize()
+    restored = list(iter_group_episodes(mapped, batch_size=1, local_shuffle_buffer_size=4, local_shuffle_seed=3))
+    assert sorted(e.id_ for e in restored) == sorted(e.id_ for e in rollouts)
+    by_id = {e.id_: e for e in restored}
+    assert _view([by_id[e.id_] for e in rollouts]) == _view(rollouts)
 
 
 def test_malformed_row_in_a_file_names_file_row_and_field(rollouts, tmp_path):

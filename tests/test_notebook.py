@@ -79,6 +79,7 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.mark.slow
 def test_notebook_runs_top_to_bottom_on_a_real_run(ray_session, tiny_model_path, tmp_path, monkeypatch):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run(tiny_config(tiny_model_path), driver_args(

@@ -11,7 +11,8 @@ import ray
 from mlflow.tracking import MlflowClient
 from run_helpers import ROOT, tiny_config
 
-from rllib_ragen.sweep import STOPPED_EARLY_TAG, SweepConfig, check_grid, parse_grid
+from rllib_ragen.presets import PRESETS, preset
+from rllib_ragen.sweep import DEFAULT_GRID, STOPPED_EARLY_TAG, SweepConfig, check_grid, parse_grid
 from rllib_ragen.tracking import TRIAL_TAG
 
 
@@ -60,6 +61,12 @@ def test_invalid_grid_point_fails_before_any_trial(tiny_model_path):
 def test_bad_sweep_config_is_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SweepConfig(**{"grid": {"group_size": [2, 4]}, "stop_iters": 2, **kwargs})
+
+
+def test_default_grid_is_valid_for_every_preset():
+    for name in PRESETS:
+        check_grid(preset(name, "sokoban"), DEFAULT_GRID)
+    assert set(DEFAULT_GRID) == {"rollout_frequency", "group_size", "max_turns"}
 
 
 def test_num_trials_is_the_grid_product():

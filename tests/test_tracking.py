@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from run_helpers import driver_args, mlflow_server, tiny_config
 
-from rllib_ragen.callbacks import MLflowSettings
+from rllib_ragen.callbacks import MLflowSettings, with_mlflow
 from rllib_ragen.experiment import RUN_ID_FILE, run
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.tracking import MLflowTracker, find_run, flatten_metrics, trajectories_html
@@ -71,6 +71,13 @@ def test_default_store_is_mlflow_db_in_the_working_directory(tmp_path, monkeypat
 def test_bad_settings_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         MLflowSettings(**kwargs)
+
+
+def test_with_mlflow_replaces_an_earlier_mlflow_callback(tiny_model_path):
+    config = with_mlflow(tiny_config(tiny_model_path), MLflowSettings(tracking_uri="sqlite:///a.db"))
+    config = with_mlflow(config, MLflowSettings(tracking_uri="sqlite:///b.db"))
+    (callback,) = config.callbacks_class
+    assert callback().settings.tracking_uri == "sqlite:///b.db"
 
 
 def _one_turn_episode(response: str, *, success: bool) -> MultiAgentEpisode:
@@ -144,6 +151,7 @@ def test_run_logs_params_metrics_pages_checkpoints_and_policy_then_resumes(
     params = logged.data.params
     assert (params["env"], params["n_groups"], params["group_size"], params["max_turns"]) == ("sokoban", "2", "2", "2")
     assert params["llm_model"] == str(tiny_model_path) and params["actor_lr"] == "0.001"
+    assert params["adam_betas"] == "(0.9, 0.999)" and "callbacks" not in params
     # One value per iteration, the last equal to what training returned.
     success = _metric_steps(client, run_id, "env_runners/success_rate")
     assert sorted(success) == [1, 2] and success[2] == result["env_runners"]["success_rate"]

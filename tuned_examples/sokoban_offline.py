@@ -34,19 +34,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="Sokoban from solver demonstrations: Parquet -> offline BC or StarPO -> evaluation.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--preset", choices=PRESETS, default="cpu", help="cpu: SmolLM2-135M on CPU; gpu: RAGEN's defaults")
+    parser.add_argument("--preset", choices=PRESETS, default="cpu", help="cpu: SmolLM2-135M; gpu: RAGEN's defaults")
     parser.add_argument("--model", help="model name, local HF dir or hub id (default: the preset's)")
-    parser.add_argument("--engine", choices=("auto", "vllm", "hf"), help="engine of the evaluation rollouts (default: the preset's)")
+    parser.add_argument("--engine", choices=("auto", "vllm", "hf"), help="evaluation engine (default: the preset's)")
     parser.add_argument("--objective", choices=("bc", "starpo"), default="bc", help="offline training objective")
-    parser.add_argument("--num-demos", type=int, default=64, help="rooms the solver tries (unsolvable within the budget are skipped)")
+    parser.add_argument("--num-demos", type=int, default=64, help="rooms tried (those not solvable in budget skipped)")
     parser.add_argument("--demo-seed", type=int, default=100_000, help="first demonstration seed")
     parser.add_argument("--data-dir", default="data/sokoban-demos", help="where demos.parquet is written")
     parser.add_argument("--stop-iters", type=int, default=30, help="offline training iterations")
     parser.add_argument("--groups-per-iter", type=int, default=8, help="demonstrations per iteration")
     parser.add_argument("--lr", type=float, default=1e-4, help="actor learning rate")
     parser.add_argument("--eval-size", type=int, default=16, help="evaluation rooms")
-    parser.add_argument("--eval-temperature", type=float, default=0.0, help="evaluation sampling temperature (0 = greedy)")
-    parser.add_argument("--no-think", action="store_true", help="answer with <answer> only (no-think mode, <answer> prefill)")
+    parser.add_argument("--eval-temperature", type=float, default=0.0, help="evaluation temperature (0 = greedy)")
+    parser.add_argument("--no-think", action="store_true", help="no-think mode: <answer> only, prefilled")
     parser.add_argument("--export-dir", help="also save the trained policy here as a Hugging Face model")
     parser.add_argument("--as-test", action="store_true", help="exit 1 unless the NLL fell and success >= threshold")
     parser.add_argument("--success-threshold", type=float, default=0.0, help="final success rate --as-test requires")
@@ -69,7 +69,7 @@ def make_config(args: argparse.Namespace):
     demo_seeds = range(args.demo_seed, args.demo_seed + args.num_demos)
     eval_seeds = range(config.eval_seed, config.eval_seed + config.eval_size)
     if set(demo_seeds) & set(eval_seeds):
-        raise ValueError(f"demonstration seeds {demo_seeds} overlap the evaluation seeds {eval_seeds}; move --demo-seed")
+        raise ValueError(f"demonstration seeds {demo_seeds} overlap evaluation seeds {eval_seeds}; move --demo-seed")
     return config, demo_seeds
 
 
@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     demos = solver_demonstrations(load_tokenizer(resolve_model(config.llm_model, progress=True)), demo_config)
     if not demos:
         raise SystemExit(f"the solver found no plan within the turn budget for seeds {demo_seeds}")
-    path = write_trajectories(demos, Path(args.data_dir) / "demos.parquet", env=config.env, env_config=config.env_config)
+    path = Path(args.data_dir) / "demos.parquet"
+    write_trajectories(demos, path, env=config.env, env_config=config.env_config)
     print(f"{len(demos)} demonstrations ({len(demo_seeds)} rooms tried) -> {path}")
 
     offline_config(config, OfflineSettings(str(path), objective=args.objective))
@@ -108,7 +109,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             result = algo.train()
             learner = result["learners"]["default_policy"]
             loss = learner.get("bc_nll", learner.get("policy_loss", float("nan")))
-            print(f"[{iteration + 1}/{args.stop_iters}] loss {loss:.3f} | {time.perf_counter() - began:.1f}s", flush=True)
+            seconds = time.perf_counter() - began
+            print(f"[{iteration + 1}/{args.stop_iters}] loss {loss:.3f} | {seconds:.1f}s", flush=True)
         after = {"nll": learner_nll(algo, demos), "success": algo.evaluate_fixed_seeds()["success_rate"]}
         print(f"after:  demo NLL/token {after['nll']:.3f} | eval success {after['success']:.3f}")
         if args.export_dir:

@@ -91,7 +91,9 @@ def _trajectory_row(
     step_infos = episode.get_infos()[1:]
     for t, info in enumerate(step_infos):
         if RESPONSE_TEXT not in info:
-            raise ValueError(f"episode {episode.id_} turn {t}: step info has no {RESPONSE_TEXT!r} (not made by LLMEnvRunner)")
+            raise ValueError(
+                f"episode {episode.id_} turn {t}: step info has no {RESPONSE_TEXT!r} (not made by LLMEnvRunner)"
+            )
     seed = episode.get_infos(0).get(SEED)
     return {
         "trajectory_id": episode.id_,
@@ -104,7 +106,7 @@ def _trajectory_row(
         "seed": None if seed is None else int(seed),
         "token_ids": token_ids,
         "loss_mask": loss_mask,
-        "sampling_logp": _stored_logp(np.asarray(logp, dtype=np.float32), np.asarray(loss_mask, dtype=bool), episode.id_),
+        "sampling_logp": _stored_logp(np.asarray(logp, np.float32), np.asarray(loss_mask, bool), episode.id_),
         "turn_spans": turn_spans(trajectory.history),
         "turn_rewards": trajectory.turn_rewards,
         "observations": [str(o) for o in episode.get_observations()],
@@ -194,7 +196,8 @@ def _checked_value(value: Any, spec: FieldSpec, label: str) -> Any:
     else:
         ok = isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
     if not ok:
-        raise TrajectoryRowError(label, spec.name, f"must be {_type_name(kind)}, got {type(value).__name__} {value!r:.60}")
+        got = f"{type(value).__name__} {value!r:.60}"
+        raise TrajectoryRowError(label, spec.name, f"must be {_type_name(kind)}, got {got}")
     return value
 
 
@@ -214,7 +217,9 @@ def _checked_list(value: Any, item: pa.DataType, name: str, label: str) -> Any:
         raise TrajectoryRowError(label, name, f"must be a flat list of {_type_name(item)}s ({error})") from None
     allowed = "iu" if pa.types.is_integer(item) else "iuf"
     if array.ndim != 1 or array.dtype.kind not in allowed:
-        raise TrajectoryRowError(label, name, f"must be a flat list of {_type_name(item)}s, got items of type {array.dtype}")
+        raise TrajectoryRowError(
+            label, name, f"must be a flat list of {_type_name(item)}s, got items of type {array.dtype}"
+        )
     return array
 
 

@@ -92,13 +92,20 @@ def map_to_trajectories(dataset: ray.data.Dataset, **map_batches_kwargs: Any) ->
     return dataset.map_batches(trajectories_from_batch, batch_format="pyarrow", **map_batches_kwargs)
 
 
-def iter_group_episodes(trajectories: ray.data.Dataset, **iter_batches_kwargs: Any) -> Iterator[MultiAgentEpisode]:
+def iter_group_episodes(
+    trajectories: ray.data.Dataset, *, batch_size: int | None = None, **iter_batches_kwargs: Any
+) -> Iterator[MultiAgentEpisode]:
     """Group episodes of a mapped dataset (see `map_to_trajectories`), one pass.
+
+    Args:
+        trajectories: The mapped dataset.
+        batch_size: Rows fetched at a time (None: whole blocks).
+        iter_batches_kwargs: More arguments of `Dataset.iter_batches` (e.g. a local shuffle buffer).
 
     Raises ValueError at the end of the pass if a group is missing trajectories.
     """
     assembler = GroupAssembler()
-    for batch in trajectories.iter_batches(batch_size=None, batch_format="numpy", **iter_batches_kwargs):
+    for batch in trajectories.iter_batches(batch_size=batch_size, batch_format="numpy", **iter_batches_kwargs):
         for trajectory, group_size in zip(batch[TRAJECTORY], batch[GROUP_SIZE]):
             group = assembler.add(trajectory, int(group_size))
             if group is not None:

@@ -32,9 +32,12 @@ Fields (all non-null unless marked nullable):
 | observations | list<string> | env state text: the initial state, then the state after each turn (turns + 1 entries) |
 | response_texts | list<string> | each turn's response decoded (with any prefill put back), as the answer parser read it |
 | turn_infos | list<string> | each turn's step info as a JSON object (parsed actions, validity, budget left, ...) |
-| terminated | bool | the trajectory ended in a terminal state |
-| truncated | bool | the trajectory was cut by a budget |
+| terminated | bool | the trajectory's RLlib episode flag: it ended in a terminal state (*) |
+| truncated | bool | the trajectory's RLlib episode flag: a budget cut it (*) |
 | success | bool | the env reported the task solved at the end |
+
+(*) RLlib's `MultiAgentEpisode` sets both flags on every trajectory acting in
+its group's last env step; `success` tells a solved task apart.
 """
 
 from __future__ import annotations
@@ -76,8 +79,8 @@ FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec("observations", pa.list_(pa.string()), "initial state text, then the state after each turn"),
     FieldSpec("response_texts", pa.list_(pa.string()), "each turn's decoded response (with prefill)"),
     FieldSpec("turn_infos", pa.list_(pa.string()), "each turn's step info as a JSON object"),
-    FieldSpec("terminated", pa.bool_(), "ended in a terminal state"),
-    FieldSpec("truncated", pa.bool_(), "cut by a budget"),
+    FieldSpec("terminated", pa.bool_(), "episode flag: ended in a terminal state"),
+    FieldSpec("truncated", pa.bool_(), "episode flag: cut by a budget"),
     FieldSpec("success", pa.bool_(), "the env reported the task solved at the end"),
 )
 
