@@ -7,7 +7,7 @@ no stop tokens, so every completion is exactly --max-new-tokens long):
 and this machine's compute ceiling (a bf16 and an fp32 matmul probe), then the time
 to push the policy weights into the pool (and that the pool then agrees with the
 HF model). The rollout measurements are the entries of `throughput_measurements`;
-the full StarPO rollout through `LLMEnvRunner` is meant to join them there.
+(c) is a full StarPO rollout on Sokoban through `LLMEnvRunner` on the same pool settings.
 
     python benchmarks/rollout_throughput.py --num-prompts 64 --max-new-tokens 64
 """
@@ -80,7 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kv-cache-gb", type=float, default=1.0)
     parser.add_argument("--compile", action="store_true", help="vLLM with torch.compile (slower start)")
     parser.add_argument("--sync-repeats", type=int, default=3)
-    parser.add_argument("--skip", default="", help="comma-separated measurements to skip: hf-generate,hf-engine,vllm")
+    parser.add_argument("--turns", type=int, default=3, help="turns per trajectory in the StarPO rollout (c)")
+    parser.add_argument("--skip", default="",
+                        help="comma-separated measurements to skip: hf-generate,hf-engine,vllm,starpo-rollout")
     return parser.parse_args(argv)
 
 
@@ -149,13 +151,43 @@ def measure_vllm_pool(setup: Setup) -> Throughput:
     return result
 
 
-def throughput_measurements() -> dict[str, Callable[[Setup], Throughput]]:
-    """The rollout measurements, by --skip name, run in this order and compared in the summary.
+def measure_starpo_rollout(setup: Setup) -> Throughput:
+    """(c) a full StarPO rollout on Sokoban through `LLMEnvRunner` on the same vLLM pool settings:
+    prompt building, one batched engine call per turn, answer parsing, env steps, episodes."""
+    from rllib_ragen.algorithm import StarPOConfig
+    from rllib_ragen.env_runner import LLMEnvRunner
 
-    The full StarPO rollout through `LLMEnvRunner` (c) is one more entry here: a
-    function of `Setup` returning the generated tokens and the seconds they took.
-    """
-    return {"hf-generate": measure_hf_generate, "hf-engine": measure_hf_engine, "vllm": measure_vllm_pool}
+    args = setup.args
+    group_size = 8
+    config = (
+        StarPOConfig()
+        .environment("sokoban")
+        .llm(model=str(setup.model_path), critic="none")
+        .rollouts(n_groups=max(1, args.num_prompts // group_size), group_size=group_size, max_turns=args.turns,
+                  response_length=args.max_new_tokens, temperature=1.0)
+        .inference(engine="vllm", num_engines=args.num_engines, engine_threads=args.threads,
+                   engine_dtype=args.vllm_dtype, kv_cache_gb=args.kv_cache_gb, max_model_len=2048)
+        .training(advantage_estimator="grpo")
+    )
+    runner = LLMEnvRunner(config=config)
+    try:
+        start = time.perf_counter()
+        episodes = runner.sample()
+        seconds = time.perf_counter() - start
+    finally:
+        runner.stop()
+    tokens = sum(len(a) for e in episodes for sa in e.agent_episodes.values() for a in sa.get_actions())
+    return Throughput(f"StarPO rollout via LLMEnvRunner (Sokoban, {args.turns} turns)", tokens, seconds)
+
+
+def throughput_measurements() -> dict[str, Callable[[Setup], Throughput]]:
+    """The rollout measurements, by --skip name, run in this order and compared in the summary."""
+    return {
+        "hf-generate": measure_hf_generate,
+        "hf-engine": measure_hf_engine,
+        "vllm": measure_vllm_pool,
+        "starpo-rollout": measure_starpo_rollout,
+    }
 
 
 def vllm_config(args: argparse.Namespace) -> EngineConfig:
@@ -221,6 +253,9 @@ def main(argv: list[str] | None = None) -> None:
             if name in results:
                 ratio = results["vllm"].tokens_per_s / results[name].tokens_per_s
                 print(f"ratio vLLM pool / {results[name].name}: {ratio:.2f}")
+        if "starpo-rollout" in results:
+            ratio = results["starpo-rollout"].tokens_per_s / results["vllm"].tokens_per_s
+            print(f"ratio StarPO rollout / raw vLLM pool: {ratio:.2f} (framework overhead {max(0.0, 1 - ratio):.0%})")
 
 
 if __name__ == "__main__":

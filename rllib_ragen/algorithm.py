@@ -228,7 +228,7 @@ class StarPOConfig(AlgorithmConfig):
             enable_prefix_caching: vLLM prefix caching (reset on every weight sync).
             num_gpus_per_engine: GPUs per vLLM actor (0 on CPU).
             tensor_parallel_size: Tensor-parallel degree per vLLM engine.
-            engine_threads: CPU threads per engine (None = all cores).
+            engine_threads: CPU threads per engine (None = the cores split evenly over the engines).
         """
         return self._set(
             engine=engine, num_engines=num_engines, kv_cache_gb=kv_cache_gb, engine_dtype=engine_dtype,

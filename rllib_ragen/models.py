@@ -366,8 +366,9 @@ def tiny_random_config() -> LlamaConfig:
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,  # grouped-query attention, as SmolLM2 (9 heads, 3 kv heads)
+        # head_dim 32: the smallest head size vLLM's CPU attention supports.
+        num_attention_heads=2,
+        num_key_value_heads=1,  # grouped-query attention, as SmolLM2 (9 heads, 3 kv heads)
         max_position_embeddings=8192,
         rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
         rms_norm_eps=1e-5,

@@ -33,14 +33,13 @@ LONG_PROMPT = [1] + [(37 * i) % 5000 + 10 for i in range(299)]
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """tiny-random's config with head_dim 32 (vLLM's CPU attention has no kernel for 16).
+    """tiny-random's config (head_dim 32, which vLLM's CPU attention supports).
 
     Its generation config names as eos the 2nd token greedy decoding of PROMPTS[0]
     produces: only `stop_token_ids` may end a completion, so an engine that stops
     there (vLLM does by default) fails the comparison with the HF engine.
     """
     config = tiny_random_config()
-    config.num_attention_heads, config.num_key_value_heads, config.head_dim = 2, 1, 32
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = transformers.LlamaForCausalLM(config)
@@ -251,7 +250,8 @@ def test_bad_updates_and_prompts_are_rejected_before_reaching_the_engines(pool):
 @pytest.mark.vllm
 def test_a_model_vllm_cannot_run_fails_at_start_with_the_reason(tmp_path, ray_cluster):
     pytest.importorskip("vllm")
-    config = tiny_random_config()  # head_dim 64 / 4 = 16: no CPU attention kernel
+    config = tiny_random_config()
+    config.num_attention_heads, config.num_key_value_heads = 4, 2  # head_dim 64 / 4 = 16: no CPU kernel
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
     engine_config = EngineConfig(kind="vllm", kv_cache_gb=0.05, max_model_len=256, num_threads=1, num_cpus_per_engine=0)
     with pytest.raises(RuntimeError, match="(?s)vLLM engine 0 failed to start.*head_dim=16"):
