@@ -189,3 +189,23 @@ def test_config_variants_train(tiny_model_path, llm, rollouts, training, expecte
     assert np.isfinite(learner["total_loss"])
     if expected == "kl":
         assert learner["kl"] >= 0.0  # k3 is non-negative
+
+
+@pytest.mark.vllm
+def test_training_with_the_vllm_pool_syncs_weights_in_place(tiny_model_path):
+    pytest.importorskip("vllm")
+    config = sokoban_config(tiny_model_path).inference(
+        engine="vllm", num_engines=1, kv_cache_gb=0.05, max_model_len=1024, engine_dtype="float32", engine_threads=1
+    )
+    algo = config.build_algo()
+    try:
+        pool = algo.env_runner.engine
+        first = algo.train()
+        # fp32 engine, weights synced before the rollout: sampling log-probs match the learner's.
+        assert first["learners"][DEFAULT_MODULE_ID]["train_inference_logp_gap_max"] < 1e-2
+        second = algo.train()  # rolls out with the weights synced after the first update
+        assert second["learners"][DEFAULT_MODULE_ID]["train_inference_logp_gap_max"] < 1e-2
+        health = pool.health()
+        assert health["healthy"] and health["last_sync_seconds"] is not None
+    finally:
+        algo.stop()

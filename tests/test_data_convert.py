@@ -66,6 +66,7 @@ def test_response_text_key_is_the_runners():
 def test_rows_follow_the_schema_and_cut_the_tokens_into_turns(rollouts):
     rows = episodes_to_rows(rollouts, env="sokoban", env_config={"dim_room": (6, 6)})
     assert len(rows) == 6 and all(set(row) == set(FIELD_NAMES) for row in rows)
+    assert all(type(i) is int for row in rows for i in row["token_ids"])  # plain Python values
     # The rows are valid Arrow data of the documented schema.
     assert len(pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)) == 6
     for row, trajectory in zip(rows, trajectories_from_episodes(rollouts, history_window=None)):

@@ -77,9 +77,16 @@ def test_parquet_round_trip_through_ray_data_map_batches(rollouts, tmp_path):
 def test_shuffled_rows_still_come_back_as_whole_groups(rollouts, tmp_path):
     write_trajectories(rollouts, tmp_path / "all.parquet", env="sokoban")
     mapped = map_to_trajectories(read_trajectories(tmp_path / "all.parquet")).materialize()
-    shuffle = dict(batch_size=1, local_shuffle_buffer_size=4, local_shuffle_seed=3)
-    seen = [t.multi_agent_episode_id for b in mapped.iter_batches(**shuffle) for t in b[TRAJECTORY]]
-    assert seen[0] != seen[1] and seen[0] in seen[2:]  # the groups' rows arrive interleaved
+
+    def arrival(seed):
+        shuffle = dict(batch_size=1, local_shuffle_buffer_size=4, local_shuffle_seed=seed)
+        return [t.multi_agent_episode_id for b in mapped.iter_batches(**shuffle) for t in b[TRAJECTORY]], shuffle
+
+    def interleaved(ids):
+        return any(len(ids) - ids[::-1].index(x) - ids.index(x) != ids.count(x) for x in ids)
+
+    # A shuffle seed whose order interleaves the two groups' rows.
+    shuffle = next(s for ids, s in map(arrival, range(20)) if interleaved(ids))
     restored = list(iter_group_episodes(mapped, **shuffle))
     assert sorted(e.id_ for e in restored) == sorted(e.id_ for e in rollouts)
     by_id = {e.id_: e for e in restored}

@@ -104,7 +104,7 @@ def _trajectory_row(
         "env": env,
         "env_config": env_config,
         "seed": None if seed is None else int(seed),
-        "token_ids": token_ids,
+        "token_ids": [int(i) for i in token_ids],
         "loss_mask": loss_mask,
         "sampling_logp": _stored_logp(np.asarray(logp, np.float32), np.asarray(loss_mask, bool), episode.id_),
         "turn_spans": turn_spans(trajectory.history),
