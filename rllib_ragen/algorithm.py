@@ -11,6 +11,7 @@ One iteration (`StarPO.training_step`):
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from pathlib import Path
@@ -106,6 +107,7 @@ class StarPOConfig(AlgorithmConfig):
         self.num_gpus_per_engine = 0.0
         self.tensor_parallel_size = 1
         self.engine_threads = None
+        self.torch_threads = None
         # .training()
         self.advantage_estimator = "gae"
         self.gamma = 1.0
@@ -216,6 +218,7 @@ class StarPOConfig(AlgorithmConfig):
         num_gpus_per_engine: float | None = NotProvided,
         tensor_parallel_size: int | None = NotProvided,
         engine_threads: int | None = NotProvided,
+        torch_threads: int | None = NotProvided,
     ) -> StarPOConfig:
         """The rollout engine.
 
@@ -229,6 +232,8 @@ class StarPOConfig(AlgorithmConfig):
             num_gpus_per_engine: GPUs per vLLM actor (0 on CPU).
             tensor_parallel_size: Tensor-parallel degree per vLLM engine.
             engine_threads: CPU threads per engine (None = the cores split evenly over the engines).
+            torch_threads: Threads of the learner and the in-process HF engine
+                (None = all cores; Ray would otherwise leave a trial actor one).
         """
         return self._set(
             engine=engine, num_engines=num_engines, kv_cache_gb=kv_cache_gb, engine_dtype=engine_dtype,
@@ -459,6 +464,11 @@ class StarPOConfig(AlgorithmConfig):
             raise ValueError("actor_lr, critic_lr, kl_coeff and entropy_coeff must be >= 0")
         if self.num_env_runners != 0:
             raise ValueError("StarPO samples on the local LLMEnvRunner; set num_env_runners=0")
+        if self.is_offline and self.offline_data_class is None:
+            raise ValueError(
+                "offline StarPO reads trajectory Parquet files into group episodes: set it up with "
+                "rllib_ragen.offline.offline_config(config, OfflineSettings(...))"
+            )
         # Building these runs their own validation with clear messages.
         self.turn_budget, self.protocol_config, self.engine_config, self.llm_module_config
 
@@ -485,6 +495,9 @@ class StarPO(Algorithm):
 
     @override(Algorithm)
     def setup(self, config) -> None:
+        # Ray gives actors (e.g. Tune trials) OMP_NUM_THREADS=1; the synchronous
+        # loop alternates rollout and update, so each may use every core it has.
+        torch.set_num_threads(config.torch_threads or os.cpu_count() or 1)
         super().setup(config)
         self.echo_trap = EchoTrapMonitor(window=self.config.echo_trap_window, ratio=self.config.echo_trap_ratio)
         self._evaluation_episodes: list = []

@@ -160,6 +160,14 @@ def test_a_prelearner_class_is_refused(tiny_model_path, demo_dir):
         TrajectoryOfflineData(config)
 
 
+def test_plain_offline_input_is_refused_with_a_pointer(tiny_model_path, demo_dir):
+    config = base_config(tiny_model_path).offline_data(input_=str(demo_dir))
+    with pytest.raises(ValueError, match="offline_config"):
+        config.validate_starpo()
+    offline_config(config, OfflineSettings(str(demo_dir)))
+    config.validate_starpo()
+
+
 def test_offline_settings_are_validated(tmp_path):
     with pytest.raises(ValueError, match="objective must be one of"):
         OfflineSettings(str(tmp_path), objective="dpo")
