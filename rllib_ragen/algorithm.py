@@ -239,7 +239,7 @@ class StarPOConfig(AlgorithmConfig):
             engine=engine, num_engines=num_engines, kv_cache_gb=kv_cache_gb, engine_dtype=engine_dtype,
             max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
             num_gpus_per_engine=num_gpus_per_engine, tensor_parallel_size=tensor_parallel_size,
-            engine_threads=engine_threads,
+            engine_threads=engine_threads, torch_threads=torch_threads,
         )
 
     @override(AlgorithmConfig)
