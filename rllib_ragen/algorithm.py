@@ -570,6 +570,12 @@ class StarPO(Algorithm):
         self._evaluation_episodes = episodes
         return stats
 
+    @override(Algorithm)
+    def cleanup(self) -> None:
+        if self.offline_data is not None:
+            self.offline_data.close()  # release its Ray Data iterator before Ray shuts down
+        super().cleanup()
+
     def pop_evaluation_episodes(self) -> list:
         """The episodes of the latest evaluation not yet taken (for trajectory pages)."""
         episodes, self._evaluation_episodes = self._evaluation_episodes, []

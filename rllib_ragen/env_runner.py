@@ -29,7 +29,7 @@ from ray.rllib.utils.checkpoints import Checkpointable
 
 from rllib_ragen.connectors.chat_template import ChatTemplate
 from rllib_ragen.connectors.protocol import PromptProtocol, feedback_for
-from rllib_ragen.connectors.token_batch import CLOSE_IDS, GROUP_ID, SYSTEM_IDS, USER_IDS
+from rllib_ragen.connectors.token_batch import CLOSE_IDS, GROUP_ID, RESPONSE_TEXT, SYSTEM_IDS, USER_IDS
 from rllib_ragen.connectors.token_history import TokenHistory
 from rllib_ragen.env_group import EnvGroup
 from rllib_ragen.inference.engine import InferenceEngine, SamplingParams
@@ -38,7 +38,6 @@ from rllib_ragen.models import load_tokenizer, resolve_model
 
 logger = logging.getLogger(__name__)
 
-RESPONSE_TEXT = "response_text"
 POLICY_PREFIX = "policy."
 
 

@@ -18,7 +18,7 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from rllib_ragen.connectors.answer_parser import parse_answer
-from rllib_ragen.env_runner import RESPONSE_TEXT
+from rllib_ragen.connectors.token_batch import RESPONSE_TEXT
 
 DEFAULT_EXPERIMENT = "rllib-ragen"
 TRIAL_TAG = "rllib_ragen.trial_dir"  # the algorithm's log dir name (Tune: the trial dir)

@@ -57,12 +57,6 @@ def _trajectory_view(episodes, history_window):
     ]
 
 
-def test_response_text_key_is_the_runners():
-    from rllib_ragen.env_runner import RESPONSE_TEXT as RUNNER_KEY
-
-    assert RESPONSE_TEXT == RUNNER_KEY
-
-
 def test_rows_follow_the_schema_and_cut_the_tokens_into_turns(rollouts):
     rows = episodes_to_rows(rollouts, env="sokoban", env_config={"dim_room": (6, 6)})
     assert len(rows) == 6 and all(set(row) == set(FIELD_NAMES) for row in rows)

@@ -116,7 +116,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         if args.export_dir:
             print(f"policy saved to {algo.export_policy(args.export_dir)}")
     finally:
-        algo.offline_data.close()
         algo.stop()
     if args.as_test and (after["nll"] >= before["nll"] or after["success"] < args.success_threshold):
         print(f"--as-test FAILED: NLL {before['nll']:.3f} -> {after['nll']:.3f}, success {after['success']:.3f} "

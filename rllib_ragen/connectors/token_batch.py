@@ -24,6 +24,7 @@ USER_IDS = "user_ids"
 CLOSE_IDS = "close_ids"
 SYSTEM_IDS = "system_ids"
 GROUP_ID = "group_id"
+RESPONSE_TEXT = "response_text"
 
 
 @dataclasses.dataclass

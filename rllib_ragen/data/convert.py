@@ -29,14 +29,18 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
-from rllib_ragen.connectors.token_batch import CLOSE_IDS, GROUP_ID, SYSTEM_IDS, USER_IDS, trajectory_from_episode
+from rllib_ragen.connectors.token_batch import (
+    CLOSE_IDS,
+    GROUP_ID,
+    RESPONSE_TEXT,
+    SYSTEM_IDS,
+    USER_IDS,
+    trajectory_from_episode,
+)
 from rllib_ragen.connectors.token_history import TokenHistory
 from rllib_ragen.data.schema import FIELD_NAMES, FIELDS, FieldSpec
 
-# Info keys written by LLMEnvRunner / EnvGroup. RESPONSE_TEXT equals
-# `rllib_ragen.env_runner.RESPONSE_TEXT` (a test checks it); importing that
-# module would load the inference stack into every Ray Data worker.
-RESPONSE_TEXT = "response_text"
+# Info keys written by LLMEnvRunner / EnvGroup.
 SEED = "seed"
 # Added by `ray.data.read_parquet(..., include_paths=True)`; named in row errors.
 PATH_COLUMN = "path"
