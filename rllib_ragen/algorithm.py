@@ -389,7 +389,7 @@ class StarPOConfig(AlgorithmConfig):
             dtype=self.engine_dtype, max_model_len=self.max_model_len,
             enable_prefix_caching=self.enable_prefix_caching, num_gpus_per_engine=self.num_gpus_per_engine,
             tensor_parallel_size=self.tensor_parallel_size, num_threads=self.engine_threads,
-            seed=self.seed,
+            seed=self.seed if self.seed is not None else 0,
         )
 
     @property
