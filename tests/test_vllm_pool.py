@@ -251,7 +251,7 @@ def test_bad_updates_and_prompts_are_rejected_before_reaching_the_engines(pool):
 def test_a_model_vllm_cannot_run_fails_at_start_with_the_reason(tmp_path, ray_cluster):
     pytest.importorskip("vllm")
     config = tiny_random_config()
-    config.num_attention_heads, config.num_key_value_heads = 4, 2  # head_dim 64 / 4 = 16: no CPU kernel
+    config.num_attention_heads, config.num_key_value_heads, config.head_dim = 4, 2, 16  # no CPU kernel for 16
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
     engine_config = EngineConfig(kind="vllm", kv_cache_gb=0.05, max_model_len=256, num_threads=1, num_cpus_per_engine=0)
     with pytest.raises(RuntimeError, match="(?s)vLLM engine 0 failed to start.*head_dim=16"):
