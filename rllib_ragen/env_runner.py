@@ -114,16 +114,22 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         start = time.perf_counter()
         rollout = _GroupRollout(self, seeds, group_size)
         generated_tokens = rollout.run(params)
-        self._log_rollout_metrics(rollout.episodes, generated_tokens, time.perf_counter() - start, evaluation)
+        self.last_rollout_timing = {"total_s": time.perf_counter() - start, "engine_s": rollout.engine_seconds}
+        self._log_rollout_metrics(rollout.episodes, generated_tokens, evaluation)
         return rollout.episodes
 
-    def _log_rollout_metrics(self, episodes, generated_tokens: int, seconds: float, evaluation: bool) -> None:
+    def _log_rollout_metrics(self, episodes, generated_tokens: int, evaluation: bool) -> None:
         stats = rollout_statistics(episodes)
+        seconds, engine_seconds = self.last_rollout_timing["total_s"], self.last_rollout_timing["engine_s"]
+        stats.update(
+            rollout_tokens_per_s=generated_tokens / max(seconds, 1e-9),
+            rollout_time_s=seconds,
+            # Time outside engine calls: prompt building, parsing, env steps, episodes.
+            rollout_framework_overhead=1.0 - engine_seconds / max(seconds, 1e-9),
+        )
         prefix = "eval_" if evaluation else ""
         for key, value in stats.items():
             self.metrics.log_value(prefix + key, value, window=1)
-        self.metrics.log_value(prefix + "rollout_tokens_per_s", generated_tokens / max(seconds, 1e-9), window=1)
-        self.metrics.log_value(prefix + "rollout_time_s", seconds, window=1)
 
     @override(EnvRunner)
     def get_metrics(self) -> dict:
@@ -194,10 +200,12 @@ class _GroupRollout:
 
     def run(self, params: SamplingParams) -> int:
         generated = 0
+        self.engine_seconds = 0.0
         while self.live:
-            completions = self.runner.engine.generate(
-                [self.histories[key].prompt_ids() for key in self.live], params
-            )
+            prompts = [self.histories[key].prompt_ids() for key in self.live]
+            began = time.perf_counter()
+            completions = self.runner.engine.generate(prompts, params)
+            self.engine_seconds += time.perf_counter() - began
             by_group: dict[int, dict[str, Any]] = defaultdict(dict)
             for key, completion in zip(self.live, completions):
                 by_group[key[0]][key[1]] = completion

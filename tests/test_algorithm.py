@@ -93,7 +93,7 @@ def test_training_iteration_reports_starpo_metrics(tiny_model_path):
         algo.stop()
     runners = result["env_runners"]
     for key in ("success_rate", "episode_return_mean", "in_group_reward_std", "response_length_mean",
-                "valid_action_ratio", "rollout_tokens_per_s"):
+                "valid_action_ratio", "rollout_tokens_per_s", "rollout_framework_overhead"):
         assert key in runners, key
     learner = result["learners"][DEFAULT_MODULE_ID]
     for key in ("policy_loss", "vf_loss", "entropy", "clip_frac_low", "clip_frac_high", "approx_kl",
