@@ -77,7 +77,9 @@ class TextEnv(gym.Env, abc.ABC):
         Envs with free-form actions override this; the default draws from the vocabulary.
         """
         if not self.action_vocabulary:
-            raise NotImplementedError(f"{type(self).__name__} has free-form actions and no random_action")
+            raise ValueError(
+                f"{type(self).__name__} has free-form actions: override random_action to use it in a warm start"
+            )
         return str(rng.choice(self.action_vocabulary))
 
     def reset(
