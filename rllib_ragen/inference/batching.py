@@ -17,6 +17,16 @@ def check_token_ids(sequences: Sequence[Sequence[int]], *, vocab_size: int, what
             raise ValueError(f"{what} {index} has token ids outside [0, {vocab_size})")
 
 
+def check_score_inputs(
+    prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], *, vocab_size: int
+) -> list[list[int]]:
+    """Validates `score` arguments; returns each prompt + continuation as one sequence."""
+    if len(prompts) != len(continuations):
+        raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
+    check_token_ids(continuations, vocab_size=vocab_size, what="continuation")
+    return [list(p) + list(c) for p, c in zip(prompts, continuations)]
+
+
 def left_pad(sequences: Sequence[Sequence[int]], *, pad_token_id: int) -> tuple[Tensor, Tensor]:
     """Left-pads token-id sequences to one length.
 

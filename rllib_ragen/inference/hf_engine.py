@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from rllib_ragen.inference.batching import check_token_ids, left_pad
+from rllib_ragen.inference.batching import check_score_inputs, check_token_ids, left_pad
 from rllib_ragen.inference.engine import Completion, InferenceEngine, SamplingParams
 from rllib_ragen.inference.sampling import choose_tokens, processed_logprobs
 from rllib_ragen.inference.weights import check_weights
@@ -87,12 +87,10 @@ class HFEngine(InferenceEngine):
 
     def score(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> list[list[float]]:
         """Log-probs (temperature 1) of each continuation's tokens after its prompt."""
-        if len(prompts) != len(continuations):
-            raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
+        joined = check_score_inputs(prompts, continuations, vocab_size=self.vocab_size)
         if not prompts:
             return []
-        check_token_ids(continuations, vocab_size=self.vocab_size, what="continuation")
-        self._check_lengths([list(p) + list(c) for p, c in zip(prompts, continuations)], extra_tokens=0)
+        self._check_lengths(joined, extra_tokens=0)
         scores = []
         for start in range(0, len(prompts), self.max_batch_size):
             stop = start + self.max_batch_size

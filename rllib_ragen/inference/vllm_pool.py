@@ -19,7 +19,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 from torch import Tensor
 
-from rllib_ragen.inference.batching import check_token_ids, shard_bounds
+from rllib_ragen.inference.batching import check_score_inputs, check_token_ids, shard_bounds
 from rllib_ragen.inference.engine import Completion, InferenceEngine, SamplingParams
 from rllib_ragen.inference.factory import EngineConfig
 from rllib_ragen.inference.vllm_actor import VLLMEngineActor, actor_env_vars
@@ -89,12 +89,10 @@ class VLLMEnginePool(InferenceEngine):
 
     def score(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> list[list[float]]:
         """Log-probs (temperature 1) of each continuation's tokens after its prompt."""
-        if len(prompts) != len(continuations):
-            raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
+        joined = check_score_inputs(prompts, continuations, vocab_size=self.vocab_size)
         if not prompts:
             return []
-        check_token_ids(continuations, vocab_size=self.vocab_size, what="continuation")
-        self._check_prompts([list(p) + list(c) for p, c in zip(prompts, continuations)], extra_tokens=0)
+        self._check_prompts(joined, extra_tokens=0)
         return self._run_sharded(
             len(prompts), lambda actor, lo, hi: actor.score.remote(prompts[lo:hi], continuations[lo:hi])
         )
