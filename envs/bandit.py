@@ -3,7 +3,9 @@
 The low arm always pays `low_payoff`; the high arm pays `high_payoff` with
 probability `high_prob`, else 0 (defaults: 0.1 vs 1.0 w.p. 0.25, so the high
 arm is better in expectation). The arms' order in the text is random per
-seed. Success = the high arm was picked. Any valid pick ends the episode.
+seed, and each arm is shown with how it pays (small every time / large
+only some of the time), not with its mean. Success = the high arm was
+picked. Any valid pick ends the episode.
 Names: Phoenix (low) / Dragon (high) for training, Trader / Librarian for the
 held-out test env.
 """
@@ -98,10 +100,14 @@ class BanditEnv(TextEnv):
     def render_text(self) -> str:
         if self.arm_order is None:
             raise RuntimeError("BanditEnv has no arms yet: call reset() first")
-        first, second = self.arm_order
-        return (
-            f"Two slot machines stand before you: {first} and {second}.\n"
-            "One of them pays a small reward every time; the other pays a large "
-            "reward, but only some of the time.\n"
-            "Which machine do you pull?"
-        )
+        # Each arm is described by how it pays, never by its mean: which one is
+        # better must be learned from the rewards. Because the description, not
+        # the name, carries the payout style, a policy that learned it transfers
+        # to held-out arm names (bandit_test).
+        lines = [f"{arm}: {self._description(arm)}" for arm in self.arm_order]
+        return "Two slot machines stand before you.\n" + "\n".join(lines) + "\nWhich machine do you pull?"
+
+    def _description(self, arm: str) -> str:
+        if arm == self.config.low_arm:
+            return "pays a small reward every time."
+        return "pays a large reward, but only some of the time."

@@ -11,6 +11,7 @@ One iteration (`StarPO.training_step`):
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import Any
 
@@ -31,7 +32,7 @@ from ray.rllib.utils.metrics import (
     TIMERS,
 )
 
-from envs import list_envs
+from envs import list_envs, make_env
 from rllib_ragen.advantages import ADVANTAGE_ESTIMATORS
 from rllib_ragen.connectors.learner_connector import AdvantageSettings, StarPOLearnerConnector
 from rllib_ragen.connectors.protocol import ProtocolConfig
@@ -43,8 +44,8 @@ from rllib_ragen.filtering import FILTER_METRICS, select_groups_by_variance
 from rllib_ragen.inference.factory import EngineConfig
 from rllib_ragen.learner import StarPOTorchLearner
 from rllib_ragen.losses import KL_KINDS, LOSS_AGGREGATIONS
-from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model
-from rllib_ragen.module import CRITIC_KINDS, LLMModuleConfig, LLMRLModule
+from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model, resolves_locally
+from rllib_ragen.module import CRITIC_KINDS, LLMModuleConfig, LLMRLModule, ScoringConfig
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ class StarPOConfig(AlgorithmConfig):
         self.prefill = False
         self.format_penalty = -0.1
         self.train_seed_start = 10_000
+        self.env_step_timeout_s = 60.0
         # .inference()
         self.engine = "auto"
         self.num_engines = 1
@@ -129,6 +131,9 @@ class StarPOConfig(AlgorithmConfig):
         self.rollout_frequency = 1
         self.mini_batch_size = 32
         self.micro_batch_size = 4
+        self.micro_batch_tokens = None
+        self.autocast_dtype = None
+        self.logit_chunk_size = 1024
         self.actor_lr = 1e-6
         self.critic_lr = 1e-5
         self.adam_betas = (0.9, 0.999)
@@ -182,6 +187,7 @@ class StarPOConfig(AlgorithmConfig):
         prefill: bool | None = NotProvided,
         format_penalty: float | None = NotProvided,
         train_seed_start: int | None = NotProvided,
+        env_step_timeout_s: float | None = NotProvided,
     ) -> StarPOConfig:
         """How trajectories are sampled each iteration.
 
@@ -198,12 +204,16 @@ class StarPOConfig(AlgorithmConfig):
             prefill: Start each assistant turn with its first tag (helps small models).
             format_penalty: Reward added to a turn with no valid action (<= 0).
             train_seed_start: First training seed; later groups take the next seeds.
+            env_step_timeout_s: Seconds one env reset or step may take; a call
+                that hangs longer is abandoned and ends its trajectory (logged,
+                counted in the `env_errors` metric). None = no limit.
         """
         return self._set(
             n_groups=n_groups, group_size=group_size, max_turns=max_turns,
             max_actions_per_turn=max_actions_per_turn, max_actions_per_traj=max_actions_per_traj,
             response_length=response_length, temperature=temperature, history_window=history_window,
             think=think, prefill=prefill, format_penalty=format_penalty, train_seed_start=train_seed_start,
+            env_step_timeout_s=env_step_timeout_s,
         )
 
     def inference(
@@ -227,7 +237,9 @@ class StarPOConfig(AlgorithmConfig):
             num_engines: vLLM engine actors in the pool.
             kv_cache_gb: KV-cache size per vLLM engine (host RAM on CPU).
             engine_dtype: Engine weight dtype ("auto", "float32", "bfloat16").
-            max_model_len: Longest prompt + response an engine serves.
+            max_model_len: Longest prompt + response an engine serves; a trajectory
+                whose next prompt leaves less than `response_length` tokens is
+                truncated there (metric `truncated_prompt_trajectories`).
             enable_prefix_caching: vLLM prefix caching (reset on every weight sync).
             num_gpus_per_engine: GPUs per vLLM actor (0 on CPU).
             tensor_parallel_size: Tensor-parallel degree per vLLM engine.
@@ -266,6 +278,9 @@ class StarPOConfig(AlgorithmConfig):
         rollout_frequency: int | None = NotProvided,
         mini_batch_size: int | None = NotProvided,
         micro_batch_size: int | None = NotProvided,
+        micro_batch_tokens: int | None = NotProvided,
+        autocast_dtype: str | None = NotProvided,
+        logit_chunk_size: int | None = NotProvided,
         actor_lr: float | None = NotProvided,
         critic_lr: float | None = NotProvided,
         adam_betas: tuple[float, float] | None = NotProvided,
@@ -303,6 +318,17 @@ class StarPOConfig(AlgorithmConfig):
             mini_batch_size: Rows per optimiser step (a row is a trajectory,
                 or one turn when a history window is set).
             micro_batch_size: Rows per forward/backward; gradients accumulate.
+            micro_batch_tokens: Padded-token budget per forward/backward instead
+                of `micro_batch_size` rows: rows are sorted by length and packed
+                so that rows x longest row <= budget (less padding, bounded
+                memory; same gradient). None = `micro_batch_size` rows.
+            autocast_dtype: None (compute in the parameter dtype), "bfloat16"
+                or "float16": the learner's trunk forward/backward under
+                torch.autocast; weights, optimiser and log-softmax stay float32.
+                bfloat16 is several times faster on CPUs with AMX and on GPUs.
+            logit_chunk_size: Generated positions whose [chunk, vocab] logits
+                exist at once; each chunk is recomputed in backward instead of
+                stored (bounds the log-prob/entropy memory).
             actor_lr: Policy learning rate.
             critic_lr: Critic learning rate.
             adam_betas: AdamW betas.
@@ -321,7 +347,8 @@ class StarPOConfig(AlgorithmConfig):
             vf_loss_coeff=vf_loss_coeff, loss_agg_mode=loss_agg_mode,
             rollout_filter_ratio=rollout_filter_ratio, rollout_filter_metric=rollout_filter_metric,
             rollout_frequency=rollout_frequency, mini_batch_size=mini_batch_size,
-            micro_batch_size=micro_batch_size, actor_lr=actor_lr, critic_lr=critic_lr,
+            micro_batch_size=micro_batch_size, micro_batch_tokens=micro_batch_tokens,
+            autocast_dtype=autocast_dtype, logit_chunk_size=logit_chunk_size, actor_lr=actor_lr, critic_lr=critic_lr,
             adam_betas=adam_betas, weight_decay=weight_decay, echo_trap_window=echo_trap_window,
             echo_trap_ratio=echo_trap_ratio,
         )
@@ -454,6 +481,9 @@ class StarPOConfig(AlgorithmConfig):
                      "response_length", "eval_size", "echo_trap_window", "num_engines", "write_rollouts_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.micro_batch_tokens is not None and int(self.micro_batch_tokens) < 1:
+            raise ValueError(f"micro_batch_tokens must be >= 1 or None, got {self.micro_batch_tokens}")
+        ScoringConfig(autocast_dtype=self.autocast_dtype, logit_chunk_size=self.logit_chunk_size)
         if not 0 < self.rollout_filter_ratio <= 1:
             raise ValueError(f"rollout_filter_ratio must be in (0, 1], got {self.rollout_filter_ratio}")
         if self.temperature <= 0:
@@ -471,6 +501,39 @@ class StarPOConfig(AlgorithmConfig):
             )
         # Building these runs their own validation with clear messages.
         self.turn_budget, self.protocol_config, self.engine_config, self.llm_module_config
+        self._validate_rollout_inputs()
+
+    def _validate_rollout_inputs(self) -> None:
+        """Env config, model directory and sizes that would only fail (or silently misbehave) mid-run."""
+        try:
+            make_env(self.env, **(self.env_config or {}))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"env {self.env!r} rejects env_config {dict(self.env_config or {})}: {error}") from error
+        if resolves_locally(str(self.llm_model)):
+            resolve_model(str(self.llm_model))  # config, weights, tokenizer and chat template are there
+        if self.env_step_timeout_s is not None and not self.env_step_timeout_s > 0:
+            raise ValueError(f"env_step_timeout_s must be > 0 or None, got {self.env_step_timeout_s}")
+        if self.max_model_len <= self.response_length:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} leaves no room for a prompt with "
+                f"response_length={self.response_length} tokens"
+            )
+        if self.micro_batch_size > self.mini_batch_size:
+            raise ValueError(
+                f"micro_batch_size={self.micro_batch_size} is larger than mini_batch_size={self.mini_batch_size}"
+            )
+        # A warning, not an error: sampling-only uses keep the training defaults. A row is a
+        # trajectory, or one turn with a history window (so at most max_turns rows each).
+        rows_per_trajectory = 1 if self.history_window is None else self.max_turns
+        kept_groups = max(1, math.ceil(self.rollout_filter_ratio * self.n_groups))
+        kept_rows = kept_groups * self.group_size * rows_per_trajectory
+        if self.mini_batch_size > kept_rows:
+            logger.warning(
+                "mini_batch_size=%d is larger than the at most %d rows an update gets (the StarPO-S filter keeps "
+                "%d of n_groups=%d groups x group_size=%d%s): RLlib fills mini-batches by repeating rows",
+                self.mini_batch_size, kept_rows, kept_groups, self.n_groups, self.group_size,
+                "" if self.history_window is None else f" x max_turns={self.max_turns}",
+            )
 
     @property
     def rollout_summary(self) -> str:

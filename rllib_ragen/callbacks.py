@@ -29,6 +29,7 @@ from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.utils import force_list
+from ray.rllib.utils.metrics import EVALUATION_RESULTS
 
 from rllib_ragen.checkpoints import save_checkpoint
 from rllib_ragen.tracking import (
@@ -114,16 +115,24 @@ class MLflowCallback(RLlibCallback):
         step = int(result["training_iteration"])
         tracker = self.start(algorithm)
         tracker.log_metrics(flatten_metrics(result), step=step)
-        episodes = algorithm.pop_evaluation_episodes()
-        if episodes:
-            title = f"{algorithm.config.env} evaluation at iteration {step}"
-            page = trajectories_html(episodes, title=title, limit=self.settings.trajectory_limit)
-            tracker.log_text(page, f"trajectories/eval_iter_{step:04d}.html")
+        self._log_evaluation_trajectories(algorithm, step)
         last = step == self.settings.stop_iters
         self._checkpoint(algorithm, step, last=last)
         if last:
             self._log_final_policy(algorithm)
             self.end("FINISHED")
+
+    def log_initial_evaluation(self, algorithm: Algorithm, stats: dict[str, float]) -> None:
+        """Logs an evaluation made before the first update as step 0, beside the per-iteration ones."""
+        self.start(algorithm).log_metrics(flatten_metrics({EVALUATION_RESULTS: stats}), step=0)
+        self._log_evaluation_trajectories(algorithm, 0)
+
+    def _log_evaluation_trajectories(self, algorithm: Algorithm, step: int) -> None:
+        episodes = algorithm.pop_evaluation_episodes()
+        if episodes:
+            title = f"{algorithm.config.env} evaluation at iteration {step}"
+            page = trajectories_html(episodes, title=title, limit=self.settings.trajectory_limit)
+            self._tracker().log_text(page, f"trajectories/eval_iter_{step:04d}.html")
 
     def end(self, status: str) -> None:
         """Marks the run FINISHED, FAILED or KILLED."""

@@ -7,19 +7,32 @@ they are stepped in order until the env ends or a budget runs out. The group
 enforces the turn budget (`max_turns`) and the per-trajectory action budget
 (`max_actions_per_traj`), and adds the format penalty to turns that carried no
 valid action.
+
+A faulty env ends only its own trajectory: a reset or step that raises, runs
+past `step_timeout_s` (it is abandoned in its worker thread) or returns
+malformed output (a non-string observation, a non-finite reward, a wrong
+tuple) is logged with the env name and seed, recorded in `errors`, and that
+trajectory is truncated (or, on reset, left out) while the others go on.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import logging
+import math
+import numbers
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 
 from envs import make_env
 from envs.base import TextEnv
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +62,86 @@ def agent_id(index: int) -> str:
     return f"traj_{index}"
 
 
+class EnvFault(RuntimeError):
+    """An env reset/step raised, hung past its timeout, or returned malformed output."""
+
+
+def call_with_timeout(fn: Callable[[], Any], timeout_s: float | None) -> Any:
+    """`fn()`, run in a daemon worker thread when `timeout_s` is set.
+
+    A call still running after `timeout_s` seconds raises EnvFault; its thread
+    is abandoned (Python cannot stop it; being a daemon it never blocks exit).
+    Exceptions of `fn` are re-raised as they are.
+    """
+    if timeout_s is None:
+        return fn()
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as error:  # handed to the caller's thread
+            outcome["error"] = error
+
+    worker = threading.Thread(target=target, daemon=True, name="env-call")
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise EnvFault(f"did not return within {timeout_s:g} s (abandoned)")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def check_reset_result(result: Any) -> tuple[str, dict]:
+    """`result` if it is a (str observation, dict info) pair, else EnvFault saying what is wrong."""
+    if not isinstance(result, tuple) or len(result) != 2:
+        raise EnvFault(f"reset returned {_describe(result)}, not (observation, info)")
+    observation, info = result
+    _check_observation(observation)
+    if not isinstance(info, dict):
+        raise EnvFault(f"reset returned an info of type {type(info).__name__}, not dict")
+    return observation, info
+
+
+def check_step_result(result: Any) -> tuple[str, float, bool, bool, dict]:
+    """`result` as (obs, float reward, bool, bool, info), else EnvFault saying what is wrong."""
+    if not isinstance(result, tuple) or len(result) != 5:
+        raise EnvFault(f"step returned {_describe(result)}, not (observation, reward, terminated, truncated, info)")
+    observation, reward, terminated, truncated, info = result
+    _check_observation(observation)
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+        raise EnvFault(f"step returned the reward {reward!r}, not a finite number")
+    for name, flag in (("terminated", terminated), ("truncated", truncated)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise EnvFault(f"step returned {name}={flag!r}, not a bool")
+    if not isinstance(info, dict):
+        raise EnvFault(f"step returned an info of type {type(info).__name__}, not dict")
+    return observation, float(reward), bool(terminated), bool(truncated), info
+
+
+def _check_observation(observation: Any) -> None:
+    if not isinstance(observation, str):
+        raise EnvFault(f"the observation is a {type(observation).__name__}, not a str")
+
+
+def _describe(result: Any) -> str:
+    if isinstance(result, tuple):
+        return f"a tuple of {len(result)}"
+    return f"a {type(result).__name__}"
+
+
 class EnvGroup(MultiAgentEnv):
-    """`group_size` envs of one kind, reset with one shared seed."""
+    """`group_size` envs of one kind, reset with one shared seed.
+
+    Args:
+        env_name: A registered env.
+        env_config: Its config overrides.
+        group_size: Trajectories (env copies) in the group.
+        budget: Turn and action limits of each trajectory.
+        step_timeout_s: Seconds one env reset or step may take before its
+            trajectory is abandoned; None = no limit (and no worker thread).
+    """
 
     def __init__(
         self,
@@ -59,33 +150,59 @@ class EnvGroup(MultiAgentEnv):
         *,
         group_size: int,
         budget: TurnBudget,
+        step_timeout_s: float | None = None,
     ) -> None:
         super().__init__()
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
+        if step_timeout_s is not None and not step_timeout_s > 0:
+            raise ValueError(f"step_timeout_s must be > 0 or None, got {step_timeout_s}")
+        self.env_name = env_name
         self.envs: list[TextEnv] = [make_env(env_name, **(env_config or {})) for _ in range(group_size)]
         self.budget = budget
+        self.step_timeout_s = step_timeout_s
         self.agents = self.possible_agents = [agent_id(i) for i in range(group_size)]
         self.observation_spaces = {a: e.observation_space for a, e in zip(self.agents, self.envs)}
         self.action_spaces = {a: gym.spaces.Sequence(e.action_space) for a, e in zip(self.agents, self.envs)}
+        self.seed: int | None = None
+        self.errors: list[str] = []  # one line per faulty reset/step since the last reset
         self._turns: dict[str, int] = {}
         self._actions: dict[str, int] = {}
         self._done: dict[str, bool] = {}
+        self._observations: dict[str, str] = {}
 
     @property
     def template_env(self) -> TextEnv:
         """One member env (they share instructions and vocabulary)."""
         return self.envs[0]
 
+    @property
+    def all_done(self) -> bool:
+        return all(self._done.values())
+
     def reset(
         self, *, seed: int | None = None, options: dict | None = None
     ) -> tuple[dict[str, str], dict[str, dict]]:
+        """Resets every member with `seed`; members whose reset failed are absent from the result."""
+        self.seed, self.errors = seed, []
         observations, infos = {}, {}
         for agent, env in zip(self.agents, self.envs):
-            observations[agent], info = env.reset(seed=seed)
-            infos[agent] = {**info, "seed": seed}
             self._turns[agent], self._actions[agent], self._done[agent] = 0, 0, False
+            try:
+                observation, info = check_reset_result(
+                    call_with_timeout(lambda env=env: env.reset(seed=seed), self.step_timeout_s)
+                )
+            except Exception as error:
+                self._record_fault(agent, "reset", error)
+                self._done[agent] = True
+                continue
+            observations[agent], infos[agent] = observation, {**info, "seed": seed}
+            self._observations[agent] = observation
         return observations, infos
+
+    def end(self, agent: str) -> None:
+        """Marks `agent`'s trajectory finished from outside (e.g. its next prompt is too long)."""
+        self._done[agent] = True
 
     def step(self, action_dict: dict[str, Sequence[str]]):
         """Steps each agent through the actions of its turn.
@@ -103,7 +220,7 @@ class EnvGroup(MultiAgentEnv):
             )
             terminateds[agent], truncateds[agent] = term, trunc
             self._done[agent] = term or trunc
-        terminateds["__all__"] = truncateds["__all__"] = all(self._done.values())
+        terminateds["__all__"] = truncateds["__all__"] = self.all_done
         return obs, rewards, terminateds, truncateds, infos
 
     def _step_one(self, agent: str, env: TextEnv, actions: Sequence[str]):
@@ -111,16 +228,24 @@ class EnvGroup(MultiAgentEnv):
         to_run = list(actions)[:budget_left]
         reward, terminated, truncated = 0.0, False, False
         info: dict[str, Any] = {"success": False}
-        valid = 0
-        observation = env.render_text()
+        valid, error = 0, None
+        observation = self._observations[agent]
         for action in to_run:
-            observation, r, terminated, truncated, info = env.step(action)
+            try:
+                observation, r, terminated, truncated, info = check_step_result(
+                    call_with_timeout(lambda: env.step(action), self.step_timeout_s)
+                )
+            except Exception as fault:
+                error = self._record_fault(agent, f"step {action!r}", fault)
+                info = {"success": False, "env_error": error}
+                break
             reward += r
             valid += int(info.get("action_is_valid", True))
             self._actions[agent] += 1
             if terminated or truncated:
                 break
-        if valid == 0:
+        self._observations[agent] = observation
+        if valid == 0 and error is None:
             reward += self.budget.format_penalty
         self._turns[agent] += 1
         out_of_budget = (
@@ -134,4 +259,15 @@ class EnvGroup(MultiAgentEnv):
             "turns_left": self.budget.max_turns - self._turns[agent],
             "actions_left": self.budget.max_actions_per_traj - self._actions[agent],
         }
-        return observation, reward, terminated, truncated or (out_of_budget and not terminated), info
+        truncated = truncated or error is not None or (out_of_budget and not terminated)
+        return observation, reward, terminated, truncated, info
+
+    def _record_fault(self, agent: str, call: str, error: Exception) -> str:
+        """Logs and records a faulty env call; returns its one-line description."""
+        line = f"{type(error).__name__}: {error}"
+        self.errors.append(f"{agent} {call}: {line}")
+        logger.warning(
+            "env %r (seed %s, %s) failed in %s and its trajectory was ended: %s",
+            self.env_name, self.seed, agent, call, line,
+        )
+        return line

@@ -8,13 +8,22 @@ groups and appends the env's reply as tokens. Each group becomes one
 token ids (action), their sampling log-probs, the prompt piece the model saw
 (`user_ids`) and the tokens that closed its message (`close_ids`), so the
 learner rebuilds the very token sequence that was sampled.
+
+Robustness: a faulty env (raises, hangs past `env_step_timeout_s`, returns
+garbage) ends only its own trajectory (`EnvGroup`), counted in the `env_errors`
+metric. A trajectory whose next prompt would leave less than `response_length`
+tokens of `max_model_len` is truncated there, counted in
+`truncated_prompt_trajectories`; a first prompt that is already too long for
+the training seeds is an error when the runner starts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -59,15 +68,38 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
     @override(EnvRunner)
     def make_env(self) -> None:
-        probe = EnvGroup(self.config.env, self.config.env_config, group_size=1, budget=self.config.turn_budget)
+        config = self.config
+        probe = EnvGroup(
+            config.env, config.env_config, group_size=1, budget=config.turn_budget,
+            step_timeout_s=config.env_step_timeout_s,
+        )
         self.template_env = probe.template_env
         template = ChatTemplate.from_tokenizer(load_tokenizer(self.model_path))
         self.protocol = PromptProtocol(
             template,
             instructions=self.template_env.instructions,
             action_vocabulary=self.template_env.action_vocabulary,
-            config=self.config.protocol_config,
+            config=config.protocol_config,
         )
+        self._check_first_prompt_fits(probe)
+
+    def _check_first_prompt_fits(self, probe: EnvGroup) -> None:
+        """Fails before any rollout when the first training prompt leaves no room for the response."""
+        config, seed = self.config, self.config.train_seed_start
+        observations, _ = probe.reset(seed=seed)
+        if not observations:
+            raise RuntimeError(f"env {config.env!r} cannot reset with seed {seed}: {probe.errors}")
+        budget = config.turn_budget
+        user_ids = self.protocol.user_ids(
+            next(iter(observations.values())), turns_left=budget.max_turns, actions_left=budget.max_actions_per_traj
+        )
+        length = len(self.protocol.system_ids) + len(user_ids)
+        if length + config.response_length > config.max_model_len:
+            raise ValueError(
+                f"the first prompt of env {config.env!r} (seed {seed}) is {length} tokens: with "
+                f"response_length={config.response_length} it exceeds max_model_len={config.max_model_len}; "
+                "raise .inference(max_model_len=...) or lower .rollouts(response_length=...)"
+            )
 
     @override(EnvRunner)
     def make_module(self) -> None:
@@ -114,12 +146,14 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         start = time.perf_counter()
         rollout = _GroupRollout(self, seeds, group_size)
         generated_tokens = rollout.run(params)
-        self.last_rollout_timing = {"total_s": time.perf_counter() - start, "engine_s": rollout.engine_seconds}
-        self._log_rollout_metrics(rollout.episodes, generated_tokens, evaluation)
+        # env_step_s: inside env reset/step; prompt_build_s: prompt tokens, parsing, histories.
+        self.last_rollout_timing = {"total_s": time.perf_counter() - start, **rollout.timing}
+        self._log_rollout_metrics(rollout, generated_tokens, evaluation)
         return rollout.episodes
 
-    def _log_rollout_metrics(self, episodes, generated_tokens: int, evaluation: bool) -> None:
-        stats = rollout_statistics(episodes)
+    def _log_rollout_metrics(self, rollout: _GroupRollout, generated_tokens: int, evaluation: bool) -> None:
+        stats = rollout_statistics(rollout.episodes)
+        stats.update(env_errors=rollout.env_errors, truncated_prompt_trajectories=rollout.truncated_prompts)
         seconds, engine_seconds = self.last_rollout_timing["total_s"], self.last_rollout_timing["engine_s"]
         stats.update(
             rollout_tokens_per_s=generated_tokens / max(seconds, 1e-9),
@@ -167,45 +201,99 @@ def policy_weights(module_state: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 class _GroupRollout:
-    """The turn loop over all groups of one `sample()` call."""
+    """The turn loop over all groups of one `sample()` call.
+
+    Groups whose every member failed to reset, or whose first prompt is
+    already too long, are left out of `episodes`.
+    """
 
     def __init__(self, runner: LLMEnvRunner, seeds: list[int], group_size: int) -> None:
         self.runner, self.protocol = runner, runner.protocol
-        budget = runner.config.turn_budget
-        self.groups = [
-            EnvGroup(runner.config.env, runner.config.env_config, group_size=group_size, budget=budget)
+        config = runner.config
+        self.max_prompt_len = config.max_model_len - config.response_length
+        self.timing = {"engine_s": 0.0, "env_step_s": 0.0, "prompt_build_s": 0.0}
+        self.truncated_prompts = 0
+        self.all_groups = [
+            EnvGroup(
+                config.env, config.env_config, group_size=group_size, budget=config.turn_budget,
+                step_timeout_s=config.env_step_timeout_s,
+            )
             for _ in seeds
         ]
-        self.episodes = [
-            MultiAgentEpisode(agent_module_ids={a: DEFAULT_MODULE_ID for a in g.agents}) for g in self.groups
-        ]
+        self.groups: list[EnvGroup] = []
+        self.episodes: list[MultiAgentEpisode] = []
         self.histories: dict[tuple[int, str], TokenHistory] = {}
-        for index, (group, episode, seed) in enumerate(zip(self.groups, self.episodes, seeds)):
-            group_id = runner._group_counter
-            runner._group_counter += 1
+        for group, seed in zip(self.all_groups, seeds):
+            self._start_group(group, seed)
+        if not self.groups:
+            errors = [line for g in self.all_groups for line in g.errors]
+            raise RuntimeError(
+                f"no group of env {config.env!r} could start (seeds {seeds[0]}..{seeds[-1]}): "
+                f"{self.truncated_prompts} trajectories had a first prompt longer than "
+                f"max_model_len - response_length = {self.max_prompt_len} tokens; env errors: {errors[:5]}"
+            )
+        self.live = list(self.histories)
+
+    @property
+    def env_errors(self) -> int:
+        return sum(len(group.errors) for group in self.all_groups)
+
+    @contextlib.contextmanager
+    def _timed(self, key: str) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timing[key] += time.perf_counter() - began
+
+    def _start_group(self, group: EnvGroup, seed: int) -> None:
+        """Resets `group` and opens its episode and token histories, unless no member can start."""
+        budget, runner = group.budget, self.runner
+        group_id = runner._group_counter
+        runner._group_counter += 1
+        with self._timed("env_step_s"):
             observations, infos = group.reset(seed=seed)
-            for agent, info in infos.items():
-                info.update({SYSTEM_IDS: self.protocol.system_ids, GROUP_ID: group_id})
+        with self._timed("prompt_build_s"):
+            histories = {}
+            for agent in observations:
                 history = TokenHistory(self.protocol.system_ids, runner.config.protocol_config.history_window)
                 history.add_user(
                     self.protocol.user_ids(
-                        observations[agent],
-                        turns_left=budget.max_turns,
-                        actions_left=budget.max_actions_per_traj,
+                        observations[agent], turns_left=budget.max_turns, actions_left=budget.max_actions_per_traj
                     )
                 )
-                self.histories[(index, agent)] = history
-            episode.add_env_reset(observations=observations, infos=infos)
-        self.live = list(self.histories)
+                histories[agent] = history
+        too_long = [a for a, h in histories.items() if len(h.prompt_ids()) > self.max_prompt_len]
+        if too_long:
+            self.truncated_prompts += len(too_long)
+            logger.warning(
+                "env %r seed %s: the first prompt exceeds max_model_len - response_length = %d tokens; "
+                "%d trajectories left out", group.env_name, seed, self.max_prompt_len, len(too_long),
+            )
+        keep = [a for a in histories if a not in too_long]
+        if not keep:
+            return
+        for agent in group.agents:
+            if agent not in keep:
+                group.end(agent)
+        index = len(self.groups)
+        episode = MultiAgentEpisode(agent_module_ids={a: DEFAULT_MODULE_ID for a in keep})
+        for agent in keep:
+            infos[agent].update({SYSTEM_IDS: self.protocol.system_ids, GROUP_ID: group_id})
+            self.histories[(index, agent)] = histories[agent]
+        episode.add_env_reset(
+            observations={a: observations[a] for a in keep}, infos={a: infos[a] for a in keep}
+        )
+        self.groups.append(group)
+        self.episodes.append(episode)
 
     def run(self, params: SamplingParams) -> int:
         generated = 0
-        self.engine_seconds = 0.0
         while self.live:
-            prompts = [self.histories[key].prompt_ids() for key in self.live]
-            began = time.perf_counter()
-            completions = self.runner.engine.generate(prompts, params)
-            self.engine_seconds += time.perf_counter() - began
+            with self._timed("prompt_build_s"):
+                prompts = [self.histories[key].prompt_ids() for key in self.live]
+            with self._timed("engine_s"):
+                completions = self.runner.engine.generate(prompts, params)
             by_group: dict[int, dict[str, Any]] = defaultdict(dict)
             for key, completion in zip(self.live, completions):
                 by_group[key[0]][key[1]] = completion
@@ -222,37 +310,36 @@ class _GroupRollout:
     def _step_group(self, index: int, completions: dict[str, Any]) -> None:
         group, episode = self.groups[index], self.episodes[index]
         actions, texts, parsed_answers, extra = {}, {}, {}, {}
-        for agent, completion in completions.items():
-            history = self.histories[(index, agent)]
-            texts[agent], parsed_answers[agent] = self.protocol.parse(completion.token_ids)
-            actions[agent] = list(parsed_answers[agent].actions)
-            user_ids = history.turns[-1].user_ids
-            close_ids = self.protocol.close_ids(completion.token_ids)
-            history.add_response(completion.token_ids, completion.logprobs, close_ids)
-            extra[agent] = {
-                Columns.ACTION_LOGP: np.asarray(completion.logprobs, dtype=np.float32),
-                USER_IDS: np.asarray(user_ids, dtype=np.int32),
-                CLOSE_IDS: np.asarray(close_ids, dtype=np.int32),
-            }
-        observations, rewards, terminateds, truncateds, infos = group.step(actions)
-        for agent in completions:
-            parsed = parsed_answers[agent]
-            infos[agent].update({
-                RESPONSE_TEXT: texts[agent],
-                "format_ok": parsed.format_ok,
-                "parsed_actions": list(parsed.actions),
-                "finish_reason": completions[agent].finish_reason,
-            })
-            if not (terminateds[agent] or truncateds[agent]):
-                self.histories[(index, agent)].add_user(
-                    self.protocol.user_ids(
-                        observations[agent],
-                        reward=rewards[agent],
-                        feedback=feedback_for(parsed),
-                        turns_left=infos[agent]["turns_left"],
-                        actions_left=infos[agent]["actions_left"],
-                    )
-                )
+        with self._timed("prompt_build_s"):
+            for agent, completion in completions.items():
+                history = self.histories[(index, agent)]
+                texts[agent], parsed_answers[agent] = self.protocol.parse(completion.token_ids)
+                actions[agent] = list(parsed_answers[agent].actions)
+                user_ids = history.turns[-1].user_ids
+                close_ids = self.protocol.close_ids(completion.token_ids)
+                history.add_response(completion.token_ids, completion.logprobs, close_ids)
+                extra[agent] = {
+                    Columns.ACTION_LOGP: np.asarray(completion.logprobs, dtype=np.float32),
+                    USER_IDS: np.asarray(user_ids, dtype=np.int32),
+                    CLOSE_IDS: np.asarray(close_ids, dtype=np.int32),
+                }
+        with self._timed("env_step_s"):
+            observations, rewards, terminateds, truncateds, infos = group.step(actions)
+        with self._timed("prompt_build_s"):
+            for agent in completions:
+                parsed = parsed_answers[agent]
+                infos[agent].update({
+                    RESPONSE_TEXT: texts[agent],
+                    "format_ok": parsed.format_ok,
+                    "parsed_actions": list(parsed.actions),
+                    "finish_reason": completions[agent].finish_reason,
+                })
+                if not (terminateds[agent] or truncateds[agent]) and not self._continue(
+                    self.histories[(index, agent)], observations[agent], rewards[agent], parsed, infos[agent]
+                ):
+                    truncateds[agent] = True
+                    group.end(agent)
+        terminateds["__all__"] = truncateds["__all__"] = group.all_done
         episode.add_env_step(
             observations=observations,
             actions={a: np.asarray(c.token_ids, dtype=np.int32) for a, c in completions.items()},
@@ -262,6 +349,23 @@ class _GroupRollout:
             truncateds=truncateds,
             extra_model_outputs=extra,
         )
+
+    def _continue(self, history: TokenHistory, observation: str, reward: float, parsed, info: dict) -> bool:
+        """Appends the next user turn; False (and `info["prompt_truncated"]`) when that prompt is too long.
+
+        The unanswered user turn left in `history` is never trained on.
+        """
+        history.add_user(
+            self.protocol.user_ids(
+                observation, reward=reward, feedback=feedback_for(parsed),
+                turns_left=info["turns_left"], actions_left=info["actions_left"],
+            )
+        )
+        if len(history.prompt_ids()) <= self.max_prompt_len:
+            return True
+        info["prompt_truncated"] = True
+        self.truncated_prompts += 1
+        return False
 
 
 def rollout_statistics(episodes: list[MultiAgentEpisode]) -> dict[str, float]:

@@ -12,13 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import ray
 from ray.rllib.algorithms.algorithm import Algorithm
 
 from rllib_ragen.algorithm import StarPOConfig
 from rllib_ragen.callbacks import FINAL_POLICY, MLflowCallback, MLflowSettings, mlflow_callback_of, with_mlflow
 from rllib_ragen.checkpoints import latest_checkpoint
+from rllib_ragen.models import resolve_model
 from rllib_ragen.presets import PRESETS, preset
+from rllib_ragen.ray_session import init_ray
 from rllib_ragen.tracking import DEFAULT_EXPERIMENT
 from rllib_ragen.warm_start import WarmStartConfig, warm_start
 
@@ -55,7 +56,11 @@ def add_config_flags(parser: argparse.ArgumentParser, *, env: str, stop_iters: i
     parser.add_argument("--estimator", choices=("gae", "bi_level_gae", "grpo", "brpo", "arpo"), help="advantage estimator")
     parser.add_argument("--no-think", action="store_true", help="answer with <answer> only (no-think mode)")
     parser.add_argument("--no-warm-start", action="store_true", help="skip the supervised format warm start")
-    parser.add_argument("--warm-start-examples", type=int, default=16, help="prompts in the format warm start (2 random answers each)")
+    parser.add_argument("--warm-start-model", metavar="DIR",
+                        help="use this warm-started model directory (a Hugging Face directory, e.g. an earlier "
+                             "run's final_policy/ or a warm start's cache entry) instead of building the warm start")
+    parser.add_argument("--warm-start-examples", type=int, default=16,
+                        help="initial states played in the format warm start (2 random trajectories each)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="set any StarPOConfig attribute, e.g. --set actor_lr=1e-5 (repeatable)")
     parser.add_argument("--seed", type=int, help="random seed")
@@ -139,8 +144,7 @@ def run(config: StarPOConfig, args: argparse.Namespace) -> dict[str, Any]:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     checkpoint_dir = Path(args.checkpoint_dir or Path("checkpoints") / f"{config.env}-starpo").resolve()
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    init_ray()
     resume_from = latest_checkpoint(checkpoint_dir) if args.resume else None
     if args.resume and resume_from is None:
         print(f"--resume: no checkpoint in {checkpoint_dir}; starting fresh")
@@ -158,6 +162,8 @@ def run(config: StarPOConfig, args: argparse.Namespace) -> dict[str, Any]:
             algo.restore_from_path(str(resume_from))
             print(f"resumed from {resume_from} at iteration {algo.iteration}")
         print(f"MLflow run: {tracker.run_url}\ncheckpoints: {checkpoint_dir}\n{algo.config.rollout_summary}")
+        if algo.iteration == 0 and algo.config.eval_interval:
+            evaluate_before_training(algo, callback)
         result = _train(algo, callback, stop_iters=args.stop_iters)
     finally:
         algo.stop()
@@ -165,6 +171,15 @@ def run(config: StarPOConfig, args: argparse.Namespace) -> dict[str, Any]:
     if args.as_test:
         check_success(result, args.success_threshold)
     return result
+
+
+def evaluate_before_training(algo: Algorithm, callback: MLflowCallback) -> dict[str, float]:
+    """Evaluates the starting (e.g. warm-started) policy on the fixed evaluation seeds, logged as step 0."""
+    stats = algo.evaluate_fixed_seeds()
+    callback.log_initial_evaluation(algo, stats)
+    print(f"[0] before RL, on the {algo.config.eval_size} evaluation seeds: success {stats['success_rate']:.3f} | "
+          f"return {stats['episode_return_mean']:.3f} | valid {stats['valid_action_ratio']:.2f}", flush=True)
+    return stats
 
 
 def _train(algo: Algorithm, callback: MLflowCallback, *, stop_iters: int) -> dict[str, Any]:
@@ -245,7 +260,17 @@ def main(*, env: str, description: str, success_threshold: float, stop_iters: in
         env=env, description=description, success_threshold=success_threshold, stop_iters=stop_iters
     ).parse_args(argv)
     config = config_from_args(args)
-    if not args.no_warm_start:  # cached: a resumed run gets the same warm-started model back
-        apply_warm_start(config, num_examples=args.warm_start_examples)
+    choose_starting_model(config, args)
     run(config, args)
+
+
+def choose_starting_model(config: StarPOConfig, args: argparse.Namespace) -> None:
+    """The model RL starts from: a given warm-started one, none, or the (cached) format warm start."""
+    if args.warm_start_model and args.no_warm_start:
+        raise ValueError("--warm-start-model and --no-warm-start contradict each other; pass one")
+    if args.warm_start_model:
+        config.llm(model=str(resolve_model(args.warm_start_model)))
+    elif not args.no_warm_start:  # cached: a resumed run gets the same warm-started model back
+        init_ray()
+        apply_warm_start(config, num_examples=args.warm_start_examples)
 

@@ -6,7 +6,10 @@ Loss per mini-batch (all [rows, L] and masked to generated tokens):
     entropy bonus  - entropy_coeff * mean entropy
     KL      kl_coeff * KL(policy || frozen reference), only when kl_coeff > 0
 Mini-batches are split into micro-batches whose gradients are accumulated
-before one optimiser step, so memory is bounded by `micro_batch_size`.
+before one optimiser step, so memory is bounded by `micro_batch_size` rows or,
+with `micro_batch_tokens`, by a padded-token budget over length-sorted rows.
+Each micro-batch's loss is weighted by its share of the mini-batch, so the
+accumulated gradient is the whole mini-batch's whatever the split.
 """
 
 from __future__ import annotations
@@ -23,7 +26,14 @@ from ray.rllib.utils.annotations import override
 from rllib_ragen.advantages import masked_mean
 from rllib_ragen.connectors.learner_connector import SAMPLING_LOGP
 from rllib_ragen.losses import aggregate_loss, kl_penalty, policy_loss, value_loss
-from rllib_ragen.module import ATTENTION_MASK, TOKEN_ENTROPY, TOKEN_LOGP, score_generated_tokens, trunk_hidden
+from rllib_ragen.module import (
+    ATTENTION_MASK,
+    TOKEN_ENTROPY,
+    TOKEN_LOGP,
+    ScoringConfig,
+    score_generated_tokens,
+    trunk_hidden,
+)
 
 POLICY_OPTIMIZER = "policy"
 CRITIC_OPTIMIZER = "critic"
@@ -35,6 +45,11 @@ class StarPOTorchLearner(TorchLearner):
     @override(TorchLearner)
     def build(self) -> None:
         super().build()
+        # Set before any forward, so the connector's old log-probs and the
+        # update's new ones are computed the same way (PPO ratio 1 at start).
+        self.module[DEFAULT_MODULE_ID].scoring = ScoringConfig(
+            autocast_dtype=self.config.autocast_dtype, logit_chunk_size=self.config.logit_chunk_size
+        )
         self._reference = None
         if self.config.kl_coeff > 0:
             # A frozen copy of the initial policy, the anchor of the KL term.
@@ -65,7 +80,12 @@ class StarPOTorchLearner(TorchLearner):
         module_batch = batch[DEFAULT_MODULE_ID]
         for optimizer in self._optimizer_parameters:
             optimizer.zero_grad(set_to_none=True)
-        weights = _micro_batch_weights(module_batch, self.config.micro_batch_size, self.config.loss_agg_mode)
+        weights = _micro_batch_weights(
+            module_batch,
+            self.config.micro_batch_size,
+            self.config.loss_agg_mode,
+            token_budget=self.config.micro_batch_tokens,
+        )
         total_loss, fwd_out = 0.0, None
         for micro, weight in weights:
             fwd_out = self.module.forward_train({DEFAULT_MODULE_ID: micro})
@@ -118,31 +138,75 @@ class StarPOTorchLearner(TorchLearner):
     @torch.no_grad()
     def _reference_logp(self, batch: dict[str, Any]) -> torch.Tensor:
         """Log-probs of the generated tokens under the frozen reference policy, [rows, L]."""
-        hidden = trunk_hidden(self._reference.base_model, batch)
-        temperature = self.module[DEFAULT_MODULE_ID].llm_config.logit_temperature
-        return score_generated_tokens(
-            self._reference.get_output_embeddings(), hidden, batch, temperature, with_entropy=False
-        )[TOKEN_LOGP]
+        module = self.module[DEFAULT_MODULE_ID]
+        with module.scoring.autocast(self._reference.device):
+            hidden = trunk_hidden(self._reference.base_model, batch)
+            return score_generated_tokens(
+                self._reference.get_output_embeddings(),
+                hidden,
+                batch,
+                module.llm_config.logit_temperature,
+                with_entropy=False,
+                chunk_size=module.scoring.logit_chunk_size,
+            )[TOKEN_LOGP]
 
 
-def _micro_batch_weights(batch: dict[str, torch.Tensor], micro_batch_size: int, agg: str):
+def _micro_batch_weights(
+    batch: dict[str, torch.Tensor], micro_batch_size: int, agg: str, *, token_budget: int | None = None
+) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
     """Splits a mini-batch into micro-batches with the weight of each one's loss.
 
-    With "token-mean" a micro-batch's mean counts by its share of generated
-    tokens, otherwise by its share of rows, so the accumulated gradient equals
-    that of the whole mini-batch. Each micro-batch is cut to its longest row.
+    Without a `token_budget`, consecutive runs of `micro_batch_size` rows;
+    with one, see `token_budget_groups`. With "token-mean" a micro-batch's
+    mean counts by its share of generated tokens, otherwise by its share of
+    rows, so the accumulated gradient equals that of the whole mini-batch
+    for any split. Each micro-batch is cut to its longest row.
     """
     mask = batch[Columns.LOSS_MASK]
     n_rows = mask.shape[0]
+    lengths = batch[ATTENTION_MASK].sum(dim=1)
+    if token_budget is None:
+        groups = [torch.arange(s, min(s + micro_batch_size, n_rows)) for s in range(0, n_rows, micro_batch_size)]
+    else:
+        groups = token_budget_groups(lengths, token_budget)
     total_tokens = mask.sum().clamp(min=1)
+    total_rows = max(int(mask.any(dim=1).sum()), 1)
     out = []
-    for start in range(0, n_rows, micro_batch_size):
-        rows = slice(start, start + micro_batch_size)
-        length = int(batch[ATTENTION_MASK][rows].sum(dim=1).max())
+    for rows in groups:
+        length = int(lengths[rows].max())
         micro = {k: v[rows, :length] if v.dim() == 2 else v[rows] for k, v in batch.items()}
         if agg == "token-mean":
             weight = micro[Columns.LOSS_MASK].sum() / total_tokens
         else:
-            weight = micro[Columns.LOSS_MASK].any(dim=1).sum() / max(int(mask.any(dim=1).sum()), 1)
+            weight = micro[Columns.LOSS_MASK].any(dim=1).sum() / total_rows
         out.append((micro, weight))
     return out
+
+
+def token_budget_groups(lengths: torch.Tensor, token_budget: int) -> list[torch.Tensor]:
+    """Row indices of length-bucketed micro-batches, each at most `token_budget` padded tokens.
+
+    Rows are sorted by length (longest first) and filled greedily while
+    rows x longest row stays within the budget, so rows of similar length
+    share a micro-batch and little padding is computed. A row longer than
+    the budget gets a micro-batch of its own.
+
+    Args:
+        lengths: [R] tokens per row (attention-mask sums).
+        token_budget: Most padded tokens (rows x longest row) per micro-batch.
+
+    Returns:
+        Index tensors partitioning range(R).
+    """
+    if token_budget < 1:
+        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+    order = torch.argsort(lengths, descending=True, stable=True).tolist()
+    groups: list[list[int]] = []
+    longest = 0
+    for row in order:
+        if groups and (len(groups[-1]) + 1) * longest <= token_budget:
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+            longest = int(lengths[row])
+    return [torch.tensor(sorted(g), dtype=torch.long) for g in groups]

@@ -126,23 +126,36 @@ def resolve_model(name_or_path: str, *, cache_dir: str | Path | None = None, pro
 
     Raises:
         ModelNotFoundError: The name is unknown, the directory is missing or not
-            a model, or the hub id cannot be fetched (e.g. offline).
+            a model (no config, weights or tokenizer), or the hub id cannot be
+            fetched (e.g. offline).
+        ValueError: The tokenizer has no chat template.
     """
     cache_root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     path = Path(name_or_path).expanduser()
     if name_or_path in BUILTIN_MODELS:
         return prepare_builtin(BUILTIN_MODELS[name_or_path], models_dir=cache_root / "models", progress=progress)
     if path.exists():
-        return validated_model_dir(path)
+        return check_chat_tokenizer_files(validated_model_dir(path))
     if _HUB_ID.match(name_or_path):
         with _library_progress_bars(enabled=progress):
-            return _download_from_hub(name_or_path, hub_cache=cache_root / "hub")
+            return check_chat_tokenizer_files(_download_from_hub(name_or_path, hub_cache=cache_root / "hub"))
     if name_or_path.startswith((".", "~")) or os.sep in name_or_path:
         raise ModelNotFoundError(f"Model directory {str(path)!r} does not exist.")
     raise ModelNotFoundError(
         f"Unknown model {name_or_path!r}: it is not a built-in model, not an existing directory, "
         f"and not a Hugging Face hub id (ORG/NAME). Built-in models: {_builtin_summary()}."
     )
+
+
+def resolves_locally(name_or_path: str) -> bool:
+    """Whether `resolve_model(name_or_path)` only looks at the file system (no hub, no build).
+
+    True for existing or path-like names and for names that are invalid anyway,
+    so a config can be checked cheaply before any work starts.
+    """
+    if name_or_path in BUILTIN_MODELS:
+        return False
+    return Path(name_or_path).expanduser().exists() or not _HUB_ID.match(name_or_path)
 
 
 def validated_model_dir(path: str | Path) -> Path:
@@ -164,6 +177,33 @@ def validated_model_dir(path: str | Path) -> Path:
             f"Model directory {str(path)!r} has config.json but no weights (*.safetensors or pytorch_model*.bin)."
         )
     return path
+
+
+def check_chat_tokenizer_files(path: Path) -> Path:
+    """Check, without loading it, that `path` holds a tokenizer with a chat template; return `path`.
+
+    Cheap enough for config validation: only the tokenizer files are read.
+
+    Raises:
+        ModelNotFoundError: no tokenizer.json / tokenizer_config.json.
+        ValueError: neither tokenizer_config.json nor a chat_template.jinja/.json file has a chat template.
+    """
+    _check_tokenizer_files_exist(path)
+    config_file = path / "tokenizer_config.json"
+    template_files = ("chat_template.jinja", "chat_template.json", "additional_chat_templates")
+    if any((path / name).exists() for name in template_files):
+        return path
+    if config_file.is_file() and json.loads(config_file.read_text()).get("chat_template"):
+        return path
+    raise ValueError(
+        f"The tokenizer in {str(path)!r} has no chat template (none in tokenizer_config.json, no "
+        "chat_template.jinja); prompts are built with one: use an instruct/chat model."
+    )
+
+
+def _check_tokenizer_files_exist(path: Path) -> None:
+    if not (path / "tokenizer_config.json").is_file() and not (path / "tokenizer.json").is_file():
+        raise ModelNotFoundError(f"{str(path)!r} has no tokenizer files (tokenizer.json / tokenizer_config.json).")
 
 
 def _builtin_summary() -> str:
@@ -436,8 +476,7 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
         ValueError: the tokenizer has no chat template (prompts need one).
     """
     path = Path(path).expanduser().resolve()
-    if not (path / "tokenizer_config.json").is_file() and not (path / "tokenizer.json").is_file():
-        raise ModelNotFoundError(f"{str(path)!r} has no tokenizer files (tokenizer.json / tokenizer_config.json).")
+    _check_tokenizer_files_exist(path)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if not tokenizer.chat_template:
         raise ValueError(f"The tokenizer in {str(path)!r} has no chat template; prompts are built with one.")

@@ -9,15 +9,19 @@ Per-token outputs are aligned with `input_ids`: entry t is about generating
 token t (its log-prob under the policy, the entropy of that next-token
 distribution, the critic's value of the prefix before it), and 0 where
 `loss_mask` is 0. Logits are only computed at generated positions, so a long
-prompt never materialises a [B, L, vocab] tensor.
+prompt never materialises a [B, L, vocab] tensor, and only `logit_chunk_size`
+positions at a time: under autograd each chunk's logits are recomputed in
+backward rather than kept (`ScoringConfig`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.apis import InferenceOnlyAPI, ValueFunctionAPI
 from ray.rllib.core.rl_module.torch import TorchRLModule
@@ -34,6 +38,7 @@ TOKEN_ENTROPY = "token_entropy"
 
 CRITIC_KINDS = ("none", "head", "separate")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+AUTOCAST_DTYPES = ("bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +75,39 @@ class LLMModuleConfig:
             )
 
 
+@dataclasses.dataclass(frozen=True)
+class ScoringConfig:
+    """How `forward_train` computes log-probs, entropies and values (set by the learner).
+
+    Args:
+        autocast_dtype: None computes in the parameter dtype; "bfloat16" or
+            "float16" runs the trunk's matmuls under `torch.autocast` on the
+            tensors' device. Parameters, gradients and the optimiser stay in
+            their own dtype, and the LM head and log-softmax always run in
+            float32, so only the trunk's activations are rounded.
+        logit_chunk_size: Generated positions whose [chunk, vocab] logits exist
+            at once; with autograd each chunk is recomputed in backward instead
+            of stored, so logits memory does not grow with the batch.
+    """
+
+    autocast_dtype: str | None = None
+    logit_chunk_size: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.autocast_dtype is not None and self.autocast_dtype not in AUTOCAST_DTYPES:
+            raise ValueError(
+                f"autocast_dtype must be None or one of {AUTOCAST_DTYPES}, got {self.autocast_dtype!r}"
+            )
+        if self.logit_chunk_size < 1:
+            raise ValueError(f"logit_chunk_size must be >= 1, got {self.logit_chunk_size}")
+
+    def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
+        """The autocast context for tensors on `device` (a no-op when autocast_dtype is None)."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=_DTYPES[self.autocast_dtype])
+
+
 class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
     """Policy = the causal LM; critic = value head or separate trunk + head."""
 
@@ -78,6 +116,7 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
         self.llm_config = LLMModuleConfig(**(self.model_config or {}))
         dtype = _DTYPES[self.llm_config.dtype]
         model_path = resolve_model(self.llm_config.model)
+        self.scoring = ScoringConfig()
         self.policy = load_causal_lm(model_path, dtype=dtype)
         if self.llm_config.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
@@ -101,12 +140,17 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
 
     @override(TorchRLModule)
     def _forward_train(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
-        hidden = trunk_hidden(self.policy.base_model, batch)
-        out = score_generated_tokens(
-            self.policy.get_output_embeddings(), hidden, batch, self.llm_config.logit_temperature
-        )
-        if self.has_critic:
-            out[Columns.VF_PREDS] = self.compute_values(batch, embeddings=hidden)
+        with self.scoring.autocast(self.policy.device):
+            hidden = trunk_hidden(self.policy.base_model, batch)
+            out = score_generated_tokens(
+                self.policy.get_output_embeddings(),
+                hidden,
+                batch,
+                self.llm_config.logit_temperature,
+                chunk_size=self.scoring.logit_chunk_size,
+            )
+            if self.has_critic:
+                out[Columns.VF_PREDS] = self.compute_values(batch, embeddings=hidden)
         return out
 
     @override(ValueFunctionAPI)
@@ -157,19 +201,56 @@ def score_generated_tokens(
     temperature: float,
     *,
     with_entropy: bool = True,
+    chunk_size: int = 1024,
 ) -> dict[str, torch.Tensor]:
     """Log-prob (and entropy) of every generated token, [B, L] each.
 
     Logits are computed only at the N positions that predict a generated
-    token, never for the whole [B, L, vocab] grid.
+    token, `chunk_size` positions at a time, in float32 outside any autocast.
+    When autograd records, each chunk is checkpointed: backward recomputes its
+    [chunk, vocab] logits, so they are never all alive at once.
     """
     loss_mask = batch[Columns.LOSS_MASK]
-    logits = lm_head(_select_predicting(hidden, loss_mask)).float() / temperature
+    selected = _select_predicting(hidden, loss_mask)
     labels = batch[INPUT_IDS][:, 1:][loss_mask[:, 1:].bool()]
-    out = {TOKEN_LOGP: _scatter(token_logprobs(logits[None], labels[None])[0], loss_mask)}
+    recompute = torch.is_grad_enabled() and (selected.requires_grad or lm_head.weight.requires_grad)
+    logps, entropies = [], []
+    for start in range(0, selected.shape[0], chunk_size):
+        args = (lm_head, selected[start : start + chunk_size], labels[start : start + chunk_size], temperature)
+        if recompute:
+            logp, entropy = torch.utils.checkpoint.checkpoint(
+                _score_chunk, *args, with_entropy=with_entropy, use_reentrant=False
+            )
+        else:
+            logp, entropy = _score_chunk(*args, with_entropy=with_entropy)
+        logps.append(logp)
+        entropies.append(entropy)
+    out = {TOKEN_LOGP: _scatter(_cat(logps, hidden.device), loss_mask)}
     if with_entropy:
-        out[TOKEN_ENTROPY] = _scatter(entropy_from_logits(logits), loss_mask)
+        out[TOKEN_ENTROPY] = _scatter(_cat(entropies, hidden.device), loss_mask)
     return out
+
+
+def _score_chunk(
+    lm_head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, temperature: float, *, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 log-probs of `labels` [n] and entropies [n] from hidden states [n, H].
+
+    Runs outside autocast: the LM head in the parameter dtype (never a
+    reduced-precision autocast copy) and the log-softmax in float32. Without
+    `with_entropy` the entropies are an empty placeholder.
+    """
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        logits = lm_head(hidden.to(lm_head.weight.dtype)).float() / temperature
+    n = max(logits.shape[0], 1)
+    logp = token_logprobs(logits[None], labels[None], chunk_size=n)[0]
+    entropy = entropy_from_logits(logits, chunk_size=n) if with_entropy else logits.new_empty(0)
+    return logp, entropy
+
+
+def _cat(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Concatenates per-chunk values [n_i] -> [N] (an empty float tensor when there are no chunks)."""
+    return torch.cat(parts) if parts else torch.zeros(0, device=device)
 
 
 def _select_predicting(hidden: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:

@@ -57,8 +57,8 @@ from rllib_ragen.connectors.token_batch import TokenBatch, build_token_batch, tr
 from rllib_ragen.data.parquet import iter_group_episodes, map_to_trajectories
 from rllib_ragen.learner import StarPOTorchLearner
 from rllib_ragen.losses import aggregate_loss
-from rllib_ragen.module import ATTENTION_MASK, INPUT_IDS, TOKEN_ENTROPY, TOKEN_LOGP
-from rllib_ragen.warm_start import response_nll
+from rllib_ragen.advantages import masked_mean
+from rllib_ragen.module import ATTENTION_MASK, INPUT_IDS, TOKEN_ENTROPY, TOKEN_LOGP, score_generated_tokens, trunk_hidden
 
 OBJECTIVES = ("bc", "starpo")
 
@@ -264,3 +264,10 @@ def response_token_nll(
         total += float(response_nll(policy, micro)) * n
         count += n
     return total / max(count, 1)
+
+
+def response_nll(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean negative log-likelihood of the response tokens of `batch` (rows [R, L]) under an HF causal LM."""
+    hidden = trunk_hidden(model.base_model, batch)
+    logp = score_generated_tokens(model.get_output_embeddings(), hidden, batch, 1.0, with_entropy=False)[TOKEN_LOGP]
+    return -masked_mean(logp, batch[Columns.LOSS_MASK])

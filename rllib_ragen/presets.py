@@ -64,7 +64,9 @@ def cpu_preset(env: str) -> StarPOConfig:
             advantage_estimator="gae", rollout_filter_ratio=0.5, mini_batch_size=8, micro_batch_size=2,
             actor_lr=5e-6, critic_lr=1e-4, entropy_coeff=0.001, kl_coeff=0.0,
         )
-        .starpo_evaluation(eval_interval=5, eval_size=16, eval_temperature=0.5)
+        # Every iteration, on the same fixed seeds: the success curve from the
+        # warm-started policy (evaluated before RL by the tuned examples) on.
+        .starpo_evaluation(eval_interval=1, eval_size=64 if budget.get("max_turns") == 1 else 16, eval_temperature=0.5)
         .debugging(seed=0)
     )
 

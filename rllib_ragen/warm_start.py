@@ -2,13 +2,17 @@
 
 Small models (SmolLM2-135M, and of course a random tiny model) almost never
 write `<think>...</think><answer>...</answer>` zero-shot, so RL sees no reward
-signal at all. The warm start fine-tunes on first-turn prompts of the env
-answered with well-formed answers whose actions are valid but drawn uniformly
-at random: afterwards the model follows the format while its choices are still
-random, so any later gain in success is the RL's doing.
+signal at all. The warm start plays the env with a random player
+(`rllib_ragen.data.demonstrations.random_demonstrations`: multi-turn, 1..k valid
+actions per turn drawn uniformly at random, never a solver's choice), writes
+those trajectories to Parquet, and behaviour-clones them through RLlib's offline
+API (`rllib_ragen.offline`: the same `LLMRLModule`, `BCTorchLearner` and
+micro-batching as StarPO). Afterwards the model follows the format while its
+choices are still random, so any later gain in success is the RL's doing.
 
-The result is a model directory cached like the built-in models (built once,
-safe against concurrent builders) and usable wherever a model name is.
+The result is a Hugging Face model directory cached like the built-in models
+(per base model, env and prompt format; built once, safe against concurrent
+builders) and usable wherever a model name is.
 """
 
 from __future__ import annotations
@@ -16,24 +20,27 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
-from ray.rllib.core.columns import Columns
-
-from envs import make_env
-from rllib_ragen.advantages import masked_mean
-from rllib_ragen.connectors.answer_parser import ACTION_SEPARATOR
-from rllib_ragen.connectors.chat_template import ChatTemplate
-from rllib_ragen.connectors.protocol import PromptProtocol, ProtocolConfig
+from rllib_ragen.algorithm import StarPOConfig
+from rllib_ragen.connectors.protocol import ProtocolConfig
+from rllib_ragen.data.demonstrations import RandomPlayConfig, random_demonstrations
+from rllib_ragen.data.parquet import write_trajectories
 from rllib_ragen.env_group import TurnBudget
-from rllib_ragen.module import ATTENTION_MASK, INPUT_IDS, TOKEN_LOGP, score_generated_tokens, trunk_hidden
-from rllib_ragen.models import BuiltinModel, default_cache_dir, load_causal_lm, load_tokenizer, prepare_builtin, resolve_model
+from rllib_ragen.models import BuiltinModel, default_cache_dir, load_tokenizer, prepare_builtin, resolve_model
+from rllib_ragen.offline import OfflineSettings, offline_config
+from rllib_ragen.ray_session import init_ray
 
+
+# Part of the cache key: a change to how the warm start trains must not reuse old results.
+WARM_START_METHOD = "random-play-bc-2"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,17 +48,19 @@ class WarmStartConfig:
     """What the warm start trains on.
 
     Args:
-        env: Registered env whose first-turn prompts are used.
+        env: Registered env that is played.
         env_config: Keyword config of that env.
-        protocol: Prompt settings; must match the later RL run's.
-        budget: Turn budget shown in the prompt; must match the later RL run's.
-        num_examples: Distinct prompts (one env seed each).
-        answers_per_prompt: Random answers trained per prompt; several per
-            prompt teach a spread-out choice instead of one arbitrary answer.
-        epochs: Passes over the examples.
-        batch_size: Examples per optimiser step.
+        protocol: Prompt settings; must match the later RL run's (the cache
+            is per prompt format).
+        budget: Turn budget; must match the later RL run's.
+        num_examples: Distinct initial states (one env seed each).
+        answers_per_prompt: Random trajectories played from each state;
+            several per state teach a spread-out choice instead of one
+            arbitrary answer.
+        epochs: Passes over the trajectories.
+        batch_size: Trajectories per optimiser step.
         lr: AdamW learning rate.
-        seed: Seeds the env instances, the random actions and the shuffling.
+        seed: Seeds the env instances, the random actions and the model.
     """
 
     env: str = "bandit"
@@ -72,98 +81,86 @@ class WarmStartConfig:
         if self.lr <= 0:
             raise ValueError(f"warm start lr must be > 0, got {self.lr}")
 
+    @property
+    def num_steps(self) -> int:
+        """Optimiser steps (behaviour-cloning iterations) over all epochs."""
+        trajectories = self.num_examples * self.answers_per_prompt
+        return self.epochs * -(-trajectories // self.batch_size)
+
     def fingerprint(self, model: str) -> str:
         """A short hash naming the cached result of warm-starting `model` with this config."""
-        payload = json.dumps({"model": model, **dataclasses.asdict(self)}, sort_keys=True, default=str)
+        payload = json.dumps(
+            {"model": model, "method": WARM_START_METHOD, **dataclasses.asdict(self)}, sort_keys=True, default=str
+        )
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
 def warm_start(
     model: str, config: WarmStartConfig, *, cache_dir: str | Path | None = None, progress: bool = False
 ) -> Path:
-    """Returns the directory of `model` warm-started with `config` (built once, then cached)."""
+    """Returns the directory of `model` warm-started with `config` (built once, then cached).
+
+    Needs Ray (the offline data is read with Ray Data); starts it if it is not running.
+    """
     base_path = resolve_model(model, cache_dir=cache_dir, progress=progress)
-    steps = config.epochs * -(-config.num_examples * config.answers_per_prompt // config.batch_size)
     builtin = BuiltinModel(
         name=f"warm-start-{config.fingerprint(str(base_path))}",
         description=f"{model} format-warm-started on {config.env}",
         source=f"{base_path} + format warm start {dataclasses.asdict(config)}",
-        n_steps=steps,
+        n_steps=config.num_steps,
         build=lambda out_dir, report: _train(base_path, config, out_dir, report),
     )
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     return prepare_builtin(builtin, models_dir=root / "models", progress=progress)
 
 
-def format_examples(protocol: PromptProtocol, config: WarmStartConfig) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, response ids) pairs: first-turn prompts, random well-formed answers."""
-    env = make_env(config.env, **config.env_config)
-    rng = np.random.default_rng(config.seed)
-    template = protocol.template
-    examples = []
-    for index in range(config.num_examples):
-        observation, _ = env.reset(seed=config.seed * 1_000_003 + index)
-        prompt = protocol.system_ids + protocol.user_ids(
-            observation, turns_left=config.budget.max_turns, actions_left=config.budget.max_actions_per_traj
+def random_play(tokenizer: Any, config: WarmStartConfig) -> list[MultiAgentEpisode]:
+    """The warm start's data: `answers_per_prompt` random-play trajectories from each of `num_examples` states."""
+    seeds = [config.seed * 1_000_003 + index for index in range(config.num_examples)]
+    return random_demonstrations(tokenizer, RandomPlayConfig(
+        seeds=tuple(seed for seed in seeds for _ in range(config.answers_per_prompt)),
+        env=config.env, env_config=dict(config.env_config), protocol=config.protocol, budget=config.budget,
+        seed=config.seed,
+    ))
+
+
+def behaviour_cloning_config(base_path: Path, config: WarmStartConfig) -> StarPOConfig:
+    """The StarPO config whose offline BC run is the warm start (in-process HF engine, never sampled)."""
+    protocol, budget = config.protocol, config.budget
+    return (
+        StarPOConfig()
+        .environment(config.env, env_config=dict(config.env_config))
+        .llm(model=str(base_path), critic="none", dtype="float32")
+        .rollouts(
+            n_groups=config.batch_size, group_size=1, max_turns=budget.max_turns,
+            max_actions_per_turn=protocol.max_actions_per_turn, max_actions_per_traj=budget.max_actions_per_traj,
+            format_penalty=budget.format_penalty, think=protocol.think, prefill=protocol.prefill,
+            history_window=protocol.history_window,
         )
-        for _ in range(config.answers_per_prompt):
-            count = int(rng.integers(1, config.protocol.max_actions_per_turn + 1))
-            actions = [env.random_action(rng) for _ in range(count)]
-            answer = _answer_text(actions, think=config.protocol.think)
-            response = template.encode(answer[len(config.protocol.prefill_text):]) + [template.eos_token_id]
-            examples.append((prompt, response))
-    return examples
-
-
-def _answer_text(actions: list[str], *, think: bool) -> str:
-    answer = f"<answer>{f' {ACTION_SEPARATOR} '.join(actions)}</answer>"
-    return f"<think>I will try {', '.join(actions)}.</think>{answer}" if think else answer
+        .inference(engine="hf")
+        # Behaviour cloning computes no advantages; a critic-free estimator keeps the config valid without a critic.
+        .training(
+            advantage_estimator="grpo", actor_lr=config.lr, mini_batch_size=config.batch_size,
+            micro_batch_size=min(4, config.batch_size),
+        )
+        .starpo_evaluation(eval_interval=0)
+        .debugging(seed=config.seed)
+    )
 
 
 def _train(base_path: Path, config: WarmStartConfig, out_dir: Path, report: Callable[[str], None]) -> None:
     torch.manual_seed(config.seed)
-    tokenizer = load_tokenizer(base_path)
-    env = make_env(config.env, **config.env_config)
-    protocol = PromptProtocol(
-        ChatTemplate.from_tokenizer(tokenizer),
-        instructions=env.instructions,
-        action_vocabulary=env.action_vocabulary,
-        config=config.protocol,
-    )
-    examples = format_examples(protocol, config)
-    model = load_causal_lm(base_path).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
-    rng = np.random.default_rng(config.seed)
-    for epoch in range(config.epochs):
-        order = rng.permutation(len(examples))
-        for start in range(0, len(order), config.batch_size):
-            batch = [examples[i] for i in order[start : start + config.batch_size]]
-            loss = response_nll(model, _collate(batch, pad_id=tokenizer.pad_token_id or 0))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            report(f"epoch {epoch + 1} loss {loss.item():.3f}")
-    model.eval().save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
-
-
-def response_nll(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean negative log-likelihood of the response tokens (logits only where needed)."""
-    hidden = trunk_hidden(model.base_model, batch)
-    logp = score_generated_tokens(model.get_output_embeddings(), hidden, batch, 1.0, with_entropy=False)[TOKEN_LOGP]
-    return -masked_mean(logp, batch[Columns.LOSS_MASK])
-
-
-def _collate(batch: list[tuple[list[int], list[int]]], *, pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded token rows whose loss mask marks the responses."""
-    length = max(len(p) + len(r) for p, r in batch)
-    input_ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
-    loss_mask = torch.zeros((len(batch), length), dtype=torch.long)
-    attention = torch.zeros((len(batch), length), dtype=torch.long)
-    for row, (prompt, response) in enumerate(batch):
-        ids = prompt + response
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        loss_mask[row, len(prompt) : len(ids)] = 1
-        attention[row, : len(ids)] = 1
-    return {INPUT_IDS: input_ids, ATTENTION_MASK: attention, Columns.LOSS_MASK: loss_mask}
+    init_ray()
+    episodes = random_play(load_tokenizer(base_path), config)
+    with tempfile.TemporaryDirectory(prefix="warm-start-") as data_dir:
+        data = Path(data_dir) / "random_play.parquet"
+        write_trajectories(episodes, data, env=config.env, env_config=config.env_config)
+        bc = offline_config(behaviour_cloning_config(base_path, config), OfflineSettings(str(data), objective="bc"))
+        algo = bc.build_algo()
+        try:
+            for step in range(config.num_steps):
+                nll = algo.train()["learners"][DEFAULT_MODULE_ID]["bc_nll"]
+                report(f"step {step + 1}/{config.num_steps} answer NLL {nll:.3f}")
+            algo.export_policy(out_dir)
+        finally:
+            algo.stop()

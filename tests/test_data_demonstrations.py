@@ -113,7 +113,7 @@ def test_demonstration_prompts_are_the_runners_prompts(demos, tiny_model_path):
 
 def test_answer_ends_with_the_end_of_turn_token(tiny_tokenizer):
     protocol = _protocol(tiny_tokenizer)
-    ids = demonstration_response(protocol, ["Up", "Left"], ["Up", "Left", "Down"])
+    ids = demonstration_response(protocol, ["Up", "Left"], "Shortest plan from here: Up, Left, Down.")
     assert ids[-1] == protocol.template.eos_token_id
     text, parsed = protocol.parse(ids)
     assert text.startswith("<think>Shortest plan from here: Up, Left, Down.</think>")

@@ -1,8 +1,20 @@
 """EnvGroup: a StarPO group as an RLlib MultiAgentEnv over real text envs."""
 
+import math
+import threading
+import time
+
+import numpy as np
 import pytest
 
-from rllib_ragen.env_group import EnvGroup, TurnBudget
+from rllib_ragen.env_group import (
+    EnvFault,
+    EnvGroup,
+    TurnBudget,
+    call_with_timeout,
+    check_reset_result,
+    check_step_result,
+)
 
 
 def test_group_members_share_the_initial_state():
@@ -61,3 +73,59 @@ def test_budget_validation():
         TurnBudget(format_penalty=0.5)
     with pytest.raises(ValueError, match="max_turns"):
         TurnBudget(max_turns=0)
+
+
+@pytest.mark.parametrize(
+    "result",
+    [("s", 1.0, False, False, {}), ("s", np.float32(-0.5), np.bool_(True), False, {"x": 1}), ("", 0, False, True, {})],
+)
+def test_well_formed_step_results_pass_as_plain_python(result):
+    observation, reward, terminated, truncated, info = check_step_result(result)
+    assert (observation, reward, terminated, truncated, info) == tuple(result)
+    assert type(reward) is float and type(terminated) is bool and type(truncated) is bool
+
+
+@pytest.mark.parametrize(
+    "result,message",
+    [
+        (("s", 1.0, False, {}), "a tuple of 4"),
+        (["s", 1.0, False, False, {}], "a list"),
+        ((b"s", 1.0, False, False, {}), "observation is a bytes"),
+        (("s", math.nan, False, False, {}), "reward nan"),
+        (("s", math.inf, False, False, {}), "reward inf"),
+        (("s", "1", False, False, {}), "reward '1'"),
+        (("s", True, False, False, {}), "reward True"),
+        (("s", 1.0, 0, False, {}), "terminated=0, not a bool"),
+        (("s", 1.0, False, None, {}), "truncated=None"),
+        (("s", 1.0, False, False, None), "info of type NoneType"),
+    ],
+)
+def test_malformed_step_results_are_env_faults(result, message):
+    with pytest.raises(EnvFault, match=message):
+        check_step_result(result)
+
+
+def test_reset_results_are_checked():
+    assert check_reset_result(("s", {})) == ("s", {})
+    with pytest.raises(EnvFault, match="not \\(observation, info\\)"):
+        check_reset_result("s")
+    with pytest.raises(EnvFault, match="observation is a int"):
+        check_reset_result((3, {}))
+
+
+def test_call_with_timeout_returns_raises_or_abandons():
+    assert call_with_timeout(lambda: 7, None) == 7
+    assert call_with_timeout(lambda: 7, 1.0) == 7
+    with pytest.raises(ZeroDivisionError):
+        call_with_timeout(lambda: 1 / 0, 1.0)
+    release = threading.Event()
+    began = time.perf_counter()
+    with pytest.raises(EnvFault, match="did not return within 0.2 s"):
+        call_with_timeout(lambda: release.wait(30), 0.2)
+    assert 0.2 <= time.perf_counter() - began < 2
+    release.set()
+
+
+def test_step_timeout_must_be_positive():
+    with pytest.raises(ValueError, match="step_timeout_s"):
+        EnvGroup("sokoban", group_size=1, budget=TurnBudget(), step_timeout_s=0)

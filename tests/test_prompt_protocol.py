@@ -2,6 +2,7 @@
 
 import pytest
 
+from rllib_ragen.connectors.chat_template import ChatTemplate
 from rllib_ragen.connectors.protocol import PromptProtocol, ProtocolConfig, feedback_for
 from rllib_ragen.connectors.token_history import TokenHistory
 
@@ -145,3 +146,15 @@ def test_smollm2_answers_a_sokoban_prompt():
     print(repr(text), parsed)
     assert len(completion.token_ids) > 3 and sum(c.isalpha() for c in text) > 10
     assert all(lp <= 0.0 for lp in completion.logprobs)
+
+
+def test_a_single_choice_env_gets_a_format_example_that_names_no_action(tiny_tokenizer):
+    from envs import make_env
+
+    env = make_env("bandit")
+    protocol = PromptProtocol(
+        ChatTemplate.from_tokenizer(tiny_tokenizer), instructions=env.instructions,
+        action_vocabulary=env.action_vocabulary, config=ProtocolConfig(max_actions_per_turn=1, think=False),
+    )
+    format_line = protocol.system_text.splitlines()[-1]
+    assert format_line == "Always answer in the format <answer>your action</answer>"

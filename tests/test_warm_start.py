@@ -1,67 +1,102 @@
-"""The format warm start: random well-formed answers, then a model that follows the format."""
+"""The format warm start: random multi-turn play, behaviour-cloned through RLlib, then a model that follows the format."""
 
+import numpy as np
+import pytest
 import torch
 
+from envs import make_env
 from rllib_ragen.connectors.chat_template import ChatTemplate
 from rllib_ragen.connectors.protocol import PromptProtocol, ProtocolConfig
+from rllib_ragen.connectors.token_batch import SYSTEM_IDS, USER_IDS
+from rllib_ragen.data.convert import RESPONSE_TEXT
 from rllib_ragen.env_group import TurnBudget
 from rllib_ragen.models import load_causal_lm, load_tokenizer
-from rllib_ragen.warm_start import WarmStartConfig, format_examples, warm_start
+from rllib_ragen.warm_start import WarmStartConfig, random_play, warm_start
 
+AGENT = "traj_0"
 PROTOCOL = ProtocolConfig(max_actions_per_turn=3, think=True)
 
 
-def _protocol(tokenizer, env):
+def _protocol(tokenizer, env_name, protocol_config):
+    env = make_env(env_name)
     return PromptProtocol(
         ChatTemplate.from_tokenizer(tokenizer), instructions=env.instructions,
-        action_vocabulary=env.action_vocabulary, config=PROTOCOL,
+        action_vocabulary=env.action_vocabulary, config=protocol_config,
     )
 
 
-def test_examples_are_well_formed_random_and_parse_back(tiny_tokenizer):
-    from envs import make_env
+def test_random_play_is_multi_turn_well_formed_and_random(tiny_tokenizer):
+    budget = TurnBudget(max_turns=3, max_actions_per_traj=9)
+    config = WarmStartConfig(env="sokoban", protocol=PROTOCOL, budget=budget, num_examples=20, answers_per_prompt=2)
+    episodes = random_play(tiny_tokenizer, config)
+    assert len(episodes) == 40
+    protocol = _protocol(tiny_tokenizer, "sokoban", PROTOCOL)
+    chosen, turns = [], []
+    for episode in episodes:
+        trajectory = episode.agent_episodes[AGENT]
+        turns.append(len(trajectory))
+        for t in range(len(trajectory)):
+            response = trajectory.get_actions(t).tolist()
+            assert response[-1] == protocol.template.eos_token_id
+            text, parsed = protocol.parse(response)
+            assert text == trajectory.get_infos(t + 1)[RESPONSE_TEXT]
+            assert parsed.format_ok and 1 <= len(parsed.actions) <= 3 and not parsed.invalid_actions
+            chosen.extend(parsed.actions)
+    # Multi-turn: rooms are rarely solved by chance, so most trajectories use the whole turn budget.
+    assert max(turns) == 3 and np.mean(turns) > 2
+    # Random, not one fixed answer: every move shows up, none dominates.
+    counts = {a: chosen.count(a) for a in ("Up", "Down", "Left", "Right")}
+    assert min(counts.values()) > 0.15 * len(chosen), counts
+    # Two trajectories per initial state, played differently.
+    assert episodes[0].agent_episodes[AGENT].get_infos(0)["seed"] == episodes[1].agent_episodes[AGENT].get_infos(0)["seed"]
 
-    env = make_env("sokoban")
-    protocol = _protocol(tiny_tokenizer, env)
-    examples = format_examples(protocol, WarmStartConfig(env="sokoban", protocol=PROTOCOL, num_examples=40))
-    chosen = []
-    for prompt, response in examples:
-        assert prompt[: len(protocol.system_ids)] == protocol.system_ids
-        assert response[-1] == protocol.template.eos_token_id
-        _, parsed = protocol.parse(response)
-        assert parsed.format_ok and 1 <= len(parsed.actions) <= 3 and not parsed.invalid_actions
-        chosen.extend(parsed.actions)
-    # Random, not a fixed answer: every action shows up.
-    assert set(chosen) == {"Up", "Down", "Left", "Right"}
+
+def _first_prompts(episodes):
+    prompts = []
+    for episode in episodes:
+        trajectory = episode.agent_episodes[AGENT]
+        prompts.append(list(trajectory.get_infos(0)[SYSTEM_IDS]) + trajectory.get_extra_model_outputs(USER_IDS, 0).tolist())
+    return prompts
 
 
-def test_warm_start_teaches_the_format_and_is_cached(tiny_model_path, tmp_path):
+def _valid_ratio(lm, prompts, protocol, *, samples=4):
+    torch.manual_seed(0)
+    valid = 0
+    for prompt in prompts:
+        ids = torch.tensor([prompt] * samples)
+        out = lm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=True,
+                          eos_token_id=protocol.template.eos_token_id, pad_token_id=protocol.template.eos_token_id)
+        valid += sum(protocol.parse(row[len(prompt):].tolist())[1].has_valid_action for row in out)
+    return valid / (samples * len(prompts))
+
+
+def test_warm_start_teaches_the_format_through_rllib_and_is_cached(tiny_model_path, tmp_path):
     protocol = ProtocolConfig(max_actions_per_turn=1, think=False, prefill=True)
+    budget = TurnBudget(max_turns=1, max_actions_per_traj=1)
     config = WarmStartConfig(
-        env="bandit", protocol=protocol, budget=TurnBudget(max_turns=1, max_actions_per_traj=1),
-        num_examples=64, answers_per_prompt=4, epochs=4, batch_size=8, lr=3e-3,
+        env="bandit", protocol=protocol, budget=budget, num_examples=64, answers_per_prompt=2, epochs=3,
+        batch_size=16, lr=3e-3,
     )
     path = warm_start(str(tiny_model_path), config, cache_dir=tmp_path)
-    assert warm_start(str(tiny_model_path), config, cache_dir=tmp_path) == path  # built once
-    from envs import make_env
-
-    env = make_env("bandit")
+    built = sorted(p.name for p in (tmp_path / "models").iterdir())
+    assert warm_start(str(tiny_model_path), config, cache_dir=tmp_path) == path  # built once, then reused
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == built
     tokenizer = load_tokenizer(path)
-    proto = PromptProtocol(
-        ChatTemplate.from_tokenizer(tokenizer), instructions=env.instructions,
-        action_vocabulary=env.action_vocabulary, config=protocol,
-    )
-    held_out = format_examples(proto, WarmStartConfig(env="bandit", protocol=protocol, num_examples=8, seed=99))
-    model, base = load_causal_lm(path), load_causal_lm(tiny_model_path)
-    torch.manual_seed(0)
+    proto = _protocol(tokenizer, "bandit", protocol)
+    held_out = _first_prompts(random_play(tokenizer, WarmStartConfig(env="bandit", protocol=protocol, budget=budget,
+                                                                     num_examples=8, seed=99)))
+    assert _valid_ratio(load_causal_lm(tiny_model_path), held_out, proto) == 0.0
+    assert _valid_ratio(load_causal_lm(path), held_out, proto) >= 0.8
 
-    def valid_ratio(lm):
-        valid = 0
-        for prompt, _ in held_out:
-            ids = torch.tensor([prompt] * 4)
-            out = lm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=True, eos_token_id=2, pad_token_id=2)
-            valid += sum(proto.parse(row[len(prompt):].tolist())[1].has_valid_action for row in out)
-        return valid / (4 * len(held_out))
 
-    assert valid_ratio(base) == 0.0
-    assert valid_ratio(model) >= 0.8
+def test_the_cache_key_depends_on_model_and_prompt_format():
+    config = WarmStartConfig(env="bandit")
+    assert config.fingerprint("a") != config.fingerprint("b")
+    assert config.fingerprint("a") != WarmStartConfig(env="bandit", protocol=ProtocolConfig(think=False)).fingerprint("a")
+    assert config.fingerprint("a") == WarmStartConfig(env="bandit").fingerprint("a")
+
+
+@pytest.mark.parametrize("field", ["num_examples", "answers_per_prompt", "epochs", "batch_size"])
+def test_bad_sizes_are_refused_by_name(field):
+    with pytest.raises(ValueError, match=field):
+        WarmStartConfig(**{field: 0})

@@ -76,12 +76,12 @@ def make_config(args: argparse.Namespace):
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import ray
 
     from rllib_ragen.data.demonstrations import DemonstrationConfig, solver_demonstrations
     from rllib_ragen.data.parquet import write_trajectories
     from rllib_ragen.models import load_tokenizer, resolve_model
     from rllib_ragen.offline import OfflineSettings, learner_nll, offline_config
+    from rllib_ragen.ray_session import init_ray
 
     config, demo_seeds = make_config(args)
     demo_config = DemonstrationConfig(
@@ -96,10 +96,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"{len(demos)} demonstrations ({len(demo_seeds)} rooms tried) -> {path}")
 
     offline_config(config, OfflineSettings(str(path), objective=args.objective))
-    if not ray.is_initialized():
-        # Ray Data's workers map the Parquet rows: they import rllib_ragen from this checkout.
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    init_ray()  # Ray Data's workers map the Parquet rows: they import rllib_ragen from this checkout
     algo = config.build_algo()
     try:
         before = {"nll": learner_nll(algo, demos), "success": algo.evaluate_fixed_seeds()["success_rate"]}

@@ -22,15 +22,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import pandas as pd  # noqa: E402
-import ray  # noqa: E402
 
 from rllib_ragen.experiment import (  # noqa: E402
     add_config_flags,
     add_tracking_flags,
-    apply_warm_start,
+    choose_starting_model,
     config_from_args,
     mlflow_settings,
 )
+from rllib_ragen.ray_session import init_ray  # noqa: E402
 from rllib_ragen.sweep import DEFAULT_GRID, DEFAULT_METRIC, SCHEDULERS, SweepConfig, parse_grid, run_sweep  # noqa: E402
 
 
@@ -63,14 +63,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         storage_path=str(Path(args.storage_path).resolve()) if args.storage_path else None, name=args.name,
     )
     settings = mlflow_settings(args)
-    if not args.no_warm_start:  # once, in the driver: every trial loads the same cached model
-        apply_warm_start(config, num_examples=args.warm_start_examples)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if not ray.is_initialized():
-        # A local Ray started here inherits this environment: its trial actors
-        # then import rllib_ragen from this checkout wherever the sweep started.
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        ray.init(include_dashboard=False, configure_logging=False)
+    init_ray(log_to_driver=True)
+    choose_starting_model(config, args)  # once, in the driver: every trial loads the same cached model
     print(f"sweeping {sweep.num_trials} trials of {config.env} over {grid}; MLflow: {settings.tracking_uri} "
           f"experiment {settings.experiment}")
     _, table = run_sweep(config, sweep, settings)

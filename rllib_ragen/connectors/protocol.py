@@ -139,9 +139,11 @@ def feedback_for(parsed: ParsedAnswer) -> str | None:
 
 
 def _example_answer(vocabulary: Sequence[str] | None, max_actions: int) -> str:
-    if not vocabulary:
-        return "your answer"
-    return f" {ACTION_SEPARATOR} ".join(vocabulary[: min(2, max_actions)])
+    # With one action per turn the example would *be* a choice (the Bandit's
+    # first arm, say), and small models copy it: a placeholder biases nothing.
+    if not vocabulary or max_actions == 1:
+        return "your action"
+    return f" {ACTION_SEPARATOR} ".join(vocabulary[:2])
 
 
 def summarize(parsed: ParsedAnswer) -> dict[str, Any]:

@@ -1,15 +1,21 @@
-"""Sokoban solver demonstrations, played through the same prompt protocol as a rollout.
+"""Demonstrations played through the same prompt protocol as a rollout.
 
-For each seed, the breadth-first solver (`envs.sokoban_solver.solve`) finds a
-shortest plan; the plan is cut into turns of at most `max_actions_per_turn`
-actions, and each turn's "response" is a well-formed answer
+Two players answer every turn with a well-formed answer:
 
-    <think>Shortest plan from here: Up, Left, Down.</think><answer>Up || Left</answer>
+- the Sokoban solver (`solver_demonstrations`): a breadth-first shortest plan,
+  cut into turns of at most `max_actions_per_turn` actions,
 
-tokenised like a sampled one (prefill left out, end-of-turn token appended).
-Prompts, rewards, feedback and budgets come from the very `PromptProtocol` and
-`EnvGroup` an `LLMEnvRunner` uses, so a demonstration episode is laid out
-exactly like a rollout episode (group size 1) and trains the same token rows.
+      <think>Shortest plan from here: Up, Left, Down.</think><answer>Up || Left</answer>
+
+- a random player (`random_demonstrations`, any env): 1..`max_actions_per_turn`
+  valid actions drawn at random each turn (`TextEnv.random_action`). This is the
+  data of the format warm start: it teaches the answer format, never the task.
+
+Each answer is tokenised like a sampled one (prefill left out, end-of-turn token
+appended). Prompts, rewards, feedback and budgets come from the very
+`PromptProtocol` and `EnvGroup` an `LLMEnvRunner` uses, so a demonstration
+episode is laid out exactly like a rollout episode (group size 1) and trains
+the same token rows.
 
 Nobody sampled these tokens, so their sampling log-probs are unknown: the
 episodes hold NaN there and the stored rows hold a null `sampling_logp`.
@@ -18,6 +24,7 @@ episodes hold NaN there and the stored rows hold a null `sampling_logp`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -80,41 +87,112 @@ def solver_demonstrations(tokenizer: Any, config: DemonstrationConfig) -> list[M
         tokenizer: The tokenizer of the model that will train on the demonstrations.
         config: Seeds, env, protocol and budget.
     """
-    group = EnvGroup(config.env, config.env_config, group_size=1, budget=config.budget)
-    protocol = PromptProtocol(
-        ChatTemplate.from_tokenizer(tokenizer),
-        instructions=group.template_env.instructions,
-        action_vocabulary=group.template_env.action_vocabulary,
-        config=config.protocol,
-    )
+    group, protocol = _group_and_protocol(tokenizer, config.env, config.env_config, config.protocol, config.budget)
     episodes = []
     for seed in config.seeds:
         observations, infos = group.reset(seed=seed)
         plan = solve(group.template_env, max_states=config.max_states)
         if not plan or len(plan) > config.max_plan_length:
             continue
-        episode = MultiAgentEpisode(agent_module_ids={AGENT: DEFAULT_MODULE_ID})
-        reset_info = {**infos[AGENT], SYSTEM_IDS: protocol.system_ids, GROUP_ID: len(episodes)}
-        episode.add_env_reset(observations=observations, infos={AGENT: reset_info})
-        _play(group, protocol, episode, observations[AGENT], plan, config.budget)
-        episodes.append(episode)
+        turns = iter(range(0, len(plan), config.protocol.max_actions_per_turn))
+
+        def next_turn(_env, turns=turns, plan=plan) -> Turn:
+            start = next(turns)
+            chunk = plan[start : start + config.protocol.max_actions_per_turn]
+            return Turn(chunk, f"Shortest plan from here: {', '.join(plan[start:])}.")
+
+        episodes.append(_play(group, protocol, (observations, infos), next_turn, group_id=len(episodes)))
     return episodes
 
 
+@dataclasses.dataclass(frozen=True)
+class RandomPlayConfig:
+    """Random-play demonstrations; protocol and budget must match the run that trains on them.
+
+    Args:
+        seeds: Env seeds (initial states); a seed may repeat to get several
+            random trajectories from one state.
+        env: Any registered env (free-form envs must override `random_action`).
+        env_config: Keyword config of that env.
+        protocol: Prompt settings (think mode, prefill, actions per turn).
+        budget: Turn and action budget.
+        seed: Seeds the random choices.
+    """
+
+    seeds: tuple[int, ...]
+    env: str = "bandit"
+    env_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    protocol: ProtocolConfig = ProtocolConfig()
+    budget: TurnBudget = TurnBudget()
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
+        if not self.seeds:
+            raise ValueError("seeds must name at least one env seed")
+
+
+def random_demonstrations(tokenizer: Any, config: RandomPlayConfig) -> list[MultiAgentEpisode]:
+    """One single-trajectory group episode per seed, played with random valid actions to the end.
+
+    Each turn takes 1..`max_actions_per_turn` actions and thinks "I will try
+    <actions>." The episode ends when the env or the turn budget ends it.
+    """
+    group, protocol = _group_and_protocol(tokenizer, config.env, config.env_config, config.protocol, config.budget)
+    rng = np.random.default_rng(config.seed)
+
+    def next_turn(env) -> Turn:
+        count = int(rng.integers(1, config.protocol.max_actions_per_turn + 1))
+        actions = [env.random_action(rng) for _ in range(count)]
+        return Turn(actions, f"I will try {', '.join(actions)}.")
+
+    return [
+        _play(group, protocol, group.reset(seed=seed), next_turn, group_id=index)
+        for index, seed in enumerate(config.seeds)
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Turn:
+    """One demonstrated answer: the actions and the thought written before them."""
+
+    actions: list[str]
+    thought: str
+
+
+def _group_and_protocol(
+    tokenizer: Any, env: str, env_config: dict[str, Any], protocol_config: ProtocolConfig, budget: TurnBudget
+) -> tuple[EnvGroup, PromptProtocol]:
+    group = EnvGroup(env, env_config, group_size=1, budget=budget)
+    protocol = PromptProtocol(
+        ChatTemplate.from_tokenizer(tokenizer),
+        instructions=group.template_env.instructions,
+        action_vocabulary=group.template_env.action_vocabulary,
+        config=protocol_config,
+    )
+    return group, protocol
+
+
 def _play(
-    group: EnvGroup, protocol: PromptProtocol, episode: MultiAgentEpisode, observation: str,
-    plan: list[str], budget: TurnBudget,
-) -> None:
-    """Answers turn by turn with the next chunk of the plan until the env ends the episode."""
-    user_ids = protocol.user_ids(observation, turns_left=budget.max_turns, actions_left=budget.max_actions_per_traj)
-    step = protocol.config.max_actions_per_turn
-    for start in range(0, len(plan), step):
-        chunk = plan[start : start + step]
-        response_ids = demonstration_response(protocol, chunk, plan[start:])
+    group: EnvGroup, protocol: PromptProtocol, reset: tuple[dict, dict], next_turn: Callable[[Any], Turn],
+    *, group_id: int,
+) -> MultiAgentEpisode:
+    """Answers turn by turn with `next_turn(env)` until the env or the budget ends the episode."""
+    observations, infos = reset
+    budget = group.budget
+    episode = MultiAgentEpisode(agent_module_ids={AGENT: DEFAULT_MODULE_ID})
+    reset_info = {**infos[AGENT], SYSTEM_IDS: protocol.system_ids, GROUP_ID: group_id}
+    episode.add_env_reset(observations=observations, infos={AGENT: reset_info})
+    user_ids = protocol.user_ids(
+        observations[AGENT], turns_left=budget.max_turns, actions_left=budget.max_actions_per_traj
+    )
+    while True:
+        turn = next_turn(group.template_env)
+        response_ids = demonstration_response(protocol, turn.actions, turn.thought)
         text, parsed = protocol.parse(response_ids)
-        if list(parsed.actions) != chunk:
-            raise RuntimeError(f"the tokenised answer {text!r} parses to {list(parsed.actions)}, not {chunk}")
-        observations, rewards, terminateds, truncateds, infos = group.step({AGENT: chunk})
+        if list(parsed.actions) != turn.actions:
+            raise RuntimeError(f"the tokenised answer {text!r} parses to {list(parsed.actions)}, not {turn.actions}")
+        observations, rewards, terminateds, truncateds, infos = group.step({AGENT: turn.actions})
         info = {**infos[AGENT], RESPONSE_TEXT: text, "format_ok": parsed.format_ok,
                 "parsed_actions": list(parsed.actions), "finish_reason": "stop"}
         episode.add_env_step(
@@ -131,14 +209,14 @@ def _play(
             }},
         )
         if terminateds[AGENT] or truncateds[AGENT]:
-            return
+            return episode
         user_ids = protocol.user_ids(
             observations[AGENT], reward=rewards[AGENT], feedback=feedback_for(parsed),
             turns_left=info["turns_left"], actions_left=info["actions_left"],
         )
 
 
-def demonstration_response(protocol: PromptProtocol, actions: list[str], remaining_plan: list[str]) -> list[int]:
+def demonstration_response(protocol: PromptProtocol, actions: list[str], thought: str) -> list[int]:
     """Token ids of a well-formed answer taking `actions`, as the model would generate them.
 
     The prefill (if any) is already in the prompt, so it is left out; the
@@ -146,6 +224,6 @@ def demonstration_response(protocol: PromptProtocol, actions: list[str], remaini
     """
     answer = f"<answer>{f' {ACTION_SEPARATOR} '.join(actions)}</answer>"
     if protocol.config.think:
-        answer = f"<think>Shortest plan from here: {', '.join(remaining_plan)}.</think>{answer}"
+        answer = f"<think>{thought}</think>{answer}"
     template = protocol.template
     return template.encode(answer[len(protocol.config.prefill_text):]) + [template.eos_token_id]

@@ -1,0 +1,265 @@
+"""Faults in the rollout: an env that raises, hangs or returns garbage ends only
+its own trajectories (logged with env and seed, counted in `env_errors`) while
+the rest of the batch goes on; prompts that outgrow the model are truncated
+and counted; the rollout timing splits engine, env and prompt-building time.
+
+The policy is the real tiny-random model in the real HF engine, made to
+always give one well-formed answer (`ForcedAnswerEngine`): a random model
+almost never writes `<answer>...</answer>`, and only parsed actions reach the
+env. Its log-probs are the engine's own scores of that answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+from ray.rllib.core import DEFAULT_MODULE_ID
+
+from envs import register_env
+from envs.base import TextEnv
+from rllib_ragen.algorithm import StarPOConfig
+from rllib_ragen.connectors.token_batch import trajectories_from_episodes
+from rllib_ragen.env_group import EnvGroup, TurnBudget
+from rllib_ragen.env_runner import LLMEnvRunner
+from rllib_ragen.inference.engine import Completion, InferenceEngine, SamplingParams
+
+TIMEOUT_S = 0.3
+FIRST_SEED = 10_000  # even: faulty group; FIRST_SEED + 1 is odd: healthy group
+RELEASE = threading.Event()  # lets abandoned hung calls finish at the end of the module
+
+
+class FaultyEnv(TextEnv):
+    """Any action moves one step (+1 reward); the episode ends after 3 steps.
+
+    With an even seed it fails in the way `fault` names; odd seeds are healthy.
+    """
+
+    FAULTS = ("none", "raise_step", "hang_step", "nan_reward", "bad_obs", "wrong_tuple", "raise_reset", "hang_reset")
+
+    def __init__(self, *, fault: str = "none") -> None:
+        super().__init__()
+        assert fault in self.FAULTS, fault
+        self.fault, self.faulty, self.position = fault, False, 0
+
+    @property
+    def instructions(self) -> str:
+        return "Write any action."
+
+    def _reset(self, rng: np.random.Generator, options: dict[str, Any]) -> dict[str, Any]:
+        self.faulty, self.position = self.np_random_seed % 2 == 0, 0
+        if self.faulty and self.fault == "raise_reset":
+            raise RuntimeError("reset exploded")
+        if self.faulty and self.fault == "hang_reset":
+            RELEASE.wait(60)
+        return {}
+
+    def step(self, action: str):
+        if self.faulty and self.fault == "bad_obs":
+            return None, 0.0, False, False, {}
+        if self.faulty and self.fault == "wrong_tuple":
+            return "state", 0.0, False, {}
+        return super().step(action)
+
+    def _step(self, action: str) -> tuple[float, bool, bool, dict[str, Any]]:
+        if self.faulty and self.fault == "raise_step":
+            raise RuntimeError("step exploded")
+        if self.faulty and self.fault == "hang_step":
+            RELEASE.wait(60)
+        self.position += 1
+        reward = math.nan if self.faulty and self.fault == "nan_reward" else 1.0
+        return reward, self.position >= 3, False, {"success": self.position >= 3}
+
+    def render_text(self) -> str:
+        return f"You are at position {self.position}."
+
+
+class ForcedAnswerEngine(InferenceEngine):
+    """A policy that always answers `answer_ids`, scored by a real engine (log-probs at temperature 1)."""
+
+    def __init__(self, engine: InferenceEngine, answer_ids: list[int]) -> None:
+        self.engine, self.answer_ids = engine, list(answer_ids)
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        logprobs = self.engine.score(prompts, [self.answer_ids] * len(prompts))
+        return [Completion(list(self.answer_ids), list(lp), "stop") for lp in logprobs]
+
+    def score(self, prompts, continuations):
+        return self.engine.score(prompts, continuations)
+
+    def update_weights(self, state_dict) -> None:
+        self.engine.update_weights(state_dict)
+
+    def health(self) -> dict:
+        return self.engine.health()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def faulty_env():
+    register_env("faulty", FaultyEnv, overwrite=True)
+    yield
+    RELEASE.set()
+
+
+def faulty_config(model_path, fault: str, **rollouts) -> StarPOConfig:
+    settings = dict(n_groups=2, group_size=2, max_turns=2, max_actions_per_turn=1, response_length=16,
+                    train_seed_start=FIRST_SEED + 1, env_step_timeout_s=TIMEOUT_S)
+    settings.update(rollouts)
+    return (
+        StarPOConfig()
+        .environment("faulty", env_config={"fault": fault})
+        .llm(model=str(model_path), critic="head")
+        .rollouts(**settings)
+        .inference(engine="hf")
+        .training(mini_batch_size=2, micro_batch_size=2, rollout_filter_ratio=1.0, actor_lr=1e-3, critic_lr=1e-3)
+        .debugging(seed=0)
+    )
+
+
+def forced_runner(config: StarPOConfig, tokenizer) -> LLMEnvRunner:
+    runner = LLMEnvRunner(config=config)
+    answer = tokenizer.encode("<think>ok</think><answer>go</answer>", add_special_tokens=False)
+    runner.engine = ForcedAnswerEngine(runner.engine, answer + [runner.protocol.stop_token_ids[0]])
+    return runner
+
+
+def last_infos(episode) -> dict[str, dict]:
+    return {agent: e.get_infos()[-1] for agent, e in episode.agent_episodes.items()}
+
+
+@pytest.mark.parametrize(
+    "fault,message",
+    [
+        ("raise_step", "RuntimeError: step exploded"),
+        ("hang_step", f"did not return within {TIMEOUT_S:g} s"),
+        ("nan_reward", "reward nan, not a finite number"),
+        ("bad_obs", "observation is a NoneType, not a str"),
+        ("wrong_tuple", "step returned a tuple of 4"),
+    ],
+)
+def test_faulty_step_ends_its_trajectories_and_the_batch_goes_on(
+    tiny_model_path, tiny_tokenizer, caplog, fault, message
+):
+    runner = forced_runner(faulty_config(tiny_model_path, fault), tiny_tokenizer)
+    try:
+        with caplog.at_level(logging.WARNING, logger="rllib_ragen.env_group"):
+            faulty, healthy = runner.sample(seeds=[FIRST_SEED, FIRST_SEED + 1])
+        metrics = runner.get_metrics()
+        timing = runner.last_rollout_timing
+    finally:
+        runner.stop()
+    # The faulty group: one turn each, truncated, error recorded, reward 0 (finite).
+    for agent_episode in faulty.agent_episodes.values():
+        assert len(agent_episode) == 1 and agent_episode.is_truncated
+        assert list(agent_episode.get_rewards()) == [0.0]
+    assert all(message in info["env_error"] for info in last_infos(faulty).values())
+    # The healthy group: both turns played, +1 per step, no error.
+    for agent_episode in healthy.agent_episodes.values():
+        assert len(agent_episode) == 2 and list(agent_episode.get_rewards()) == [1.0, 1.0]
+    assert not any("env_error" in info for info in last_infos(healthy).values())
+    assert metrics["env_errors"] == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and all(f"'faulty' (seed {FIRST_SEED}" in w and message in w for w in warnings)
+    # A hung step is abandoned after the timeout, and that time counts as env time.
+    if fault == "hang_step":
+        assert timing["env_step_s"] >= 2 * TIMEOUT_S
+    assert len(trajectories_from_episodes([faulty, healthy], history_window=None)) == 4
+
+
+@pytest.mark.parametrize(
+    "fault,message", [("raise_reset", "RuntimeError: reset exploded"), ("hang_reset", "did not return within")]
+)
+def test_faulty_reset_leaves_its_group_out(tiny_model_path, tiny_tokenizer, caplog, fault, message):
+    runner = forced_runner(faulty_config(tiny_model_path, fault), tiny_tokenizer)
+    try:
+        with caplog.at_level(logging.WARNING, logger="rllib_ragen.env_group"):
+            episodes = runner.sample(seeds=[FIRST_SEED, FIRST_SEED + 1])
+        assert runner.get_metrics()["env_errors"] == 2
+        assert [e.get_infos(0)["traj_0"]["seed"] for e in episodes] == [FIRST_SEED + 1]
+        assert sum("reset" in r.getMessage() and message in r.getMessage() for r in caplog.records) == 2
+        with pytest.raises(RuntimeError, match=r"no group of env 'faulty' could start .*reset exploded|did not return"):
+            runner.sample(seeds=[FIRST_SEED, FIRST_SEED + 2])
+    finally:
+        runner.stop()
+
+
+def test_one_faulty_member_does_not_stop_its_group():
+    group = EnvGroup(
+        "faulty", {"fault": "none"}, group_size=3, budget=TurnBudget(max_turns=3), step_timeout_s=TIMEOUT_S
+    )
+    group.envs[1] = FaultyEnv(fault="raise_step")
+    group.reset(seed=FIRST_SEED)
+    _, rewards, terminateds, truncateds, infos = group.step({a: ["go"] for a in group.agents})
+    assert rewards == {"traj_0": 1.0, "traj_1": 0.0, "traj_2": 1.0}
+    assert truncateds["traj_1"] and not truncateds["traj_0"] and not terminateds["__all__"]
+    assert group.errors == ["traj_1 step 'go': RuntimeError: step exploded"]
+    _, rewards, _, _, _ = group.step({"traj_0": ["go"], "traj_2": ["go"]})
+    assert rewards == {"traj_0": 1.0, "traj_2": 1.0}
+    group.reset(seed=FIRST_SEED + 1)  # a reset starts a fresh error record
+    assert group.errors == []
+
+
+def test_prompt_outgrowing_max_model_len_truncates_the_trajectory(tiny_model_path, tiny_tokenizer):
+    probe = forced_runner(faulty_config(tiny_model_path, "none"), tiny_tokenizer)
+    try:
+        (episode,) = probe.sample(seeds=[FIRST_SEED + 1])
+        trajectory = trajectories_from_episodes([episode], history_window=None)[0]
+    finally:
+        probe.stop()
+    first, second = (len(trajectory.history.prompt_ids(t)) for t in (0, 1))
+    # Room for the first prompt and its answer, one token short for the second prompt.
+    response_length = 16
+    config = faulty_config(tiny_model_path, "none", response_length=response_length)
+    config.inference(max_model_len=second - 1 + response_length)
+    assert first + response_length <= config.max_model_len
+    runner = forced_runner(config, tiny_tokenizer)
+    try:
+        episodes = runner.sample(seeds=[FIRST_SEED + 1, FIRST_SEED + 3])
+        metrics = runner.get_metrics()
+    finally:
+        runner.stop()
+    assert metrics["truncated_prompt_trajectories"] == 4
+    for episode in episodes:
+        for agent_episode in episode.agent_episodes.values():
+            assert len(agent_episode) == 1 and agent_episode.is_truncated
+            assert agent_episode.get_infos()[-1]["prompt_truncated"]
+    # The truncated trajectories still train: one answered turn each.
+    trajectories = trajectories_from_episodes(episodes, history_window=None)
+    assert [len(t.history.answered_turns()) for t in trajectories] == [1] * 4
+
+
+def test_rollout_timing_splits_engine_env_and_prompt_time(tiny_model_path, tiny_tokenizer):
+    runner = forced_runner(faulty_config(tiny_model_path, "none"), tiny_tokenizer)
+    try:
+        runner.sample()
+        timing = runner.last_rollout_timing
+    finally:
+        runner.stop()
+    assert set(timing) == {"total_s", "engine_s", "env_step_s", "prompt_build_s"}
+    assert all(value > 0 for value in timing.values())
+    assert timing["engine_s"] + timing["env_step_s"] + timing["prompt_build_s"] <= timing["total_s"]
+
+
+def test_training_goes_on_past_a_faulty_env(tiny_model_path, tiny_tokenizer):
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    algo = faulty_config(tiny_model_path, "raise_step", train_seed_start=FIRST_SEED + 1).build_algo()
+    try:
+        runner = algo.env_runner
+        answer = tiny_tokenizer.encode("<think>ok</think><answer>go</answer>", add_special_tokens=False)
+        runner.engine = ForcedAnswerEngine(runner.engine, answer + [runner.protocol.stop_token_ids[0]])
+        result = algo.train()  # seeds 10001 (healthy) and 10002 (faulty)
+    finally:
+        algo.stop()
+        ray.shutdown()
+    assert result["env_runners"]["env_errors"] == 2
+    assert result["learners"][DEFAULT_MODULE_ID]["num_trained_tokens"] > 0
