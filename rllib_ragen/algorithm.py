@@ -1,15 +1,18 @@
 """`StarPOConfig` / `StarPO`: RAGEN's multi-turn agent RL as an RLlib Algorithm.
 
 One iteration (`StarPO.training_step`):
-    sample n_groups x group_size trajectories (LLMEnvRunner, one engine call per turn)
+    sample n_groups x group_size trajectories (LLMEnvRunner, one engine call per turn;
+        with num_env_runners=N, N remote runners each take a contiguous run of the seeds)
     -> StarPO-S filter: keep the groups with the largest in-group reward std
-    -> learner_group.update(episodes) for `rollout_frequency` passes in mini-batches
+    -> update for `rollout_frequency` passes in mini-batches (with num_learners >= 2,
+        whole groups per DDP learner, see `rllib_ragen.distributed`)
     -> sync the new policy weights into the rollout engine(s), in place
     -> every `eval_interval` iterations: evaluate on fixed seeds at eval temperature
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -17,6 +20,7 @@ from typing import Any
 
 from pathlib import Path
 
+import ray
 import torch
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
@@ -31,12 +35,14 @@ from ray.rllib.utils.metrics import (
     NUM_ENV_STEPS_SAMPLED_LIFETIME,
     TIMERS,
 )
+from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from envs import list_envs, make_env
 from rllib_ragen.advantages import ADVANTAGE_ESTIMATORS
 from rllib_ragen.connectors.learner_connector import AdvantageSettings, StarPOLearnerConnector
 from rllib_ragen.connectors.protocol import ProtocolConfig
 from rllib_ragen.data.parquet import write_rollouts
+from rllib_ragen.distributed import count_training_rows, learner_minibatch_sizes, shard_groups, split_contiguous
 from rllib_ragen.echo_trap import EchoTrapMonitor
 from rllib_ragen.env_group import TurnBudget
 from rllib_ragen.env_runner import LLMEnvRunner, policy_weights, rollout_statistics
@@ -54,6 +60,7 @@ UPDATE_TIMER = "update"
 WEIGHT_SYNC_TIMER = "weight_sync"
 EVAL_TIMER = "evaluation"
 OFFLINE_DATA_RESULTS = "offline_data"
+TRAIN_SEED_CURSOR = "next_train_seed"
 
 
 class StarPOConfig(AlgorithmConfig):
@@ -391,6 +398,19 @@ class StarPOConfig(AlgorithmConfig):
         """
         return self._set(rollout_parquet_dir=rollout_parquet_dir, write_rollouts_every=write_rollouts_every)
 
+    @override(AlgorithmConfig)
+    def env_runners(self, **kwargs) -> StarPOConfig:
+        """RLlib's env-runner settings (see `AlgorithmConfig.env_runners`).
+
+        `num_env_runners=N > 0` samples each iteration's groups on N remote
+        `LLMEnvRunner` actors, each with its own engine; unless
+        `create_local_env_runner` is given too, no local runner is built then.
+        """
+        super().env_runners(**kwargs)
+        if "num_env_runners" in kwargs and "create_local_env_runner" not in kwargs:
+            self.create_local_env_runner = self.num_env_runners == 0
+        return self
+
     def _set(self, **values: Any) -> StarPOConfig:
         for key, value in values.items():
             if value is not NotProvided:
@@ -492,8 +512,7 @@ class StarPOConfig(AlgorithmConfig):
             raise ValueError("eval_interval and eval_temperature must be >= 0")
         if self.actor_lr < 0 or self.critic_lr < 0 or self.kl_coeff < 0 or self.entropy_coeff < 0:
             raise ValueError("actor_lr, critic_lr, kl_coeff and entropy_coeff must be >= 0")
-        if self.num_env_runners != 0:
-            raise ValueError("StarPO samples on the local LLMEnvRunner; set num_env_runners=0")
+        self._validate_scale_out()
         if self.is_offline and self.offline_data_class is None:
             raise ValueError(
                 "offline StarPO reads trajectory Parquet files into group episodes: set it up with "
@@ -502,6 +521,29 @@ class StarPOConfig(AlgorithmConfig):
         # Building these runs their own validation with clear messages.
         self.turn_budget, self.protocol_config, self.engine_config, self.llm_module_config
         self._validate_rollout_inputs()
+
+    def _validate_scale_out(self) -> None:
+        """Remote env runners and several learners: what they need to give the local results."""
+        if self.num_env_runners < 0:
+            raise ValueError(f"num_env_runners must be >= 0, got {self.num_env_runners}")
+        if self.num_env_runners > 0 and self.create_local_env_runner:
+            raise ValueError(
+                f"num_env_runners={self.num_env_runners} samples on remote runners: set "
+                ".env_runners(create_local_env_runner=False), a local runner would hold an idle engine"
+            )
+        if self.num_learners >= 2:
+            if self.advantage_estimator == "brpo":
+                raise ValueError(
+                    "advantage_estimator='brpo' normalises over the whole batch, which num_learners >= 2 "
+                    "split; use grpo (per group, groups stay whole), gae, bi_level_gae or arpo"
+                )
+            kept_groups = max(1, math.ceil(self.rollout_filter_ratio * self.n_groups))
+            if kept_groups < self.num_learners:
+                raise ValueError(
+                    f"num_learners={self.num_learners} needs at least as many groups per update, but the "
+                    f"StarPO-S filter keeps {kept_groups} of n_groups={self.n_groups}; raise n_groups or "
+                    "rollout_filter_ratio, or use fewer learners"
+                )
 
     def _validate_rollout_inputs(self) -> None:
         """Env config, model directory and sizes that would only fail (or silently misbehave) mid-run."""
@@ -548,6 +590,46 @@ def _choice(name: str, value: Any, allowed) -> None:
         raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
 
 
+def _sample_shard(runner: LLMEnvRunner, *, seeds: list[int], **sample_kwargs: Any) -> tuple[int, list, dict]:
+    """Runs on a remote runner: (first seed, its groups, its metrics)."""
+    episodes = runner.sample(seeds=seeds, **sample_kwargs)
+    return seeds[0], episodes, runner.get_metrics()
+
+
+# Per-runner metrics that add up over parallel runners, and the one that is a wall time.
+_SUMMED_RUNNER_METRICS = ("env_errors", "truncated_prompt_trajectories", "rollout_tokens_per_s")
+_WALL_TIME_METRIC = "rollout_time_s"
+
+
+def _merge_runner_metrics(per_runner: list[dict], episodes: list, *, prefix: str) -> list[dict]:
+    """The remote runners' reduced metrics, with the rollout's own numbers made exact.
+
+    RLlib averages the runners' window-1 values, right for e.g. the engine overhead
+    but not for statistics of all groups (recomputed here from `episodes`), counts and
+    throughputs (summed) or the rollout's wall time (the slowest runner's).
+    """
+    exact = {prefix + key: value for key, value in rollout_statistics(episodes).items()}
+    for key in _SUMMED_RUNNER_METRICS:
+        exact[prefix + key] = sum(float(m[prefix + key].peek()) for m in per_runner if prefix + key in m)
+    exact[prefix + _WALL_TIME_METRIC] = max(
+        (float(m[prefix + _WALL_TIME_METRIC].peek()) for m in per_runner if prefix + _WALL_TIME_METRIC in m),
+        default=0.0,
+    )
+    merged = MetricsLogger()
+    for key, value in exact.items():
+        merged.log_value(key, value, window=1)
+    rest = [{k: v for k, v in m.items() if k not in exact} for m in per_runner]
+    return rest + [merged.reduce()]
+
+
+def _update_on_own_shard(
+    learner, *, shards: list[ray.ObjectRef], minibatch_sizes: list[int], **update_kwargs: Any
+) -> dict:
+    """Runs on every learner of a DDP group: updates on the shard of its torch.distributed rank."""
+    rank = torch.distributed.get_rank()
+    return learner.update(episodes=ray.get(shards[rank]), minibatch_size=minibatch_sizes[rank], **update_kwargs)
+
+
 class StarPO(Algorithm):
     """StarPO (State-Thinking-Actions-Reward Policy Optimisation) on RLlib."""
 
@@ -564,6 +646,19 @@ class StarPO(Algorithm):
         super().setup(config)
         self.echo_trap = EchoTrapMonitor(window=self.config.echo_trap_window, ratio=self.config.echo_trap_ratio)
         self._evaluation_episodes: list = []
+        # The training-seed cursor when the runners are remote (a local runner keeps its own).
+        self._next_train_seed = self.config.train_seed_start
+
+    @override(Algorithm)
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
+        state = super().get_state(components, not_components=not_components, **kwargs)
+        state[TRAIN_SEED_CURSOR] = self._next_train_seed
+        return state
+
+    @override(Algorithm)
+    def set_state(self, state: dict) -> None:
+        super().set_state(state)
+        self._next_train_seed = state.get(TRAIN_SEED_CURSOR, self._next_train_seed)
 
     @override(Algorithm)
     def training_step(self) -> None:
@@ -571,13 +666,7 @@ class StarPO(Algorithm):
             episodes = self._collect_episodes()
         kept = self._filter_groups(episodes)
         with self.metrics.log_time((TIMERS, UPDATE_TIMER)):
-            learner_results = self.learner_group.update(
-                episodes=kept,
-                timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self.iteration},
-                num_epochs=self.config.rollout_frequency,
-                minibatch_size=self.config.mini_batch_size,
-                shuffle_batch_per_epoch=True,
-            )
+            learner_results = self.update_learners(kept)
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
         with self.metrics.log_time((TIMERS, WEIGHT_SYNC_TIMER)):
             self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True)
@@ -593,14 +682,81 @@ class StarPO(Algorithm):
             for key, value in rollout_statistics(episodes).items():
                 self.metrics.log_value((OFFLINE_DATA_RESULTS, key), value, window=1)
             return episodes
-        episodes = self.env_runner.sample()
-        self.metrics.aggregate([self.env_runner.get_metrics()], key=ENV_RUNNER_RESULTS)
+        if self.env_runner is not None:
+            episodes = self.env_runner.sample()
+            self.metrics.aggregate([self.env_runner.get_metrics()], key=ENV_RUNNER_RESULTS)
+        else:
+            seeds = list(range(self._next_train_seed, self._next_train_seed + config.n_groups))
+            self._next_train_seed += config.n_groups
+            episodes = self._sample_on_remote_runners(seeds)
         if config.rollout_parquet_dir and (self.iteration + 1) % config.write_rollouts_every == 0:
             write_rollouts(
                 episodes, config.rollout_parquet_dir, iteration=self.iteration + 1,
                 env=config.env, env_config=config.env_config,
             )
         return episodes
+
+    def _sample_on_remote_runners(self, seeds: list[int], **sample_kwargs: Any) -> list:
+        """Groups of `seeds`, in order, sampled in parallel on the remote runners.
+
+        Each runner rolls out a contiguous run of the seeds, so every group is
+        whole and the union is what one runner would return for `seeds`. The
+        runners' metrics (all of them, evaluation too) go to `env_runners/`.
+        """
+        runner_ids = self.env_runner_group.healthy_env_runner_ids()
+        if not runner_ids:
+            raise RuntimeError("no healthy remote env runner is left to sample on")
+        shards = [s for s in split_contiguous(seeds, len(runner_ids)) if s]
+        results = self.env_runner_group.foreach_env_runner(
+            [functools.partial(_sample_shard, seeds=shard, **sample_kwargs) for shard in shards],
+            kwargs=[{} for _ in shards],
+            local_env_runner=False,
+            remote_worker_ids=runner_ids[: len(shards)],
+        )
+        results.sort(key=lambda result: result[0])  # runners answer in any order
+        if len(results) < len(shards):
+            logger.warning("%d of %d env runners failed this call; their groups are missing",
+                           len(shards) - len(results), len(shards))
+        episodes = [episode for _, shard, _ in results for episode in shard]
+        prefix = "eval_" if sample_kwargs.get("evaluation") else ""
+        self.metrics.aggregate(
+            _merge_runner_metrics([metrics for _, _, metrics in results], episodes, prefix=prefix),
+            key=ENV_RUNNER_RESULTS,
+        )
+        return episodes
+
+    def update_learners(self, kept: list) -> list[dict]:
+        """One `rollout_frequency`-epoch update on the kept groups; returns the learners' results.
+
+        With num_learners >= 2 each learner trains on whole groups (RLlib's own
+        sharding would slice group episodes) with the same number of optimiser
+        steps, each covering its share of the global mini-batch.
+        """
+        config = self.config
+        common = dict(
+            timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self.iteration},
+            num_epochs=config.rollout_frequency,
+            shuffle_batch_per_epoch=True,
+        )
+        num_learners = len(self.learner_group)
+        if num_learners < 2:
+            return self.learner_group.update(episodes=kept, minibatch_size=config.mini_batch_size, **common)
+        shards = shard_groups(kept, num_learners)
+        rows = [count_training_rows(shard, history_window=config.history_window) for shard in shards]
+        sizes, steps = learner_minibatch_sizes(rows, config.mini_batch_size, config.rollout_frequency)
+        results = self.learner_group.foreach_learner(
+            _update_on_own_shard,
+            shards=[ray.put(shard) for shard in shards],
+            minibatch_sizes=sizes,
+            num_total_minibatches=steps,
+            **common,
+        )
+        out = []
+        for result in results:
+            if not result.ok:
+                raise result.get()
+            out.append(result.get())
+        return out
 
     def _filter_groups(self, episodes: list) -> list:
         """StarPO-S: keeps the groups whose trajectories disagree most in reward."""
@@ -624,9 +780,11 @@ class StarPO(Algorithm):
         config = self.config
         seeds = list(range(config.eval_seed, config.eval_seed + config.eval_size))
         with self.metrics.log_time((TIMERS, EVAL_TIMER)):
-            episodes = self.env_runner.sample(
-                seeds=seeds, group_size=1, temperature=config.eval_temperature, evaluation=True
-            )
+            sample_kwargs = dict(group_size=1, temperature=config.eval_temperature, evaluation=True)
+            if self.env_runner is not None:
+                episodes = self.env_runner.sample(seeds=seeds, **sample_kwargs)
+            else:
+                episodes = self._sample_on_remote_runners(seeds, **sample_kwargs)
         stats = rollout_statistics(episodes)
         for key, value in stats.items():
             self.metrics.log_value((EVALUATION_RESULTS, key), value, window=1)

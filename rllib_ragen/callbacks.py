@@ -11,6 +11,16 @@ share this one path, so every run looks the same in MLflow:
   iterations and at the last one;
 - `final_policy`: the trained policy as a Hugging Face model directory.
 
+Exactly one value per metric and step, even across crashes: with a local
+`checkpoint_dir`, an iteration's metrics are held back until a checkpoint
+covering that iteration is complete on disk, saved inside it, and only then
+logged. A run killed at any point has logged nothing past its last complete
+checkpoint, so the iterations it redoes after `--resume` are new to MLflow;
+metrics of the checkpoint itself that a kill kept from MLflow are logged by
+`restore` (only the (key, step) pairs MLflow lacks). MLflow thus lags by at
+most `checkpoint_every` iterations. Without a `checkpoint_dir` (Tune trials)
+metrics are logged at once.
+
 The run ends FINISHED after iteration `stop_iters`; a driver that stops
 earlier calls `MLflowCallback.end` itself (the sweep's Tune callback does so
 for trials a scheduler stops).
@@ -24,6 +34,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -31,7 +42,7 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.utils import force_list
 from ray.rllib.utils.metrics import EVALUATION_RESULTS
 
-from rllib_ragen.checkpoints import save_checkpoint
+from rllib_ragen.checkpoints import save_checkpoint, tracking_state
 from rllib_ragen.tracking import (
     DEFAULT_EXPERIMENT,
     TRIAL_TAG,
@@ -40,6 +51,9 @@ from rllib_ragen.tracking import (
     default_tracking_uri,
     find_run,
     flatten_metrics,
+    metric_entities,
+    metrics_from_json,
+    metrics_to_json,
     trajectories_html,
 )
 
@@ -56,11 +70,13 @@ class MLflowSettings:
             (in the driver: Tune trials run in other working directories).
         experiment: Experiment name.
         run_name: Name of a new run (default: the Tune trial directory name).
-        run_id: Continue this run (a resumed plain run).
+        run_id: Continue this run (`MLflowCallback.restore` sets it from the checkpoint).
         stop_iters: Last iteration: final checkpoint, final policy, run FINISHED.
-        checkpoint_dir: Keep local checkpoints here (`<dir>/latest`, and the
-            final policy in `<dir>/final_policy`); None keeps nothing locally.
-        checkpoint_every: Save a local checkpoint every N iterations.
+        checkpoint_dir: Keep local checkpoints here (`<dir>/iter_NNNNNN`, see
+            `rllib_ragen.checkpoints`, and the final policy in
+            `<dir>/final_policy`); None keeps nothing locally.
+        checkpoint_every: Save a local checkpoint every N iterations (and at
+            the last one); metrics reach MLflow with the checkpoint.
         log_checkpoint_every: Also log a checkpoint to MLflow every N
             iterations (0: only the last one).
         trajectory_limit: Most trajectories on a trajectory page.
@@ -100,6 +116,8 @@ class MLflowCallback(RLlibCallback):
         super().__init__()
         self.settings = settings or MLflowSettings()
         self.tracker: MLflowTracker | None = None
+        # Metrics of the iterations since the last local checkpoint (see the module doc).
+        self._pending: list[Metric] = []
 
     def start(self, algorithm: Algorithm) -> MLflowTracker:
         """Opens the run (once) and logs the config; later calls return it.
@@ -111,50 +129,97 @@ class MLflowCallback(RLlibCallback):
             self.tracker.log_params(config_params(algorithm.config))
         return self.tracker
 
+    def restore(self, algorithm: Algorithm, checkpoint: str | Path) -> None:
+        """Restores `algorithm` from a complete local checkpoint into the MLflow
+        run that checkpoint belongs to, and logs the checkpoint's metrics that
+        MLflow lacks (a kill between saving it and logging them)."""
+        state = tracking_state(Path(checkpoint))
+        if self.tracker is not None and self.tracker.run_id != state["run_id"]:
+            raise ValueError(
+                f"{checkpoint} belongs to MLflow run {state['run_id']}, but this algorithm already "
+                f"logs to run {self.tracker.run_id}: restore before training or logging"
+            )
+        self.settings = dataclasses.replace(self.settings, run_id=state["run_id"])
+        algorithm.restore_from_path(str(checkpoint))
+        tracker = self.start(algorithm)
+        tracker.log_metric_entities(tracker.unlogged(metrics_from_json(state["metrics"])))
+
     def on_train_result(self, *, algorithm: Algorithm, result: dict, **kwargs: Any) -> None:
         step = int(result["training_iteration"])
-        tracker = self.start(algorithm)
-        tracker.log_metrics(flatten_metrics(result), step=step)
+        self._record(algorithm, flatten_metrics(result), step)
         self._log_evaluation_trajectories(algorithm, step)
         last = step == self.settings.stop_iters
-        self._checkpoint(algorithm, step, last=last)
+        if last or step % self.settings.checkpoint_every == 0 or self.settings.checkpoint_dir is None:
+            self.checkpoint(algorithm)
         if last:
-            self._log_final_policy(algorithm)
-            self.end("FINISHED")
+            self.finish(algorithm)
 
     def log_initial_evaluation(self, algorithm: Algorithm, stats: dict[str, float]) -> None:
-        """Logs an evaluation made before the first update as step 0, beside the per-iteration ones."""
-        self.start(algorithm).log_metrics(flatten_metrics({EVALUATION_RESULTS: stats}), step=0)
+        """Records an evaluation made before the first update as step 0, beside the per-iteration ones."""
+        self._record(algorithm, flatten_metrics({EVALUATION_RESULTS: stats}), 0)
         self._log_evaluation_trajectories(algorithm, 0)
 
+    def checkpoint(self, algorithm: Algorithm) -> Path | None:
+        """Call between iterations only: saves the local checkpoint of the
+        current iteration, then logs the metrics it covers; logs the checkpoint
+        to MLflow too when `log_checkpoint_every` (or the last iteration) asks.
+
+        Returns:
+            The local checkpoint, or None without a `checkpoint_dir`.
+        """
+        settings, step = self.settings, algorithm.iteration
+        tracker = self.start(algorithm)
+        log = step == settings.stop_iters or (
+            settings.log_checkpoint_every > 0 and step % settings.log_checkpoint_every == 0
+        )
+        if settings.checkpoint_dir is None:
+            if log:
+                with tempfile.TemporaryDirectory(prefix="starpo_ckpt_") as scratch:
+                    algorithm.save_to_path(scratch)
+                    tracker.log_artifacts(scratch, f"checkpoints/iter_{step:04d}")
+            return None
+        tracking = {"run_id": tracker.run_id, "metrics": metrics_to_json(self._pending)}
+        saved = save_checkpoint(algorithm, settings.checkpoint_dir, tracking=tracking)
+        tracker.log_metric_entities(self._pending)
+        self._pending = []
+        if log:
+            tracker.log_artifacts(saved, f"checkpoints/iter_{step:04d}")
+        return saved
+
+    def finish(self, algorithm: Algorithm) -> None:
+        """Logs the final policy and marks the run FINISHED (after the last checkpoint)."""
+        self._log_final_policy(algorithm)
+        self.end("FINISHED")
+
+    def end(self, status: str) -> None:
+        """Marks the run FINISHED, FAILED or KILLED.
+
+        Metrics of iterations after the last checkpoint are dropped, never
+        logged: a resumed run redoes those iterations and logs them then.
+        """
+        self._pending = []
+        self._tracker().end(status)
+
+    def _record(self, algorithm: Algorithm, metrics: dict[str, float], step: int) -> None:
+        entities = metric_entities(metrics, step=step)
+        tracker = self.start(algorithm)
+        if self.settings.checkpoint_dir is None:
+            tracker.log_metric_entities(entities)
+        else:
+            self._pending.extend(entities)
+
     def _log_evaluation_trajectories(self, algorithm: Algorithm, step: int) -> None:
+        # Logged at once: a redone iteration overwrites its page, so each step keeps one.
         episodes = algorithm.pop_evaluation_episodes()
         if episodes:
             title = f"{algorithm.config.env} evaluation at iteration {step}"
             page = trajectories_html(episodes, title=title, limit=self.settings.trajectory_limit)
             self._tracker().log_text(page, f"trajectories/eval_iter_{step:04d}.html")
 
-    def end(self, status: str) -> None:
-        """Marks the run FINISHED, FAILED or KILLED."""
-        self._tracker().end(status)
-
     def _tracker(self) -> MLflowTracker:
         if self.tracker is None:
             raise RuntimeError("MLflowCallback has no run yet: call start(algorithm) or train once")
         return self.tracker
-
-    def _checkpoint(self, algorithm: Algorithm, step: int, *, last: bool) -> None:
-        settings = self.settings
-        keep = settings.checkpoint_dir is not None and (last or step % settings.checkpoint_every == 0)
-        log = last or (settings.log_checkpoint_every > 0 and step % settings.log_checkpoint_every == 0)
-        if keep:
-            saved = save_checkpoint(algorithm, settings.checkpoint_dir)
-            if log:
-                self._tracker().log_artifacts(saved, f"checkpoints/iter_{step:04d}")
-        elif log:
-            with tempfile.TemporaryDirectory(prefix="starpo_ckpt_") as scratch:
-                algorithm.save_to_path(scratch)
-                self._tracker().log_artifacts(scratch, f"checkpoints/iter_{step:04d}")
 
     def _log_final_policy(self, algorithm: Algorithm) -> None:
         if self.settings.checkpoint_dir is not None:

@@ -1,33 +1,127 @@
-"""Local algorithm checkpoints kept as `<dir>/latest`, replaced atomically."""
+"""Local algorithm checkpoints that are complete or absent: `<dir>/iter_NNNNNN`.
+
+A checkpoint is written as `<dir>/.partial-iter_NNNNNN` (the RLlib state, then
+`tracking.json`), flushed to disk, marked by a `COMPLETE` file written last,
+and only then renamed into place. A process killed at any point leaves either
+the previous checkpoints untouched plus a `.partial-*` directory, or the new
+checkpoint whole. `latest_checkpoint` only takes marked `iter_*` directories,
+so a half-written one (a `.partial-*` directory, or an `iter_*` copied without
+its marker) is never resumed from; the next save removes the leftovers and
+older checkpoints, keeping the newest complete one.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from ray.rllib.algorithms.algorithm import Algorithm
 
-LATEST = "latest"
+COMPLETE_MARKER = "COMPLETE"
+TRACKING_FILE = "tracking.json"
+_NAME = re.compile(r"iter_(\d{6,})")
+_PARTIAL_PREFIX = ".partial-"
 
 
-def save_checkpoint(algo: Algorithm, checkpoint_dir: str | Path) -> Path:
-    """Saves to `<dir>/latest`; a crash mid-save never loses the previous one."""
+def checkpoint_name(iteration: int) -> str:
+    """`iter_000006` for iteration 6."""
+    return f"iter_{iteration:06d}"
+
+
+def save_checkpoint(algo: Algorithm, checkpoint_dir: str | Path, *, tracking: Mapping[str, Any]) -> Path:
+    """Saves `algo` (between iterations) as `<dir>/iter_NNNNNN`, complete or not at all.
+
+    Args:
+        algo: The algorithm; its `iteration` names the checkpoint.
+        checkpoint_dir: Parent directory of the checkpoints (created when missing).
+        tracking: JSON-serialisable data saved with the state (the MLflow run
+            and the metrics this checkpoint covers), read by `tracking_state`.
+
+    Returns:
+        The checkpoint directory. An existing complete checkpoint of the same
+        iteration is kept as it is: the state of an iteration does not change.
+    """
     checkpoint_dir = Path(checkpoint_dir)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    partial = checkpoint_dir / f"{LATEST}.partial"
+    final = checkpoint_dir / checkpoint_name(algo.iteration)
+    if _is_complete(final):
+        return final
+    partial = checkpoint_dir / f"{_PARTIAL_PREFIX}{final.name}"
     shutil.rmtree(partial, ignore_errors=True)
     algo.save_to_path(str(partial))
-    latest = checkpoint_dir / LATEST
-    previous = checkpoint_dir / f"{LATEST}.previous"
-    shutil.rmtree(previous, ignore_errors=True)
-    if latest.exists():
-        latest.rename(previous)
-    partial.rename(latest)
-    shutil.rmtree(previous, ignore_errors=True)
-    return latest
+    (partial / TRACKING_FILE).write_text(json.dumps(dict(tracking)))
+    _fsync_tree(partial)
+    _write_synced(partial / COMPLETE_MARKER, f"{algo.iteration}\n")
+    shutil.rmtree(final, ignore_errors=True)  # an unmarked leftover of the same name
+    os.rename(partial, final)
+    _fsync_dir(checkpoint_dir)
+    _remove_all_but(checkpoint_dir, keep=final)
+    return final
 
 
 def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
-    """`<dir>/latest` when a complete checkpoint is there, else None."""
-    latest = Path(checkpoint_dir) / LATEST
-    return latest if latest.is_dir() else None
+    """The complete checkpoint of the highest iteration in `checkpoint_dir`, or None."""
+    checkpoint_dir = Path(checkpoint_dir)
+    if not checkpoint_dir.is_dir():
+        return None
+    complete = [p for p in checkpoint_dir.iterdir() if _NAME.fullmatch(p.name) and _is_complete(p)]
+    return max(complete, key=checkpoint_iteration, default=None)
+
+
+def checkpoint_iteration(checkpoint: Path) -> int:
+    """The training iteration a checkpoint directory was saved at (from its name)."""
+    match = _NAME.fullmatch(Path(checkpoint).name)
+    if match is None:
+        raise ValueError(f"{checkpoint} is not a checkpoint directory named iter_NNNNNN")
+    return int(match.group(1))
+
+
+def tracking_state(checkpoint: Path) -> dict[str, Any]:
+    """The `tracking` dict saved with a complete checkpoint."""
+    if not _is_complete(checkpoint):
+        raise ValueError(f"{checkpoint} is not a complete checkpoint (no {COMPLETE_MARKER} marker)")
+    return json.loads((checkpoint / TRACKING_FILE).read_text())
+
+
+def _is_complete(path: Path) -> bool:
+    return (path / COMPLETE_MARKER).is_file()
+
+
+def _remove_all_but(checkpoint_dir: Path, *, keep: Path) -> None:
+    """Removes older checkpoints and half-written leftovers (run only after `keep` is complete)."""
+    for path in checkpoint_dir.iterdir():
+        if path != keep and path.is_dir() and (_NAME.fullmatch(path.name) or path.name.startswith(_PARTIAL_PREFIX)):
+            # Unmarked first: a kill mid-removal must not leave a marked, gutted checkpoint.
+            (path / COMPLETE_MARKER).unlink(missing_ok=True)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+def _fsync_tree(root: Path) -> None:
+    """Flushes every file and directory under `root` to disk, so the marker
+    (written after this) can't reach the disk before the data it vouches for."""
+    for path in root.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as file:
+                os.fsync(file.fileno())
+    for directory in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+        _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import ray
 import torch
 from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
@@ -56,6 +57,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     Reads its settings from a `StarPOConfig`. Training seeds start at
     `train_seed_start` and advance by the number of groups per call, so no
     initial state repeats; the next seed is part of the runner's state.
+    Remote runners (`num_env_runners > 0`) are given their seeds by the
+    algorithm, which keeps the cursor instead.
     """
 
     def __init__(self, *, config, **kwargs) -> None:
@@ -65,6 +68,19 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self.make_module()
         self._next_train_seed = config.train_seed_start
         self._group_counter = 0
+
+    def next_group_id(self) -> int:
+        """A group id no other runner of the run hands out.
+
+        Remote runner i (worker_index i >= 1) of N takes ids i - 1, i - 1 + N, ...;
+        the local runner 0, 1, 2, ... Groups sampled by different runners land in
+        one learner batch, where the id tells groups apart (GRPO statistics).
+        """
+        stride = max(int(self.config.num_env_runners), 1)
+        offset = max((self.worker_index or 0) - 1, 0)
+        group_id = self._group_counter * stride + offset
+        self._group_counter += 1
+        return group_id
 
     @override(EnvRunner)
     def make_env(self) -> None:
@@ -178,7 +194,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         """Takes new policy weights (pushed into the engine in place) and the seed cursor."""
         if "next_train_seed" in state:
             self._next_train_seed = state["next_train_seed"]
-        module_state = state.get(COMPONENT_RL_MODULE, {}).get(DEFAULT_MODULE_ID)
+        module_state = state.get(COMPONENT_RL_MODULE, {})
+        if isinstance(module_state, ray.ObjectRef):  # how RLlib ships weights to remote runners
+            module_state = ray.get(module_state)
+        module_state = module_state.get(DEFAULT_MODULE_ID)
         if module_state:
             self.engine.update_weights(policy_weights(module_state))
 
@@ -249,8 +268,7 @@ class _GroupRollout:
     def _start_group(self, group: EnvGroup, seed: int) -> None:
         """Resets `group` and opens its episode and token histories, unless no member can start."""
         budget, runner = group.budget, self.runner
-        group_id = runner._group_counter
-        runner._group_counter += 1
+        group_id = runner.next_group_id()
         with self._timed("env_step_s"):
             observations, infos = group.reset(seed=seed)
         with self._timed("prompt_build_s"):
@@ -370,7 +388,7 @@ class _GroupRollout:
 
 def rollout_statistics(episodes: list[MultiAgentEpisode]) -> dict[str, float]:
     """Success, reward and in-group spread of a list of finished group episodes."""
-    returns, successes, in_group_std, lengths, turns, valid_turns = [], [], [], [], [], []
+    returns, successes, in_group_std, lengths, turns, valid_turns, well_formed = [], [], [], [], [], [], []
     for episode in episodes:
         group_returns = []
         for agent_episode in episode.agent_episodes.values():
@@ -380,6 +398,7 @@ def rollout_statistics(episodes: list[MultiAgentEpisode]) -> dict[str, float]:
             lengths.extend(len(a) for a in agent_episode.get_actions())
             turns.append(len(agent_episode))
             valid_turns.extend(float(i.get("num_valid_actions", 0) > 0) for i in infos[1:])
+            well_formed.extend(float(bool(i.get("format_ok", False))) for i in infos[1:])
         returns.extend(group_returns)
         in_group_std.append(float(np.std(group_returns, ddof=1)) if len(group_returns) > 1 else 0.0)
     return {
@@ -390,5 +409,7 @@ def rollout_statistics(episodes: list[MultiAgentEpisode]) -> dict[str, float]:
         "response_length_mean": float(np.mean(lengths)) if lengths else 0.0,
         "num_turns_mean": float(np.mean(turns)),
         "valid_action_ratio": float(np.mean(valid_turns)) if valid_turns else 0.0,
+        # Answers in the <think>/<answer> format, whether or not their actions were valid.
+        "well_formed_ratio": float(np.mean(well_formed)) if well_formed else 0.0,
         "num_trajectories": float(len(returns)),
     }

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +29,6 @@ from rllib_ragen.warm_start import WarmStartConfig, warm_start
 
 logger = logging.getLogger("rllib_ragen")
 
-RUN_ID_FILE = "mlflow_run_id.txt"
-
 
 def build_parser(*, env: str, description: str, success_threshold: float, stop_iters: int) -> argparse.ArgumentParser:
     """The flags every tuned example takes (RLlib's tuned-example style)."""
@@ -37,8 +39,11 @@ def build_parser(*, env: str, description: str, success_threshold: float, stop_i
     parser.add_argument("--success-threshold", type=float, default=success_threshold,
                         help="success rate --as-test requires (evaluation's if evaluated, else training's)")
     parser.add_argument("--checkpoint-dir", help="where checkpoints go (default: ./checkpoints/<env>-starpo)")
-    parser.add_argument("--checkpoint-every", type=int, default=1, help="save a local checkpoint every N iterations")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    parser.add_argument("--checkpoint-every", type=int, default=1,
+                        help="save a local checkpoint every N iterations (and at the end, or on Ctrl-C); "
+                             "metrics reach MLflow with the checkpoint")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the latest complete checkpoint in --checkpoint-dir, in its MLflow run")
     return parser
 
 
@@ -140,27 +145,36 @@ def apply_warm_start(config: StarPOConfig, *, num_examples: int) -> None:
 
 
 def run(config: StarPOConfig, args: argparse.Namespace) -> dict[str, Any]:
-    """Trains until iteration `args.stop_iters`, logging to MLflow; returns the last result."""
+    """Trains until iteration `args.stop_iters`, logging to MLflow; returns the last result.
+
+    Raises:
+        ValueError: `--checkpoint-dir` holds a checkpoint and `--resume` is not given.
+        KeyboardInterrupt: stopped by Ctrl-C (after checkpointing, see `_train`).
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     checkpoint_dir = Path(args.checkpoint_dir or Path("checkpoints") / f"{config.env}-starpo").resolve()
-    init_ray()
-    resume_from = latest_checkpoint(checkpoint_dir) if args.resume else None
+    resume_from = latest_checkpoint(checkpoint_dir)
+    if resume_from is not None and not args.resume:
+        # A fresh run would delete it at its first save; and a crash before its own
+        # iteration exceeded the old one's would make --resume pick the old run.
+        raise ValueError(
+            f"--checkpoint-dir {checkpoint_dir} holds a checkpoint of an earlier run ({resume_from.name}): "
+            "pass --resume to continue that run, or another --checkpoint-dir to start a new one"
+        )
     if args.resume and resume_from is None:
-        print(f"--resume: no checkpoint in {checkpoint_dir}; starting fresh")
+        print(f"--resume: no complete checkpoint in {checkpoint_dir}; starting fresh")
+    init_ray()
     settings = mlflow_settings(
-        args, run_name=f"{config.env}-starpo", run_id=_previous_run_id(checkpoint_dir) if resume_from else None,
-        checkpoint_dir=checkpoint_dir, checkpoint_every=args.checkpoint_every,
+        args, run_name=f"{config.env}-starpo", checkpoint_dir=checkpoint_dir, checkpoint_every=args.checkpoint_every
     )
     algo = with_mlflow(config, settings).build_algo()
     try:
         callback = mlflow_callback_of(algo)
-        tracker = callback.start(algo)
-        checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        (checkpoint_dir / RUN_ID_FILE).write_text(tracker.run_id)
         if resume_from is not None:
-            algo.restore_from_path(str(resume_from))
+            callback.restore(algo, resume_from)
             print(f"resumed from {resume_from} at iteration {algo.iteration}")
+        tracker = callback.start(algo)
         print(f"MLflow run: {tracker.run_url}\ncheckpoints: {checkpoint_dir}\n{algo.config.rollout_summary}")
         if algo.iteration == 0 and algo.config.eval_interval:
             evaluate_before_training(algo, callback)
@@ -183,46 +197,76 @@ def evaluate_before_training(algo: Algorithm, callback: MLflowCallback) -> dict[
 
 
 def _train(algo: Algorithm, callback: MLflowCallback, *, stop_iters: int) -> dict[str, Any]:
-    """Iterates up to `stop_iters` (the callback closes the run there); a run
-    that breaks off is closed KILLED (Ctrl-C) or FAILED."""
+    """Iterates up to `stop_iters`; the callback checkpoints and closes the run there.
+
+    Ctrl-C stops after the running iteration: it is checkpointed, the run is
+    closed KILLED and KeyboardInterrupt raised. A second Ctrl-C, or an error,
+    inside an iteration closes the run KILLED or FAILED without a checkpoint:
+    the algorithm is then mid-iteration (training seeds drawn, maybe some
+    updates applied), so the last checkpoint is the consistent state to resume.
+    """
     result: dict[str, Any] = {}
     if algo.iteration >= stop_iters:
         print(f"already at iteration {algo.iteration} >= --stop-iters {stop_iters}; nothing to train")
-        callback.end("FINISHED")
-    try:
-        while algo.iteration < stop_iters:
-            began = time.perf_counter()
-            result = algo.train()
-            print(progress_line(algo.iteration, stop_iters, result, time.perf_counter() - began), flush=True)
-    except KeyboardInterrupt:
+        callback.finish(algo)  # a kill may have come between the last checkpoint and the run's end
+        return result
+    with stop_requests() as stop:
+        try:
+            while algo.iteration < stop_iters and not stop.is_set():
+                began = time.perf_counter()
+                result = algo.train()
+                print(progress_line(algo.iteration, stop_iters, result, time.perf_counter() - began), flush=True)
+        except KeyboardInterrupt:
+            callback.end("KILLED")
+            raise
+        except Exception:
+            callback.end("FAILED")
+            raise
+    if algo.iteration < stop_iters:
+        callback.checkpoint(algo)
         callback.end("KILLED")
-        raise
-    except Exception:
-        callback.end("FAILED")
-        raise
+        raise KeyboardInterrupt
     return result
+
+
+@contextlib.contextmanager
+def stop_requests() -> Iterator[threading.Event]:
+    """Within: the first Ctrl-C (SIGINT) sets the yielded event instead of
+    interrupting; a second one raises KeyboardInterrupt as usual. Off the main
+    thread (where Python can't take signals) the event is never set."""
+    requested = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield requested
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if requested.is_set():
+            raise KeyboardInterrupt
+        requested.set()
+        # os.write: print() may be mid-write in the interrupted frame.
+        os.write(2, b"\nCtrl-C: stopping after this iteration, which is checkpointed (Ctrl-C again: stop now)\n")
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield requested
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def mlflow_settings(
     args: argparse.Namespace,
     *,
     run_name: str | None = None,
-    run_id: str | None = None,
     checkpoint_dir: Path | None = None,
     checkpoint_every: int = 1,
 ) -> MLflowSettings:
     """The MLflow callback settings the tracking flags ask for."""
     uri = {"tracking_uri": args.tracking_uri} if args.tracking_uri else {}
     return MLflowSettings(
-        **uri, experiment=args.experiment, run_name=run_name, run_id=run_id, stop_iters=args.stop_iters,
+        **uri, experiment=args.experiment, run_name=run_name, stop_iters=args.stop_iters,
         checkpoint_dir=str(checkpoint_dir) if checkpoint_dir is not None else None,
         checkpoint_every=checkpoint_every, log_checkpoint_every=args.log_checkpoint_every,
     )
-
-
-def _previous_run_id(checkpoint_dir: Path) -> str | None:
-    run_id_file = checkpoint_dir / RUN_ID_FILE
-    return run_id_file.read_text().strip() if run_id_file.exists() else None
 
 
 def progress_line(iteration: int, total: int, result: dict[str, Any], seconds: float) -> str:
@@ -261,7 +305,11 @@ def main(*, env: str, description: str, success_threshold: float, stop_iters: in
     ).parse_args(argv)
     config = config_from_args(args)
     choose_starting_model(config, args)
-    run(config, args)
+    try:
+        run(config, args)
+    except KeyboardInterrupt:
+        print("stopped by Ctrl-C; --resume continues from the last checkpoint", file=sys.stderr)
+        sys.exit(130)
 
 
 def choose_starting_model(config: StarPOConfig, args: argparse.Namespace) -> None:

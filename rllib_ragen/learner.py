@@ -25,6 +25,7 @@ from ray.rllib.utils.annotations import override
 
 from rllib_ragen.advantages import masked_mean
 from rllib_ragen.connectors.learner_connector import SAMPLING_LOGP
+from rllib_ragen.distributed import all_reduce_gradients, all_reduce_sum, global_share
 from rllib_ragen.losses import aggregate_loss, kl_penalty, policy_loss, value_loss
 from rllib_ragen.module import (
     ATTENTION_MASK,
@@ -47,13 +48,13 @@ class StarPOTorchLearner(TorchLearner):
         super().build()
         # Set before any forward, so the connector's old log-probs and the
         # update's new ones are computed the same way (PPO ratio 1 at start).
-        self.module[DEFAULT_MODULE_ID].scoring = ScoringConfig(
+        self.module[DEFAULT_MODULE_ID].unwrapped().scoring = ScoringConfig(
             autocast_dtype=self.config.autocast_dtype, logit_chunk_size=self.config.logit_chunk_size
         )
         self._reference = None
         if self.config.kl_coeff > 0:
             # A frozen copy of the initial policy, the anchor of the KL term.
-            self._reference = copy.deepcopy(self.module[DEFAULT_MODULE_ID].policy).eval()
+            self._reference = copy.deepcopy(self.module[DEFAULT_MODULE_ID].unwrapped().policy).eval()
             self._reference.requires_grad_(False)
 
     @override(TorchLearner)
@@ -86,12 +87,19 @@ class StarPOTorchLearner(TorchLearner):
             self.config.loss_agg_mode,
             token_budget=self.config.micro_batch_tokens,
         )
+        # With several learners (num_learners >= 2) the module runs unwrapped (DDP's hooks
+        # would need equal micro-batch counts on every learner): each loss is weighted by
+        # its share of the global mini-batch and the gradients are summed over learners once.
+        module = self.module[DEFAULT_MODULE_ID].unwrapped()
+        share = global_share(module_batch[Columns.LOSS_MASK], self.config.loss_agg_mode)
         total_loss, fwd_out = 0.0, None
         for micro, weight in weights:
-            fwd_out = self.module.forward_train({DEFAULT_MODULE_ID: micro})
+            fwd_out = {DEFAULT_MODULE_ID: module.forward_train(micro)}
             loss = self.compute_losses(fwd_out=fwd_out, batch={DEFAULT_MODULE_ID: micro})[DEFAULT_MODULE_ID]
-            (loss * weight).backward()
-            total_loss += loss.detach() * weight
+            (loss * weight * share).backward()
+            total_loss += loss.detach() * weight * share
+        all_reduce_gradients(self._params.values())
+        total_loss = all_reduce_sum(total_loss)
         grads = {pid: p.grad for pid, p in self._params.items()}
         self.apply_gradients(self.postprocess_gradients(grads))
         return fwd_out, {DEFAULT_MODULE_ID: total_loss}, {}
@@ -138,7 +146,7 @@ class StarPOTorchLearner(TorchLearner):
     @torch.no_grad()
     def _reference_logp(self, batch: dict[str, Any]) -> torch.Tensor:
         """Log-probs of the generated tokens under the frozen reference policy, [rows, L]."""
-        module = self.module[DEFAULT_MODULE_ID]
+        module = self.module[DEFAULT_MODULE_ID].unwrapped()
         with module.scoring.autocast(self._reference.device):
             hidden = trunk_hidden(self._reference.base_model, batch)
             return score_generated_tokens(

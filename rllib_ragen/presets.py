@@ -54,7 +54,7 @@ def cpu_preset(env: str) -> StarPOConfig:
     # turn) than by moving (-0.1 a step, up to 5 a turn), and RL duly unlearns
     # the format. A penalty worse than a full turn of moves keeps acting worth it.
     budget["format_penalty"] = -1.0
-    return (
+    config = (
         StarPOConfig()
         .environment(env)
         .llm(model="smollm2-135m-instruct", critic="head", dtype="float32")
@@ -66,9 +66,33 @@ def cpu_preset(env: str) -> StarPOConfig:
         )
         # Every iteration, on the same fixed seeds: the success curve from the
         # warm-started policy (evaluated before RL by the tuned examples) on.
-        .starpo_evaluation(eval_interval=1, eval_size=64 if budget.get("max_turns") == 1 else 16, eval_temperature=0.5)
+        .starpo_evaluation(eval_interval=1, eval_size=16, eval_temperature=0.5)
         .debugging(seed=0)
     )
+    if env.startswith("bandit"):
+        _single_choice_settings(config)
+    return config
+
+
+def _single_choice_settings(config: StarPOConfig) -> None:
+    """The Bandit on CPU: many cheap single-turn samples, one unbiased update per iteration.
+
+    The high arm pays 1.0 a quarter of the time, so a small batch mostly
+    ranks the arms by luck; 64 trajectories an iteration make the better arm
+    win the batch comparison far more often. No-think answers keep each
+    sample cheap (the learner's cost is the prompt). BRPO's batch baseline
+    is unbiased here, while GRPO's per-group std blows up the advantages of
+    groups with no payout, which favour the low arm (measured: success 0.78
+    -> 0.09 in 3 iterations), and a critic would first have to learn the
+    mean payout. 64 evaluation seeds resolve a success rate to about 0.05.
+    """
+    config.llm(critic="none")
+    config.rollouts(n_groups=8, group_size=8, response_length=16, think=False, prefill=True)
+    config.training(
+        advantage_estimator="brpo", rollout_filter_ratio=0.5, mini_batch_size=32, micro_batch_size=8, actor_lr=2e-5,
+        entropy_coeff=0.0,
+    )
+    config.starpo_evaluation(eval_size=64)
 
 
 def preset(name: str, env: str) -> StarPOConfig:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -119,9 +119,19 @@ class MLflowTracker:
             self.client.log_batch(self.run_id, params=new[start : start + _PARAMS_PER_BATCH])
 
     def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
-        entities = [Metric(k, v, _now_ms(), step) for k, v in metrics.items()]
-        for start in range(0, len(entities), _METRICS_PER_BATCH):
-            self.client.log_batch(self.run_id, metrics=entities[start : start + _METRICS_PER_BATCH])
+        self.log_metric_entities(metric_entities(metrics, step=step))
+
+    def log_metric_entities(self, metrics: Sequence[Metric]) -> None:
+        """Logs metrics with their own steps and timestamps."""
+        for start in range(0, len(metrics), _METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=list(metrics[start : start + _METRICS_PER_BATCH]))
+
+    def unlogged(self, metrics: Sequence[Metric]) -> list[Metric]:
+        """The metrics whose (key, step) the run has no value for yet."""
+        logged = {
+            key: {m.step for m in self.client.get_metric_history(self.run_id, key)} for key in {m.key for m in metrics}
+        }
+        return [m for m in metrics if m.step not in logged[m.key]]
 
     def log_text(self, text: str, artifact_file: str) -> None:
         self.client.log_text(self.run_id, text, artifact_file)
@@ -154,6 +164,22 @@ def find_run(client: MlflowClient, experiment: str, *, tag: str, value: str) -> 
         max_results=1,
     )
     return runs[0].info.run_id if runs else None
+
+
+def metric_entities(metrics: Mapping[str, float], *, step: int) -> list[Metric]:
+    """{key: value} at `step` as MLflow metrics stamped now."""
+    now = _now_ms()
+    return [Metric(key, value, now, step) for key, value in metrics.items()]
+
+
+def metrics_to_json(metrics: Iterable[Metric]) -> list[list[Any]]:
+    """Metrics as JSON rows `[key, value, timestamp_ms, step]` (read back by `metrics_from_json`)."""
+    return [[m.key, m.value, m.timestamp, m.step] for m in metrics]
+
+
+def metrics_from_json(rows: Iterable[Sequence[Any]]) -> list[Metric]:
+    """The metrics `metrics_to_json` wrote."""
+    return [Metric(str(key), float(value), int(timestamp), int(step)) for key, value, timestamp, step in rows]
 
 
 def _now_ms() -> int:

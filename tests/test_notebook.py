@@ -87,8 +87,9 @@ def test_notebook_runs_top_to_bottom_on_a_real_run(ray_session, tiny_model_path,
     ))
     client = MlflowClient(store)
     (run_row,) = list_runs(client, "notebook").itertuples()
+    # Step 0 is the evaluation before the first update.
     assert trajectory_pages(client, run_row.run_id) == [
-        "trajectories/eval_iter_0001.html", "trajectories/eval_iter_0002.html"
+        "trajectories/eval_iter_0000.html", "trajectories/eval_iter_0001.html", "trajectories/eval_iter_0002.html"
     ]
     latest_page = read_text_artifact(client, run_row.run_id, "trajectories/eval_iter_0002.html")
 

@@ -16,7 +16,8 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from run_helpers import driver_args, mlflow_server, tiny_config
 
 from rllib_ragen.callbacks import MLflowSettings, with_mlflow
-from rllib_ragen.experiment import RUN_ID_FILE, run
+from rllib_ragen.checkpoints import latest_checkpoint, tracking_state
+from rllib_ragen.experiment import run
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.tracking import MLflowTracker, find_run, flatten_metrics, trajectories_html
 
@@ -145,7 +146,7 @@ def test_run_logs_params_metrics_pages_checkpoints_and_policy_then_resumes(
     flags = ("--tracking-uri", tracking_uri, "--experiment", "plain-runs", "--checkpoint-dir", str(checkpoints))
     result = run(tiny_config(tiny_model_path), driver_args(*flags, stop_iters=2))
 
-    run_id = (checkpoints / RUN_ID_FILE).read_text().strip()
+    run_id = tracking_state(latest_checkpoint(checkpoints))["run_id"]
     logged = client.get_run(run_id)
     assert logged.info.status == "FINISHED" and logged.info.run_name == "sokoban-starpo"
     params = logged.data.params
@@ -159,16 +160,19 @@ def test_run_logs_params_metrics_pages_checkpoints_and_policy_then_resumes(
     assert entropy[2] == pytest.approx(result["learners"]["default_policy"]["entropy"])
     assert not any(key.startswith("config/") for key in logged.data.metrics)
 
+    # Step 0 is the evaluation before the first update.
+    assert sorted(_metric_steps(client, run_id, "evaluation/success_rate")) == [0, 1, 2]
     pages = sorted(a.path for a in client.list_artifacts(run_id, "trajectories"))
-    assert pages == ["trajectories/eval_iter_0001.html", "trajectories/eval_iter_0002.html"]
-    page = Path(client.download_artifacts(run_id, pages[1], str(tmp_path / "dl"))).read_text()
+    assert pages == [f"trajectories/eval_iter_000{i}.html" for i in range(3)]
+    page = Path(client.download_artifacts(run_id, pages[-1], str(tmp_path / "dl"))).read_text()
     # eval_size=2 instances (seeds 123, 124), 2 turns each.
     assert page.count("<h2>") == 2 and "(seed 123)" in page and "(seed 124)" in page
     assert page.count("<b>turn 2</b>") == 2 and "<b>initial state</b><pre>#" in page
 
     # The logged checkpoint is the local one of iteration 2, file for file.
     checkpoint = Path(client.download_artifacts(run_id, "checkpoints/iter_0002", str(tmp_path / "dl")))
-    assert _tree_digest(checkpoint) == _tree_digest(checkpoints / "latest")
+    assert latest_checkpoint(checkpoints).name == "iter_000002"
+    assert _tree_digest(checkpoint) == _tree_digest(latest_checkpoint(checkpoints))
     assert "learner_group" in {p.name for p in checkpoint.iterdir()}
     assert [a.path for a in client.list_artifacts(run_id, "checkpoints")] == ["checkpoints/iter_0002"]
 
@@ -179,8 +183,10 @@ def test_run_logs_params_metrics_pages_checkpoints_and_policy_then_resumes(
     assert any(not torch.equal(trained[k], initial[k]) for k in trained), "final policy equals the untrained model"
 
     # A crash after iteration 2, then --resume: the same MLflow run goes on.
+    with pytest.raises(ValueError, match="pass --resume"):
+        run(tiny_config(tiny_model_path), driver_args(*flags, stop_iters=3))
     run(tiny_config(tiny_model_path), driver_args(*flags, "--resume", stop_iters=3))
-    assert (checkpoints / RUN_ID_FILE).read_text().strip() == run_id
+    assert tracking_state(latest_checkpoint(checkpoints))["run_id"] == run_id
     resumed = client.get_run(run_id)
     assert resumed.info.status == "FINISHED"
     assert sorted(_metric_steps(client, run_id, "training_iteration").items()) == [(1, 1.0), (2, 2.0), (3, 3.0)]

@@ -74,8 +74,8 @@ def test_warm_start_teaches_the_format_through_rllib_and_is_cached(tiny_model_pa
     protocol = ProtocolConfig(max_actions_per_turn=1, think=False, prefill=True)
     budget = TurnBudget(max_turns=1, max_actions_per_traj=1)
     config = WarmStartConfig(
-        env="bandit", protocol=protocol, budget=budget, num_examples=64, answers_per_prompt=2, epochs=3,
-        batch_size=16, lr=3e-3,
+        env="bandit", protocol=protocol, budget=budget, num_examples=64, answers_per_prompt=4, epochs=4,
+        batch_size=8, lr=3e-3,
     )
     path = warm_start(str(tiny_model_path), config, cache_dir=tmp_path)
     built = sorted(p.name for p in (tmp_path / "models").iterdir())
@@ -100,3 +100,14 @@ def test_the_cache_key_depends_on_model_and_prompt_format():
 def test_bad_sizes_are_refused_by_name(field):
     with pytest.raises(ValueError, match=field):
         WarmStartConfig(**{field: 0})
+
+
+def test_each_state_opens_with_every_action_equally_often(tiny_tokenizer):
+    protocol = ProtocolConfig(max_actions_per_turn=1, think=False, prefill=True)
+    config = WarmStartConfig(env="bandit", protocol=protocol, budget=TurnBudget(max_turns=1, max_actions_per_traj=1),
+                             num_examples=16, answers_per_prompt=2)
+    episodes = random_play(tiny_tokenizer, config)
+    arms = [e.agent_episodes[AGENT].get_infos(1)["arm"] for e in episodes]
+    # Per state (consecutive pair) one of each arm, in a random order.
+    assert all(sorted(arms[i : i + 2]) == ["Dragon", "Phoenix"] for i in range(0, 32, 2))
+    assert arms[0::2].count("Dragon") not in (0, 16)

@@ -21,6 +21,7 @@ from ray.rllib.utils.annotations import override
 
 from rllib_ragen.advantages import AdvantageInputs, compute_advantages, masked_mean
 from rllib_ragen.connectors.token_batch import TokenBatch, build_token_batch, trajectories_from_episodes
+from rllib_ragen.distributed import whiten_across_learners
 from rllib_ragen.module import ATTENTION_MASK, INPUT_IDS, TOKEN_LOGP
 
 SAMPLING_LOGP = "sampling_logp"
@@ -78,7 +79,9 @@ class StarPOLearnerConnector(ConnectorV2):
 
     @override(ConnectorV2)
     def __call__(self, *, rl_module, batch, episodes, metrics=None, **kwargs) -> dict[str, Any]:
-        module = rl_module[DEFAULT_MODULE_ID]
+        # The module itself, not its DDP wrapper (num_learners >= 2): scoring is no training
+        # step, so it must not run DDP's collective forward hooks.
+        module = rl_module[DEFAULT_MODULE_ID].unwrapped()
         trajectories = trajectories_from_episodes(episodes, history_window=self.history_window)
         tokens = build_token_batch(trajectories, pad_token_id=0)
         old_logp, old_values = score_rows(module, tokens, self.micro_batch_size, with_values=self.advantages.needs_critic)
@@ -89,12 +92,9 @@ class StarPOLearnerConnector(ConnectorV2):
             turn_ends=tokens.turn_ends,
             group_ids=tokens.group_ids,
         )
-        advantages, returns = compute_advantages(
-            self.advantages.estimator,
-            inputs,
-            whiten=self.advantages.whiten and self.advantages.needs_critic,
-            **self.advantages.hparams(),
-        )
+        advantages, returns = compute_advantages(self.advantages.estimator, inputs, **self.advantages.hparams())
+        if self.advantages.whiten and self.advantages.needs_critic:
+            advantages = whiten_across_learners(advantages, tokens.traj_mask)
         columns = {
             INPUT_IDS: tokens.input_ids,
             ATTENTION_MASK: tokens.attention_mask,

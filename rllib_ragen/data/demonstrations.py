@@ -140,16 +140,43 @@ def random_demonstrations(tokenizer: Any, config: RandomPlayConfig) -> list[Mult
     """
     group, protocol = _group_and_protocol(tokenizer, config.env, config.env_config, config.protocol, config.budget)
     rng = np.random.default_rng(config.seed)
+    first_actions = _StratifiedFirstActions(group.template_env.action_vocabulary, rng)
+    episodes = []
+    for index, seed in enumerate(config.seeds):
+        opening = first_actions.draw(seed)
+        pending = [opening] if opening is not None else []
 
-    def next_turn(env) -> Turn:
-        count = int(rng.integers(1, config.protocol.max_actions_per_turn + 1))
-        actions = [env.random_action(rng) for _ in range(count)]
-        return Turn(actions, f"I will try {', '.join(actions)}.")
+        def next_turn(env, pending=pending) -> Turn:
+            count = int(rng.integers(1, config.protocol.max_actions_per_turn + 1))
+            actions = [pending.pop() if pending else env.random_action(rng) for _ in range(count)]
+            return Turn(actions, f"I will try {', '.join(actions)}.")
 
-    return [
-        _play(group, protocol, group.reset(seed=seed), next_turn, group_id=index)
-        for index, seed in enumerate(config.seeds)
-    ]
+        episodes.append(_play(group, protocol, group.reset(seed=seed), next_turn, group_id=index))
+    return episodes
+
+
+class _StratifiedFirstActions:
+    """The first action of each trajectory from a state, drawn from a shuffled deck of the vocabulary.
+
+    Uniform draws from a handful of trajectories are rarely balanced (16
+    states x 2 Bandit answers drew one arm 11 times, the other 21), and the
+    model would learn that imbalance as a preference. Dealing each state's
+    first actions from a reshuffled deck keeps every action equally frequent
+    per state while the order stays random. Free-form envs (no vocabulary)
+    draw every action with `random_action`.
+    """
+
+    def __init__(self, vocabulary: tuple[str, ...] | None, rng: np.random.Generator) -> None:
+        self.vocabulary, self.rng = vocabulary, rng
+        self.decks: dict[int, list[str]] = {}
+
+    def draw(self, seed: int) -> str | None:
+        if not self.vocabulary:
+            return None
+        deck = self.decks.setdefault(seed, [])
+        if not deck:
+            deck.extend(self.rng.permutation(self.vocabulary).tolist())
+        return deck.pop()
 
 
 @dataclasses.dataclass(frozen=True)

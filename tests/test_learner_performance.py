@@ -1,0 +1,163 @@
+"""The learner's fast path equals the naive computation.
+
+Naive reference: the whole batch padded, a full [B, L, vocab] float32
+log-softmax at every position, one forward/backward. The fast path (chunked,
+recomputed log-probs at generated positions only; token-budget micro-batches of
+length-sorted rows; optional bf16 autocast) must give the same loss and gradient.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import gymnasium as gym
+import pytest
+import torch
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.columns import Columns
+
+from rllib_ragen.algorithm import StarPOConfig
+from rllib_ragen.connectors.learner_connector import SAMPLING_LOGP
+from rllib_ragen.learner import _micro_batch_weights, token_budget_groups
+from rllib_ragen.losses import aggregate_loss, policy_loss
+from rllib_ragen.module import ATTENTION_MASK, INPUT_IDS, TOKEN_ENTROPY, TOKEN_LOGP, ScoringConfig
+
+SPACE = gym.spaces.Text(max_length=8)
+ENTROPY_COEFF = 0.01
+
+
+def _batch(seed: int = 0) -> dict[str, torch.Tensor]:
+    """Five right-padded rows of different lengths, generated spans in each."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = [23, 9, 17, 30, 12]
+    width = max(lengths)
+    input_ids = torch.randint(1, 500, (len(lengths), width), generator=generator)
+    attention = torch.zeros(len(lengths), width, dtype=torch.long)
+    loss_mask = torch.zeros_like(attention)
+    for row, length in enumerate(lengths):
+        attention[row, :length] = 1
+        loss_mask[row, length // 2 : length - 1] = 1  # a response, then a closing token
+    input_ids = input_ids * attention
+    advantages = torch.randn(attention.shape, generator=generator) * loss_mask
+    return {INPUT_IDS: input_ids, ATTENTION_MASK: attention, Columns.LOSS_MASK: loss_mask,
+            Columns.ADVANTAGES: advantages}
+
+
+def _learner(model_path, **training):
+    config = (
+        StarPOConfig()
+        .llm(model=str(model_path), critic="none")
+        .training(advantage_estimator="grpo", entropy_coeff=ENTROPY_COEFF, actor_lr=0.0, grad_clip=None,
+                  **training)
+    )
+    learner = config.build_learner(spaces={DEFAULT_MODULE_ID: (SPACE, SPACE)})
+    return learner, learner.module[DEFAULT_MODULE_ID]
+
+
+def _with_old_logp(batch: dict[str, torch.Tensor], old_logp: torch.Tensor) -> dict[str, torch.Tensor]:
+    # Old log-probs a little off the current ones, so the PPO ratio is not 1 everywhere.
+    shifted = (old_logp + 0.05 * torch.sin(torch.arange(old_logp.numel()).reshape(old_logp.shape))).detach()
+    shifted = shifted * batch[Columns.LOSS_MASK]
+    return {**batch, Columns.ACTION_LOGP: shifted, SAMPLING_LOGP: shifted}
+
+
+def _naive_loss(policy, batch: dict[str, torch.Tensor], agg: str) -> torch.Tensor:
+    logits = policy(input_ids=batch[INPUT_IDS], attention_mask=batch[ATTENTION_MASK]).logits.float()
+    logp_all = torch.log_softmax(logits[:, :-1], dim=-1)
+    pad = torch.zeros_like(logp_all[:, :1, 0])
+    logp = torch.cat([pad, logp_all.gather(-1, batch[INPUT_IDS][:, 1:, None]).squeeze(-1)], dim=1)
+    entropy = torch.cat([pad, -(logp_all.exp() * logp_all).sum(-1)], dim=1)
+    mask = batch[Columns.LOSS_MASK]
+    pg, _ = policy_loss(logp, batch[Columns.ACTION_LOGP], batch[Columns.ADVANTAGES], mask, agg=agg)
+    return pg - ENTROPY_COEFF * aggregate_loss(entropy, mask, agg=agg)
+
+
+def _update(learner, batch) -> tuple[float, dict[str, torch.Tensor]]:
+    """One learner update (lr 0, no clipping): its loss and the accumulated gradients."""
+    _, losses, _ = learner._uncompiled_update({DEFAULT_MODULE_ID: batch})
+    module = learner.module[DEFAULT_MODULE_ID]
+    return float(losses[DEFAULT_MODULE_ID]), {n: p.grad.clone() for n, p in module.policy.named_parameters()}
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_fast_fp32_update_equals_the_naive_one(tiny_model_path, agg):
+    learner, module = _learner(tiny_model_path, micro_batch_tokens=40, logit_chunk_size=7, loss_agg_mode=agg)
+    naive_policy = copy.deepcopy(module.policy)
+    with torch.no_grad():
+        batch = _with_old_logp(_batch(), module.forward_train(_batch())[TOKEN_LOGP])
+    assert len(_micro_batch_weights(batch, 4, agg, token_budget=40)) >= 3  # really split
+    loss, grads = _update(learner, batch)
+    expected = _naive_loss(naive_policy, batch, agg)
+    expected.backward()
+    assert loss == pytest.approx(float(expected.detach()), abs=1e-6)
+    for name, param in naive_policy.named_parameters():
+        torch.testing.assert_close(grads[name], param.grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_token_budget_micro_batches_give_the_one_big_batch_gradient(tiny_model_path):
+    batch = _batch(seed=1)
+    one_batch, module = _learner(tiny_model_path, micro_batch_size=100)
+    budget, budget_module = _learner(tiny_model_path, micro_batch_tokens=35)
+    budget_module.load_state_dict(module.state_dict())
+    with torch.no_grad():
+        batch = _with_old_logp(batch, module.forward_train(batch)[TOKEN_LOGP])
+    loss, grads = _update(one_batch, batch)
+    budget_loss, budget_grads = _update(budget, batch)
+    assert budget_loss == pytest.approx(loss, abs=1e-6)
+    for name, grad in grads.items():
+        torch.testing.assert_close(budget_grads[name], grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_bf16_autocast_loss_is_within_tolerance_of_fp32(tiny_model_path):
+    """bf16 autocast rounds the trunk's activations: loss within 1e-3 absolute of fp32."""
+    learner, module = _learner(tiny_model_path, micro_batch_tokens=60)
+    bf16_learner, bf16_module = _learner(tiny_model_path, micro_batch_tokens=60, autocast_dtype="bfloat16")
+    bf16_module.load_state_dict(module.state_dict())
+    with torch.no_grad():
+        batch = _with_old_logp(_batch(), module.forward_train(_batch())[TOKEN_LOGP])
+        fp32_logp = module.forward_train(batch)[TOKEN_LOGP]
+        bf16_logp = bf16_module.forward_train(batch)[TOKEN_LOGP]
+    assert not torch.equal(fp32_logp, bf16_logp)  # autocast really ran
+    torch.testing.assert_close(bf16_logp, fp32_logp, atol=2e-2, rtol=0)
+    loss, _ = _update(learner, batch)
+    bf16_loss, _ = _update(bf16_learner, batch)
+    assert bf16_loss == pytest.approx(loss, abs=1e-3)
+
+
+def test_chunked_scores_and_gradients_match_a_full_softmax(tiny_model_path):
+    _, module = _learner(tiny_model_path)
+    module.scoring = ScoringConfig(logit_chunk_size=5)
+    reference = copy.deepcopy(module.policy)
+    batch = _batch()
+    out = module.forward_train(batch)
+    (out[TOKEN_LOGP].sum() + out[TOKEN_ENTROPY].sum()).backward()
+    logits = reference(input_ids=batch[INPUT_IDS], attention_mask=batch[ATTENTION_MASK]).logits.float()
+    logp_all = torch.log_softmax(logits[:, :-1], dim=-1)
+    mask = batch[Columns.LOSS_MASK][:, 1:].bool()
+    logp = logp_all.gather(-1, batch[INPUT_IDS][:, 1:, None]).squeeze(-1)[mask]
+    entropy = -(logp_all.exp() * logp_all).sum(-1)[mask]
+    torch.testing.assert_close(out[TOKEN_LOGP][:, 1:][mask], logp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[TOKEN_ENTROPY][:, 1:][mask], entropy, atol=1e-5, rtol=1e-5)
+    (logp.sum() + entropy.sum()).backward()
+    for (name, param), ref in zip(module.policy.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(param.grad, ref.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_token_budget_groups_by_hand():
+    groups = token_budget_groups(torch.tensor([5, 9, 3, 8, 2]), 18)
+    # Sorted 9, 8, 5, 3, 2: {9, 8} = 2 x 9 = 18; {5, 3, 2} = 3 x 5 = 15.
+    assert [g.tolist() for g in groups] == [[1, 3], [0, 2, 4]]
+    assert [g.tolist() for g in token_budget_groups(torch.tensor([30, 2]), 10)] == [[0], [1]]
+    with pytest.raises(ValueError, match="token_budget"):
+        token_budget_groups(torch.tensor([3]), 0)
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="autocast_dtype"):
+        ScoringConfig(autocast_dtype="int8")
+    with pytest.raises(ValueError, match="logit_chunk_size"):
+        ScoringConfig(logit_chunk_size=0)
+    with pytest.raises(ValueError, match="micro_batch_tokens"):
+        StarPOConfig().training(micro_batch_tokens=0).validate_starpo()
+    with pytest.raises(ValueError, match="autocast_dtype"):
+        StarPOConfig().training(autocast_dtype="fp8").validate_starpo()

@@ -1,0 +1,285 @@
+"""Crash safety: a checkpoint is complete or ignored, metrics reach MLflow
+exactly once per step, Ctrl-C checkpoints before it stops, and a tuned example
+SIGKILLed mid-run resumes with the same iteration counter, seed stream,
+optimiser state and MLflow run."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import ray
+from mlflow.tracking import MlflowClient
+from ray.rllib.callbacks.callbacks import RLlibCallback
+from run_helpers import ROOT, driver_args, tiny_config
+
+from rllib_ragen.callbacks import MLflowCallback, MLflowSettings, mlflow_callback_of, with_mlflow
+from rllib_ragen.checkpoints import (
+    COMPLETE_MARKER,
+    TRACKING_FILE,
+    checkpoint_iteration,
+    latest_checkpoint,
+    save_checkpoint,
+    tracking_state,
+)
+from rllib_ragen.experiment import run
+from rllib_ragen.tracking import MLflowTracker, metrics_from_json
+
+TRAIN_SEED_START = 10_000  # StarPOConfig's default
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def _bandit_config(model_path):
+    return (
+        tiny_config(model_path, env="bandit")
+        .rollouts(max_turns=1, max_actions_per_turn=1, response_length=8)
+        .starpo_evaluation(eval_interval=0)
+    )
+
+
+def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def test_half_written_checkpoints_are_never_resumed_and_are_cleaned_up(ray_session, tiny_model_path, tmp_path):
+    algo = _bandit_config(tiny_model_path).build_algo()
+    try:
+        algo.train()
+        complete = save_checkpoint(algo, tmp_path, tracking={"run_id": "r1", "metrics": []})
+        assert complete.name == "iter_000001" and latest_checkpoint(tmp_path) == complete
+        # What kills leave behind: a save cut off mid-write (no marker, a
+        # truncated state file) and a newer-named copy that lost its marker.
+        cut = tmp_path / ".partial-iter_000002"
+        shutil.copytree(complete, cut)
+        (cut / COMPLETE_MARKER).unlink()
+        state = cut / "learner_group" / "learner" / "state.pkl"
+        state.write_bytes(state.read_bytes()[:100])
+        unmarked = tmp_path / "iter_000003"
+        shutil.copytree(complete, unmarked)
+        (unmarked / COMPLETE_MARKER).unlink()
+        assert latest_checkpoint(tmp_path) == complete
+        with pytest.raises(ValueError, match="not a complete checkpoint"):
+            tracking_state(unmarked)
+
+        algo.train()
+        newer = save_checkpoint(algo, tmp_path, tracking={"run_id": "r1", "metrics": [["m", 1.0, 5, 2]]})
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["iter_000002"]
+        assert latest_checkpoint(tmp_path) == newer and checkpoint_iteration(newer) == 2
+        assert tracking_state(newer) == {"run_id": "r1", "metrics": [["m", 1.0, 5, 2]]}
+        # An iteration's checkpoint is written once: saving it again keeps it.
+        assert save_checkpoint(algo, tmp_path, tracking={"run_id": "other", "metrics": []}) == newer
+        assert tracking_state(newer)["run_id"] == "r1"
+    finally:
+        algo.stop()
+
+
+def test_metrics_wait_for_their_checkpoint_and_restore_logs_each_once(ray_session, tiny_model_path, tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(store)
+    settings = MLflowSettings(
+        tracking_uri=store, experiment="restore", checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2,
+        stop_iters=10,
+    )
+    algo = with_mlflow(_bandit_config(tiny_model_path), settings).build_algo()
+    try:
+        algo.train()
+        run_id = mlflow_callback_of(algo).tracker.run_id
+        # No checkpoint covers iteration 1 yet, so MLflow has none of its metrics.
+        assert latest_checkpoint(tmp_path / "ckpt") is None
+        assert client.get_metric_history(run_id, "training_iteration") == []
+        algo.train()
+        checkpoint = latest_checkpoint(tmp_path / "ckpt")
+        assert checkpoint.name == "iter_000002"
+        assert _history(client, run_id, "training_iteration") == [(1, 1.0), (2, 2.0)]
+        saved = metrics_from_json(tracking_state(checkpoint)["metrics"])
+        assert {m.step for m in saved} == {1, 2} and tracking_state(checkpoint)["run_id"] == run_id
+
+        # A kill after the checkpoint was saved but while its metrics were
+        # being logged: a run holding only part of them.
+        crashed_run = MLflowTracker(tracking_uri=store, experiment="restore")
+        copy = tmp_path / "crashed" / checkpoint.name
+        shutil.copytree(checkpoint, copy)
+        tracking = dict(tracking_state(checkpoint), run_id=crashed_run.run_id)
+        (copy / TRACKING_FILE).write_text(json.dumps(tracking))
+        crashed_run.log_metric_entities(saved[: len(saved) // 3])
+        for _ in range(2):  # a second crash during the restore changes nothing
+            restarted = MLflowCallback(settings)
+            restarted.restore(algo, copy)
+            assert restarted.tracker.run_id == crashed_run.run_id and algo.iteration == 2
+        for key in {m.key for m in saved}:
+            expected = sorted((m.step, m.value) for m in saved if m.key == key)
+            assert _history(client, crashed_run.run_id, key) == expected, key
+    finally:
+        algo.stop()
+
+
+class _CtrlCAtIteration2(RLlibCallback):
+    def on_train_result(self, *, algorithm, result, **kwargs) -> None:
+        if result["training_iteration"] == 2:
+            signal.raise_signal(signal.SIGINT)
+
+
+def test_ctrl_c_stops_after_the_iteration_with_a_checkpoint_then_resume_finishes(
+    ray_session, tiny_model_path, tmp_path
+):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(store)
+    flags = ("--tracking-uri", store, "--experiment", "ctrl-c", "--checkpoint-dir", str(tmp_path / "ckpt"))
+    config = _bandit_config(tiny_model_path).callbacks(callbacks_class=_CtrlCAtIteration2)
+    with pytest.raises(KeyboardInterrupt):
+        run(config, driver_args(*flags, "--checkpoint-every", "3", stop_iters=4))
+    # Iteration 2 is no periodic checkpoint (every 3): this one is the exit's.
+    checkpoint = latest_checkpoint(tmp_path / "ckpt")
+    assert checkpoint.name == "iter_000002"
+    run_id = tracking_state(checkpoint)["run_id"]
+    assert client.get_run(run_id).info.status == "KILLED"
+    assert _history(client, run_id, "training_iteration") == [(1, 1.0), (2, 2.0)]
+
+    run(_bandit_config(tiny_model_path), driver_args(*flags, "--resume", stop_iters=3))
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert _history(client, run_id, "training_iteration") == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    assert len(client.search_runs([client.get_experiment_by_name("ctrl-c").experiment_id])) == 1
+
+
+STOP_ITERS = 5
+N_GROUPS = 2
+CHECKPOINT_EVERY = 2
+
+
+def _driver_command(model_path: Path, checkpoint_dir: Path, store: str, *extra: str) -> list[str]:
+    return [
+        sys.executable, str(ROOT / "tuned_examples" / "bandit_starpo.py"), "--model", str(model_path),
+        "--engine", "hf", "--no-warm-start", "--n-groups", str(N_GROUPS), "--group-size", "2",
+        "--set", "response_length=8", "--set", "eval_interval=0", "--checkpoint-dir", str(checkpoint_dir),
+        "--tracking-uri", store, "--experiment", "kill", "--stop-iters", str(STOP_ITERS),
+        "--checkpoint-every", str(CHECKPOINT_EVERY), *extra,
+    ]
+
+
+def _session_pids(session_id: int) -> list[int]:
+    """Processes of a session (the driver's own process group and anything Ray forked from it)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == session_id and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def _wait(predicate, *, timeout_s: float, what: str, process: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"the driver exited with {process.returncode} while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} within {timeout_s} s")
+        time.sleep(0.1)
+
+
+def _kill_session(process: subprocess.Popen) -> None:
+    """SIGKILL to the driver's process group (no handler, no `finally` runs),
+    then to anything left in its session."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    for pid in _session_pids(process.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _adam_steps(checkpoint: Path) -> float:
+    learner = pickle.loads((checkpoint / "learner_group" / "learner" / "state.pkl").read_bytes())
+    optimizer = learner["optimizer"]["default_policy_policy"]["state"]["state"]
+    return float(next(iter(optimizer.values()))["step"])
+
+
+def _next_train_seed(checkpoint: Path) -> int:
+    return pickle.loads((checkpoint / "env_runner" / "state.pkl").read_bytes())["next_train_seed"]
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_resume_continues_with_each_iteration_logged_once(tiny_model_path, tmp_path):
+    checkpoints, store = tmp_path / "ckpt", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # Own Ray temp dir (short: Ray's socket paths must stay under 107 bytes) and
+    # a local Ray per driver, never another test's cluster.
+    ray_tmp = tempfile.mkdtemp(prefix="rk", dir="/tmp")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", RAY_ADDRESS="local", RAY_TMPDIR=ray_tmp, PYTHONUNBUFFERED="1")
+    logs = {name: tmp_path / f"{name}.log" for name in ("killed", "resumed")}
+    try:
+        with open(logs["killed"], "wb") as log:
+            killed = subprocess.Popen(
+                _driver_command(tiny_model_path, checkpoints, store), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, cwd=tmp_path, env=env,
+            )
+            try:
+                # Killed after iteration 3, which no checkpoint covers: it is redone after the resume.
+                _wait(lambda: f"[3/{STOP_ITERS}]" in logs["killed"].read_text(), timeout_s=240,
+                      what="progress line of iteration 3", process=killed)
+            finally:
+                killed_at_s = time.time()
+                _kill_session(killed)
+        # Ray's processes share the driver's fate: none outlives the kill.
+        _wait(lambda: not _session_pids(killed.pid), timeout_s=20, what="end of the killed driver's processes")
+        last = latest_checkpoint(checkpoints)
+        restored = checkpoint_iteration(last)
+        assert restored == CHECKPOINT_EVERY, logs["killed"].read_text()[-3000:]
+        adam_steps_per_iteration = _adam_steps(last) / restored
+        assert adam_steps_per_iteration >= 1 and _next_train_seed(last) == TRAIN_SEED_START + N_GROUPS * restored
+        client = MlflowClient(store)
+        run_id = tracking_state(last)["run_id"]
+        # Nothing past the last complete checkpoint was logged.
+        assert {m.step for m in client.get_metric_history(run_id, "training_iteration")} <= set(range(1, restored + 1))
+
+        with open(logs["resumed"], "wb") as log:
+            resumed = subprocess.Popen(
+                _driver_command(tiny_model_path, checkpoints, store, "--resume"), stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path, env=env,
+            )
+            try:
+                resumed.wait(timeout=240)
+            finally:
+                _kill_session(resumed)
+        output = logs["resumed"].read_text()
+        assert resumed.returncode == 0, output[-3000:]
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+    assert f"at iteration {restored}\n" in output
+    progress = [line.split("]")[0] + "]" for line in output.splitlines() if line.startswith("[")]
+    assert progress == [f"[{i}/{STOP_ITERS}]" for i in range(restored + 1, STOP_ITERS + 1)]
+
+    experiment = client.get_experiment_by_name("kill")
+    (only_run,) = client.search_runs([experiment.experiment_id])
+    assert only_run.info.run_id == run_id and only_run.info.status == "FINISHED"
+    for key in ("training_iteration", "env_runners/episode_return_mean", "learners/default_policy/entropy"):
+        history = client.get_metric_history(run_id, key)
+        assert sorted(m.step for m in history) == list(range(1, STOP_ITERS + 1)), key
+        # Steps up to the checkpoint come from the killed driver, the rest from the resumed one.
+        assert all((m.timestamp / 1000 < killed_at_s) == (m.step <= restored) for m in history), key
+    assert _history(client, run_id, "training_iteration") == [(i, float(i)) for i in range(1, STOP_ITERS + 1)]
+
+    final = latest_checkpoint(checkpoints)
+    assert checkpoint_iteration(final) == STOP_ITERS
+    # Seed cursor and optimiser went on from the checkpoint, not from scratch.
+    assert _next_train_seed(final) == TRAIN_SEED_START + N_GROUPS * STOP_ITERS
+    assert _adam_steps(final) == adam_steps_per_iteration * STOP_ITERS
+    assert (checkpoints / "final_policy" / "model.safetensors").is_file()
