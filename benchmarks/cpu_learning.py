@@ -104,6 +104,7 @@ def benchmark_env(env: str, args: argparse.Namespace) -> list[Row]:
     held_out = HELD_OUT.get(env)
     if held_out:
         rows.append(row(held_out, "warm start only (held-out names)", evaluate(config, env=held_out), warm_seconds))
+        print(rows[-1].markdown(), flush=True)
     algo = config.build_algo()
     try:
         before = algo.evaluate_fixed_seeds()
@@ -118,6 +119,7 @@ def benchmark_env(env: str, args: argparse.Namespace) -> list[Row]:
                   f"{(time.perf_counter() - began) / 60:.1f} min", flush=True)
         trained = evaluation if "success_rate" in evaluation else algo.evaluate_fixed_seeds()
         rows.append(row(env, "warm start + StarPO", trained, time.perf_counter() - began, algo.iteration))
+        print(rows[-1].markdown(), flush=True)
         policy = algo.export_policy(Path(tempfile.mkdtemp(prefix=f"{env}-starpo-")))
     finally:
         algo.stop()
@@ -125,6 +127,7 @@ def benchmark_env(env: str, args: argparse.Namespace) -> list[Row]:
         config.llm(model=str(policy))
         rows.append(row(held_out, "warm start + StarPO (held-out names)", evaluate(config, env=held_out),
                         rows[-1].minutes * 60, rows[-1].iterations))
+        print(rows[-1].markdown(), flush=True)
     print(f"{env}: {(time.perf_counter() - started) / 60:.1f} min in all", flush=True)
     return rows
 

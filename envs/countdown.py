@@ -170,8 +170,8 @@ class CountdownEnv(TextEnv):
         numbers = [str(n) for n in rng.permutation(self.numbers)]
         operators = rng.choice(["+", "-", "*", "/"], size=len(numbers) - 1)
         parts = [numbers[0]]
-        for operator, number in zip(operators, numbers[1:]):
-            parts += [str(operator), number]
+        for symbol, number in zip(operators, numbers[1:]):
+            parts += [str(symbol), number]
         return "".join(parts)
 
     def _step(self, action: str) -> tuple[float, bool, bool, dict[str, Any]]:

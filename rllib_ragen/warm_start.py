@@ -40,7 +40,7 @@ from rllib_ragen.ray_session import init_ray
 
 
 # Part of the cache key: a change to how the warm start trains must not reuse old results.
-WARM_START_METHOD = "random-play-bc-2"
+WARM_START_METHOD = "random-play-bc-3"
 
 
 @dataclasses.dataclass(frozen=True)

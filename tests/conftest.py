@@ -32,3 +32,13 @@ def chat_template(tiny_tokenizer):
     from rllib_ragen.connectors.chat_template import ChatTemplate
 
     return ChatTemplate.from_tokenizer(tiny_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """A local Ray for the tests of one module, shut down after them (tests ask for it by name)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()

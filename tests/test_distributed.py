@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-import ray
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -23,13 +22,6 @@ from rllib_ragen.distributed import (
 )
 from rllib_ragen.env_runner import policy_weights
 from run_helpers import free_port, tiny_config
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 def test_split_contiguous_keeps_order_and_balances():

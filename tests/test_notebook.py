@@ -7,7 +7,6 @@ import math
 
 import nbformat
 import pytest
-import ray
 from mlflow.tracking import MlflowClient
 from nbclient import NotebookClient
 from run_helpers import ROOT, driver_args, tiny_config
@@ -70,13 +69,6 @@ def test_plot_signals_draws_one_line_per_run_per_signal(store):
     assert all(len(ax.get_lines()) == 2 for ax in panels)
     with pytest.raises(ValueError, match="no runs"):
         plot_signals({})
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.mark.slow

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-import ray
 from mlflow.tracking import MlflowClient
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from run_helpers import ROOT, driver_args, tiny_config
@@ -36,13 +35,6 @@ from rllib_ragen.experiment import run
 from rllib_ragen.tracking import MLflowTracker, metrics_from_json
 
 TRAIN_SEED_START = 10_000  # StarPOConfig's default
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 def _bandit_config(model_path):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rllib_ragen.experiment import apply_setting, build_parser, config_from_args
+from rllib_ragen.experiment import apply_setting, build_parser, choose_starting_model, config_from_args
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "tuned_examples").glob("*.py")) + sorted((ROOT / "benchmarks").glob("*.py"))
@@ -37,3 +37,19 @@ def test_unknown_setting_is_named():
         apply_setting(config, "actor_lrr=1")
     with pytest.raises(ValueError, match="KEY=VALUE"):
         apply_setting(config, "actor_lr")
+
+
+def test_a_given_warm_started_model_replaces_the_warm_start(tiny_model_path):
+    config = config_from_args(_args())
+    choose_starting_model(config, _args("--warm-start-model", str(tiny_model_path)))
+    assert config.llm_model == str(tiny_model_path)
+    with pytest.raises(ValueError, match="--warm-start-model and --no-warm-start"):
+        choose_starting_model(config, _args("--warm-start-model", str(tiny_model_path), "--no-warm-start"))
+    with pytest.raises(FileNotFoundError):
+        choose_starting_model(config, _args("--warm-start-model", str(tiny_model_path / "missing")))
+
+
+def test_no_warm_start_keeps_the_base_model():
+    config = config_from_args(_args("--model", "tiny-random"))
+    choose_starting_model(config, _args("--no-warm-start"))
+    assert config.llm_model == "tiny-random"

@@ -7,7 +7,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-import ray
 from mlflow.tracking import MlflowClient
 from run_helpers import ROOT, tiny_config
 
@@ -71,13 +70,6 @@ def test_default_grid_is_valid_for_every_preset():
 
 def test_num_trials_is_the_grid_product():
     assert SweepConfig(grid={"a": [1, 2], "b": [3, 4, 5]}, stop_iters=1).num_trials == 6
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.mark.slow

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
 import torch
 from mlflow.tracking import MlflowClient
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
@@ -26,13 +25,6 @@ from rllib_ragen.tracking import MLflowTracker, find_run, flatten_metrics, traje
 def tracking_uri(tmp_path_factory):
     with mlflow_server(tmp_path_factory.mktemp("mlflow_server")) as uri:
         yield uri
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 def test_flatten_metrics_keeps_finite_numeric_leaves_only():

@@ -19,6 +19,6 @@ if __name__ == "__main__":
     main(
         env="bandit",
         description="Train an LLM agent to prefer the better arm of a two-armed bandit with StarPO.",
-        success_threshold=0.6,
+        success_threshold=0.9,
         stop_iters=20,
     )
