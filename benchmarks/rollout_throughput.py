@@ -224,7 +224,7 @@ def report_weight_sync(engine: InferenceEngine, setup: Setup) -> None:
     for _ in range(setup.args.sync_repeats):
         engine.update_weights(model.state_dict())
         seconds.append(engine.last_sync_seconds)
-    megabytes = engine.weight_sync.last_nbytes / 2**20
+    megabytes = engine.last_sync_nbytes / 2**20
     print(f"weight sync ({megabytes:.0f} MB fp32 -> {setup.args.num_engines} engine(s)): "
           f"mean {np.mean(seconds):.2f} s, min {np.min(seconds):.2f} s over {len(seconds)}")
     hf_after, engine_after = hf.score(*probe)[0], engine.score(*probe)[0]

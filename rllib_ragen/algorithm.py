@@ -25,7 +25,7 @@ import torch
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.connectors.learner.learner_connector_pipeline import LearnerConnectorPipeline
-from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.metrics import (
@@ -47,7 +47,8 @@ from rllib_ragen.echo_trap import EchoTrapMonitor
 from rllib_ragen.env_group import TurnBudget
 from rllib_ragen.env_runner import LLMEnvRunner, policy_weights, rollout_statistics
 from rllib_ragen.filtering import FILTER_METRICS, select_groups_by_variance
-from rllib_ragen.inference.factory import EngineConfig
+from rllib_ragen.inference.factory import EngineConfig, resolve_kind
+from rllib_ragen.inference.weight_sync import PolicyWeightSync
 from rllib_ragen.learner import StarPOTorchLearner
 from rllib_ragen.losses import KL_KINDS, LOSS_AGGREGATIONS
 from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model, resolves_locally
@@ -58,6 +59,7 @@ logger = logging.getLogger(__name__)
 ROLLOUT_TIMER = "rollout"
 UPDATE_TIMER = "update"
 WEIGHT_SYNC_TIMER = "weight_sync"
+WEIGHT_SYNC_RESULTS = "weight_sync"
 EVAL_TIMER = "evaluation"
 OFFLINE_DATA_RESULTS = "offline_data"
 TRAIN_SEED_CURSOR = "next_train_seed"
@@ -106,16 +108,10 @@ class StarPOConfig(AlgorithmConfig):
         self.format_penalty = -0.1
         self.train_seed_start = 10_000
         self.env_step_timeout_s = 60.0
-        # .inference()
-        self.engine = "auto"
-        self.num_engines = 1
-        self.kv_cache_gb = 4.0
-        self.engine_dtype = "auto"
-        self.max_model_len = 3600
-        self.enable_prefix_caching = False
-        self.num_gpus_per_engine = 0.0
-        self.tensor_parallel_size = 1
-        self.engine_threads = None
+        # .inference(): every engine setting defaults to EngineConfig's.
+        engine_defaults = EngineConfig()
+        for attribute, field in _ENGINE_SETTINGS.items():
+            setattr(self, attribute, getattr(engine_defaults, field))
         self.torch_threads = None
         # .training()
         self.advantage_estimator = "gae"
@@ -236,14 +232,24 @@ class StarPOConfig(AlgorithmConfig):
         tensor_parallel_size: int | None = NotProvided,
         engine_threads: int | None = NotProvided,
         torch_threads: int | None = NotProvided,
+        gpu_memory_utilization: float | None = NotProvided,
+        num_cpus_per_engine: float | None = NotProvided,
+        max_batch_size: int | None = NotProvided,
+        enforce_eager: bool | None = NotProvided,
+        max_engine_restarts_per_call: int | None = NotProvided,
+        engine_start_timeout_s: float | None = NotProvided,
+        engine_call_timeout_s: float | None = NotProvided,
+        weight_sync: str | None = NotProvided,
+        weight_sync_timeout_s: float | None = NotProvided,
     ) -> StarPOConfig:
-        """The rollout engine.
+        """The rollout engine, and how the learner's weights reach it (defaults: `EngineConfig`'s).
 
         Args:
             engine: "auto" (vLLM when importable, else in-process HF), "vllm" or "hf".
             num_engines: vLLM engine actors in the pool.
-            kv_cache_gb: KV-cache size per vLLM engine (host RAM on CPU).
-            engine_dtype: Engine weight dtype ("auto", "float32", "bfloat16").
+            kv_cache_gb: KV-cache size per vLLM engine, GiB (host RAM on CPU, where
+                it must be given); None on GPU leaves it to `gpu_memory_utilization`.
+            engine_dtype: Engine weight dtype ("auto", "float32", "bfloat16", "float16").
             max_model_len: Longest prompt + response an engine serves; a trajectory
                 whose next prompt leaves less than `response_length` tokens is
                 truncated there (metric `truncated_prompt_trajectories`).
@@ -253,12 +259,35 @@ class StarPOConfig(AlgorithmConfig):
             engine_threads: CPU threads per engine (None = the cores split evenly over the engines).
             torch_threads: Threads of the learner and the in-process HF engine
                 (None = all cores; Ray would otherwise leave a trial actor one).
+            gpu_memory_utilization: GPU engines: vLLM's share of the GPU's memory
+                (weights, activations, KV cache); set with `kv_cache_gb=None`.
+                Rejected on CPU, where it would be a share of host RAM.
+            num_cpus_per_engine: Ray CPUs each vLLM actor reserves (scheduling only).
+            max_batch_size: HF engine: prompts decoded together (bounds memory).
+            enforce_eager: vLLM without torch.compile and CUDA graphs (fast start);
+                False is the throughput option on GPU.
+            max_engine_restarts_per_call: vLLM actors one call may replace (dead or
+                timed out) before it fails.
+            engine_start_timeout_s: Seconds a vLLM actor may take to start.
+            engine_call_timeout_s: Seconds one generate or score call on a vLLM
+                actor may take; past it the actor is stopped and
+                `EngineTimeoutError` names it and the step.
+            weight_sync: "object_store" (the weights put once in Ray's object store,
+                read by every engine) or "collective" (broadcast from the learner
+                over a torch.distributed group: NCCL on GPU, gloo on CPU).
+            weight_sync_timeout_s: Seconds one weight sync into every engine may take
+                (then `EngineTimeoutError` names the engine and the step).
         """
         return self._set(
             engine=engine, num_engines=num_engines, kv_cache_gb=kv_cache_gb, engine_dtype=engine_dtype,
             max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
             num_gpus_per_engine=num_gpus_per_engine, tensor_parallel_size=tensor_parallel_size,
             engine_threads=engine_threads, torch_threads=torch_threads,
+            gpu_memory_utilization=gpu_memory_utilization, num_cpus_per_engine=num_cpus_per_engine,
+            max_batch_size=max_batch_size, enforce_eager=enforce_eager,
+            max_engine_restarts_per_call=max_engine_restarts_per_call,
+            engine_start_timeout_s=engine_start_timeout_s, engine_call_timeout_s=engine_call_timeout_s,
+            weight_sync=weight_sync, weight_sync_timeout_s=weight_sync_timeout_s,
         )
 
     @override(AlgorithmConfig)
@@ -432,10 +461,7 @@ class StarPOConfig(AlgorithmConfig):
     @property
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
-            kind=self.engine, num_engines=self.num_engines, kv_cache_gb=self.kv_cache_gb,
-            dtype=self.engine_dtype, max_model_len=self.max_model_len,
-            enable_prefix_caching=self.enable_prefix_caching, num_gpus_per_engine=self.num_gpus_per_engine,
-            tensor_parallel_size=self.tensor_parallel_size, num_threads=self.engine_threads,
+            **{field: getattr(self, attribute) for attribute, field in _ENGINE_SETTINGS.items()},
             seed=self.seed if self.seed is not None else 0,
         )
 
@@ -531,6 +557,13 @@ class StarPOConfig(AlgorithmConfig):
                 f"num_env_runners={self.num_env_runners} samples on remote runners: set "
                 ".env_runners(create_local_env_runner=False), a local runner would hold an idle engine"
             )
+        if (self.weight_sync == "collective" and self.num_learners >= 1 and self.num_env_runners == 0
+                and resolve_kind(self.engine) == "hf"):
+            raise ValueError(
+                "weight_sync='collective' with remote learners (num_learners >= 1) cannot reach engine='hf' in "
+                "the driver (it would have to receive while the driver waits for the sender): use "
+                "weight_sync='object_store', engine='vllm' or remote env runners"
+            )
         if self.num_learners >= 2:
             if self.advantage_estimator == "brpo":
                 raise ValueError(
@@ -583,6 +616,29 @@ class StarPOConfig(AlgorithmConfig):
             f"{self.env}: {self.n_groups} groups x {self.group_size} trajectories, "
             f"{self.max_turns} turns, model {self.llm_model}, estimator {self.advantage_estimator}"
         )
+
+
+# StarPOConfig attribute -> EngineConfig field, for every engine setting but the seed (`.debugging`).
+_ENGINE_SETTINGS = {
+    "engine": "kind",
+    "num_engines": "num_engines",
+    "kv_cache_gb": "kv_cache_gb",
+    "gpu_memory_utilization": "gpu_memory_utilization",
+    "engine_dtype": "dtype",
+    "max_model_len": "max_model_len",
+    "enable_prefix_caching": "enable_prefix_caching",
+    "num_gpus_per_engine": "num_gpus_per_engine",
+    "tensor_parallel_size": "tensor_parallel_size",
+    "engine_threads": "num_threads",
+    "num_cpus_per_engine": "num_cpus_per_engine",
+    "max_batch_size": "max_batch_size",
+    "enforce_eager": "enforce_eager",
+    "max_engine_restarts_per_call": "max_restarts_per_call",
+    "engine_start_timeout_s": "start_timeout_s",
+    "engine_call_timeout_s": "call_timeout_s",
+    "weight_sync": "weight_sync",
+    "weight_sync_timeout_s": "weight_sync_timeout_s",
+}
 
 
 def _choice(name: str, value: Any, allowed) -> None:
@@ -648,6 +704,12 @@ class StarPO(Algorithm):
         self._evaluation_episodes: list = []
         # The training-seed cursor when the runners are remote (a local runner keeps its own).
         self._next_train_seed = self.config.train_seed_start
+        self.weight_sync = PolicyWeightSync(
+            config=self.config.engine_config, learner_group=self.learner_group,
+            env_runner_group=self.env_runner_group,
+        )
+        # The engines loaded the checkpoint themselves; this first sync proves the path at start.
+        self.sync_engine_weights()
 
     @override(Algorithm)
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
@@ -659,6 +721,28 @@ class StarPO(Algorithm):
     def set_state(self, state: dict) -> None:
         super().set_state(state)
         self._next_train_seed = state.get(TRAIN_SEED_CURSOR, self._next_train_seed)
+        if COMPONENT_LEARNER_GROUP in state:
+            self.sync_engine_weights()
+
+    @override(Algorithm)
+    def restore_from_path(self, path, *args, **kwargs) -> None:
+        super().restore_from_path(path, *args, **kwargs)
+        # RLlib restores the learner group from its own directory, not through set_state.
+        self.sync_engine_weights()
+
+    def sync_engine_weights(self) -> None:
+        """Loads the learner's policy into every rollout engine, then checks it there.
+
+        Logs `weight_sync/seconds`, `weight_sync/megabytes` and
+        `weight_sync/engine_logp_max_abs_diff`: the largest difference between an
+        engine's and the learner's log-probs of a fixed probe continuation (about
+        1e-3 or less with matching dtypes; stale engine weights show as a large value).
+        """
+        report = self.weight_sync.sync()
+        gap = self.weight_sync.check()
+        for key, value in (("seconds", report.seconds), ("megabytes", report.nbytes / 2**20),
+                           ("engine_logp_max_abs_diff", gap)):
+            self.metrics.log_value((WEIGHT_SYNC_RESULTS, key), value, window=1)
 
     @override(Algorithm)
     def training_step(self) -> None:
@@ -669,7 +753,7 @@ class StarPO(Algorithm):
             learner_results = self.update_learners(kept)
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
         with self.metrics.log_time((TIMERS, WEIGHT_SYNC_TIMER)):
-            self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True)
+            self.sync_engine_weights()
         interval = self.config.eval_interval
         if interval and (self.iteration + 1) % interval == 0:
             self.evaluate_fixed_seeds()
@@ -795,6 +879,7 @@ class StarPO(Algorithm):
     def cleanup(self) -> None:
         if self.offline_data is not None:
             self.offline_data.close()  # release its Ray Data iterator before Ray shuts down
+        self.weight_sync.close()
         super().cleanup()
 
     def pop_evaluation_episodes(self) -> list:
@@ -808,7 +893,7 @@ class StarPO(Algorithm):
         state = self.learner_group.get_state(components=component, inference_only=True)
         module_state = state[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
         model_path = resolve_model(self.config.llm_model)
-        policy = load_causal_lm(model_path)
+        policy = load_causal_lm(model_path, dtype=getattr(torch, self.config.dtype))
         policy.load_state_dict(policy_weights(module_state))
         directory = Path(directory)
         policy.save_pretrained(directory, safe_serialization=True)

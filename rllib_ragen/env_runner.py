@@ -27,9 +27,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import ray
 import torch
-from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 from ray.rllib.env import INPUT_ENV_SPACES
 from ray.rllib.env.env_runner import EnvRunner
@@ -191,15 +190,14 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
     @override(Checkpointable)
     def set_state(self, state: dict) -> None:
-        """Takes new policy weights (pushed into the engine in place) and the seed cursor."""
+        """Takes the training-seed cursor.
+
+        The module weights RLlib also sends here (at setup and restore) are ignored:
+        the engine gets the policy from StarPO's own weight sync
+        (`rllib_ragen.inference.weight_sync`), which keeps the dtype and checks the result.
+        """
         if "next_train_seed" in state:
             self._next_train_seed = state["next_train_seed"]
-        module_state = state.get(COMPONENT_RL_MODULE, {})
-        if isinstance(module_state, ray.ObjectRef):  # how RLlib ships weights to remote runners
-            module_state = ray.get(module_state)
-        module_state = module_state.get(DEFAULT_MODULE_ID)
-        if module_state:
-            self.engine.update_weights(policy_weights(module_state))
 
     @override(Checkpointable)
     def get_ctor_args_and_kwargs(self):

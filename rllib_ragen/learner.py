@@ -32,6 +32,7 @@ from rllib_ragen.module import (
     TOKEN_ENTROPY,
     TOKEN_LOGP,
     ScoringConfig,
+    host_copy,
     score_generated_tokens,
     trunk_hidden,
 )
@@ -74,6 +75,14 @@ class StarPOTorchLearner(TorchLearner):
                     params=params,
                     lr_or_lr_schedule=lr,
                 )
+
+    @override(TorchLearner)
+    def _get_optimizer_state(self) -> dict:
+        # RLlib's numpy conversion fails on bfloat16, the dtype of AdamW's moments for a bf16 policy.
+        return {
+            name: {"module_id": self._optimizer_name_to_module[name], "state": host_copy(optimizer.state_dict())}
+            for name, optimizer in self._named_optimizers.items()
+        }
 
     @override(TorchLearner)
     def _uncompiled_update(self, batch: dict, **kwargs):

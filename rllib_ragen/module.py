@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 import torch.utils.checkpoint
+import tree
 from ray.rllib.core.columns import Columns
 from ray.rllib.core.rl_module.apis import InferenceOnlyAPI, ValueFunctionAPI
 from ray.rllib.core.rl_module.torch import TorchRLModule
@@ -186,6 +187,29 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
         """The policy's weights under Hugging Face parameter names (for engines)."""
         return self.policy.state_dict()
 
+    @override(TorchRLModule)
+    def get_state(self, components=None, *, not_components=None, inference_only: bool = False, **kwargs) -> dict:
+        """A snapshot of the module's tensors on the host, each in its own dtype.
+
+        RLlib's version converts them to numpy, which has no bfloat16 (a bf16
+        module crashed there) and turns float16 into float32. Torch tensors keep
+        the dtype through checkpoints and Ray's object store; `set_state` takes
+        them (and older numpy states) as they are. With `inference_only`, the
+        critic is left out.
+        """
+        skipped = set(self.get_non_inference_attributes()) if inference_only and not self.inference_only else set()
+        return host_copy({k: v for k, v in self.state_dict().items() if k.split(".", 1)[0] not in skipped})
+
+
+def host_copy(structure: Any) -> Any:
+    """`structure` with every tensor copied to the host in its own dtype; other leaves as they are.
+
+    What RLlib's `convert_to_numpy` is for in states, without its dtype changes
+    (numpy has no bfloat16; it also casts float16 to float32).
+    """
+    return tree.map_structure(
+        lambda leaf: leaf.detach().to("cpu", copy=True) if isinstance(leaf, torch.Tensor) else leaf, structure
+    )
 
 
 def trunk_hidden(trunk: nn.Module, batch: dict[str, Any]) -> torch.Tensor:

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+import ray
 import torch
+
+from rllib_ragen.inference.collective import GroupSpec, TensorLayout, receive
+from rllib_ragen.inference.weights import PackedWeights, unpack_weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,8 +61,15 @@ class Completion:
     finish_reason: str
 
 
+class EngineTimeoutError(TimeoutError):
+    """An engine did not finish a step (start, generate, score, a weight sync) within its configured time."""
+
+
 class InferenceEngine(abc.ABC):
     """Generates completions for batches of token-id prompts."""
+
+    #: The model lives in this process (the weight sync may then copy tensors into it directly).
+    in_process: bool = True
 
     @abc.abstractmethod
     def generate(
@@ -79,6 +90,32 @@ class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Loads new policy weights in place (HF parameter names)."""
+
+    # The two transports of `rllib_ragen.inference.weight_sync`. These defaults suit an
+    # engine that holds its model in this process; the vLLM pool forwards to its actors.
+    def load_packed(self, packed: PackedWeights | ray.ObjectRef) -> None:
+        """Loads weights packed for Ray's object store (`pack_weights`), or a reference to them."""
+        if isinstance(packed, ray.ObjectRef):
+            packed = ray.get(packed)
+        self.update_weights(dict(unpack_weights(packed)))
+
+    def start_receive(self, spec: GroupSpec, first_rank: int, layout: TensorLayout) -> Callable[[], None]:
+        """Joins a weight broadcast as ranks `first_rank` .. `first_rank + receivers - 1`.
+
+        Returns a function that waits until the received weights are loaded. This
+        default receives in the caller's thread before returning, so the sender
+        (rank 0) must be another process.
+        """
+        self.update_weights(dict(receive(spec, first_rank, layout)))
+        return lambda: None
+
+    def weight_receivers(self) -> tuple[int, int]:
+        """(processes that join a weight broadcast, a count that changes whenever one is replaced)."""
+        return 1, 0
+
+    def score_each(self, prompt: Sequence[int], continuation: Sequence[int]) -> list[list[float]]:
+        """`score` of one continuation on every model copy this engine holds (one list per copy)."""
+        return self.score([prompt], [continuation])
 
     def health(self) -> dict[str, object]:
         """A small status report (engine kind, live workers...)."""

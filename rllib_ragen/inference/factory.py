@@ -13,18 +13,23 @@ from rllib_ragen.inference.engine import InferenceEngine
 
 ENGINE_KINDS = ("auto", "vllm", "hf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+WEIGHT_SYNC_KINDS = ("object_store", "collective")
 
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    """The rollout engine's settings.
+    """The rollout engine's settings; `StarPOConfig.inference()` takes its defaults from here.
 
     Attributes:
         kind: "vllm" (a pool of vLLM actors), "hf" (in-process HF model), or
             "auto" (vllm when importable, else hf).
         num_engines: vLLM actors in the pool (each holds a full model copy).
-        kv_cache_gb: KV-cache size per vLLM engine, GiB (host RAM on CPU, where it
-            must be explicit; on GPU it replaces gpu_memory_utilization).
+        kv_cache_gb: KV-cache size per vLLM engine, GiB. On CPU it is host RAM and
+            must be given; on GPU, None hands the sizing to `gpu_memory_utilization`.
+        gpu_memory_utilization: GPU engines only: the share of the GPU's memory vLLM
+            may take for weights, activations and KV cache (vLLM's own knob; set
+            `kv_cache_gb=None` with it). On CPU it would be a share of host RAM, so it
+            is rejected there.
         dtype: Engine weight dtype; "auto" = the checkpoint's for vLLM, float32 for HF.
         max_model_len: Longest prompt + completion a vLLM engine serves.
         enable_prefix_caching: vLLM prefix caching (its cache is reset on every weight update).
@@ -35,16 +40,25 @@ class EngineConfig:
         num_cpus_per_engine: Ray CPUs each vLLM actor reserves (a scheduling quantity,
             not its thread count; keep it small on small machines so trials still fit).
         max_batch_size: HF engine only: prompts decoded together (bounds memory).
-        enforce_eager: vLLM: skip torch.compile (fast start; compiled decoding is
-            the throughput option for long runs).
+        enforce_eager: vLLM: skip torch.compile and CUDA graphs (fast start); False
+            compiles decoding, the throughput option for long runs on GPU.
         seed: Base seed of the engines' samplers (engine i uses seed + i).
+        max_restarts_per_call: vLLM actors a pool may replace (dead or timed out)
+            during one call before it gives up.
+        start_timeout_s: Seconds a vLLM actor may take to start (model load, first token).
+        call_timeout_s: Seconds one generate or score call on a vLLM actor may take.
+        weight_sync: How the learner's weights reach the engines: "object_store"
+            (one copy in Ray's object store, read by every engine) or "collective"
+            (a broadcast over a torch.distributed group: NCCL on GPU, gloo on CPU).
+        weight_sync_timeout_s: Seconds one weight sync into all engines may take.
     """
 
     kind: str = "auto"
     num_engines: int = 1
-    kv_cache_gb: float = 1.0
+    kv_cache_gb: float | None = 4.0
+    gpu_memory_utilization: float | None = None
     dtype: str = "auto"
-    max_model_len: int = 4096
+    max_model_len: int = 3600
     enable_prefix_caching: bool = False
     num_gpus_per_engine: float = 0.0
     tensor_parallel_size: int = 1
@@ -53,26 +67,52 @@ class EngineConfig:
     max_batch_size: int = 32
     enforce_eager: bool = True
     seed: int = 0
+    max_restarts_per_call: int = 2
+    start_timeout_s: float = 1800.0
+    call_timeout_s: float = 1800.0
+    weight_sync: str = "object_store"
+    weight_sync_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
         _check_choice("kind", self.kind, ENGINE_KINDS)
         _check_choice("dtype", self.dtype, DTYPES)
-        _check_positive("num_engines", self.num_engines)
-        _check_positive("kv_cache_gb", self.kv_cache_gb)
-        _check_positive("max_model_len", self.max_model_len)
-        _check_positive("tensor_parallel_size", self.tensor_parallel_size)
-        _check_positive("max_batch_size", self.max_batch_size)
+        _check_choice("weight_sync", self.weight_sync, WEIGHT_SYNC_KINDS)
+        for name in ("num_engines", "max_model_len", "tensor_parallel_size", "max_batch_size",
+                     "start_timeout_s", "call_timeout_s", "weight_sync_timeout_s"):
+            _check_positive(name, getattr(self, name))
         if self.num_threads is not None:
             _check_positive("num_threads", self.num_threads)
-        if self.num_gpus_per_engine < 0 or self.num_cpus_per_engine < 0:
+        if self.num_gpus_per_engine < 0 or self.num_cpus_per_engine < 0 or self.max_restarts_per_call < 0:
             raise ValueError(
-                f"num_gpus_per_engine and num_cpus_per_engine must be >= 0, got "
-                f"{self.num_gpus_per_engine} and {self.num_cpus_per_engine}"
+                f"num_gpus_per_engine, num_cpus_per_engine and max_restarts_per_call must be >= 0, got "
+                f"{self.num_gpus_per_engine}, {self.num_cpus_per_engine} and {self.max_restarts_per_call}"
             )
         if 0 < self.num_gpus_per_engine < self.tensor_parallel_size:
             raise ValueError(
                 f"tensor_parallel_size={self.tensor_parallel_size} needs num_gpus_per_engine >= "
                 f"{self.tensor_parallel_size}, got {self.num_gpus_per_engine}"
+            )
+        self._check_kv_cache_sizing()
+
+    def _check_kv_cache_sizing(self) -> None:
+        """Exactly one of kv_cache_gb and gpu_memory_utilization sizes the KV cache; on CPU, kv_cache_gb."""
+        if self.kv_cache_gb is not None:
+            _check_positive("kv_cache_gb", self.kv_cache_gb)
+        if self.gpu_memory_utilization is None:
+            if self.kv_cache_gb is None:
+                raise ValueError("kv_cache_gb is None: set it, or (GPU engines) gpu_memory_utilization")
+            return
+        if self.num_gpus_per_engine == 0:
+            raise ValueError(
+                "gpu_memory_utilization is a share of GPU memory, but num_gpus_per_engine=0 (a CPU engine, "
+                "where it would be a share of host RAM): size the KV cache with kv_cache_gb"
+            )
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kv_cache_gb is not None:
+            raise ValueError(
+                f"kv_cache_gb={self.kv_cache_gb} and gpu_memory_utilization={self.gpu_memory_utilization} both "
+                "size the KV cache: set kv_cache_gb=None to let gpu_memory_utilization size it"
             )
 
     @property

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from rllib_ragen.inference.collective import GroupSpec, TensorLayout, receive
 from rllib_ragen.inference.engine import Completion, SamplingParams
 from rllib_ragen.inference.factory import EngineConfig
 from rllib_ragen.inference.vllm_reload import reload_in_worker
@@ -42,7 +43,7 @@ def llm_kwargs(config: EngineConfig, model_path: str, rank: int) -> dict[str, ob
         "skip_tokenizer_init": True,
         "dtype": config.dtype,
         "max_model_len": config.max_model_len,
-        "kv_cache_memory_bytes": int(config.kv_cache_gb * 2**30),
+        **kv_cache_kwargs(config),
         "enable_prefix_caching": config.enable_prefix_caching,
         "tensor_parallel_size": config.tensor_parallel_size,
         # Log-probs after temperature and top-p: those of the distribution sampled from.
@@ -50,6 +51,13 @@ def llm_kwargs(config: EngineConfig, model_path: str, rank: int) -> dict[str, ob
         "enforce_eager": config.enforce_eager,
         "seed": config.seed + rank,
     }
+
+
+def kv_cache_kwargs(config: EngineConfig) -> dict[str, object]:
+    """The KV cache's size: explicit bytes, or (GPU engines) vLLM's share of GPU memory."""
+    if config.kv_cache_gb is not None:
+        return {"kv_cache_memory_bytes": int(config.kv_cache_gb * 2**30)}
+    return {"gpu_memory_utilization": config.gpu_memory_utilization}
 
 
 def to_vllm_params(params: SamplingParams, seed: int | None):
@@ -128,12 +136,22 @@ class VLLMEngineActor:
         ]
 
     def load_weights(self, packed: PackedWeights) -> float:
-        """Loads HF-named weights in place, repacks tied heads, drops stale prefix KV; returns seconds."""
+        """Loads weights from the object store in place; returns seconds."""
         start = time.perf_counter()
-        self.llm.collective_rpc(reload_in_worker, args=(unpack_weights(packed),))
+        self._load(unpack_weights(packed))
+        return time.perf_counter() - start
+
+    def receive_weights(self, spec: GroupSpec, rank: int, layout: TensorLayout) -> float:
+        """Receives a weight broadcast as `rank` of the group and loads it in place; returns seconds."""
+        start = time.perf_counter()
+        self._load(receive(spec, rank, layout))
+        return time.perf_counter() - start
+
+    def _load(self, weights: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """Loads HF-named weights into the worker's model, repacks tied heads, drops stale prefix KV."""
+        self.llm.collective_rpc(reload_in_worker, args=(weights,))
         # KV cached under the old weights must not be reused for new prompts.
         self.llm.reset_prefix_cache()
-        return time.perf_counter() - start
 
     def info(self) -> dict[str, object]:
         """This actor's process id, rank and thread count (also a liveness probe)."""

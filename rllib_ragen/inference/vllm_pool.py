@@ -3,8 +3,13 @@
 A batch is split into contiguous shards, one per actor, generated in parallel
 and put back in order. An actor that dies (`RayActorError`) is replaced by a new
 one, brought to the current weights, and its shard is sent again: no prompt is lost.
-Weights travel through a `WeightSync` strategy (object store on CPU; the seam for
-an NCCL broadcast on GPU).
+Every wait on an actor has a deadline from `EngineConfig` (start, call, weight
+sync): an actor that misses it is stopped, `EngineTimeoutError` names it and the
+step, and the next call replaces it.
+
+Weights arrive through either transport of `rllib_ragen.inference.weight_sync`:
+a reference to packed weights in Ray's object store (`load_packed`; kept, so a
+replaced actor is restored from it), or a collective broadcast (`start_receive`).
 """
 
 from __future__ import annotations
@@ -16,17 +21,21 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+import torch
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from torch import Tensor
 
 from rllib_ragen.inference.batching import check_score_inputs, check_token_ids, shard_bounds
-from rllib_ragen.inference.engine import Completion, InferenceEngine, SamplingParams
+from rllib_ragen.inference.collective import GroupSpec, TensorLayout
+from rllib_ragen.inference.engine import Completion, EngineTimeoutError, InferenceEngine, SamplingParams
 from rllib_ragen.inference.factory import EngineConfig
 from rllib_ragen.inference.vllm_actor import VLLMEngineActor, actor_env_vars
-from rllib_ragen.inference.weight_sync import ObjectStoreWeightSync, WeightSync
-from rllib_ragen.inference.weights import check_weights, hf_weight_shapes
+from rllib_ragen.inference.weights import PackedWeights, check_weights, hf_weight_shapes, pack_weights
 
 logger = logging.getLogger(__name__)
+
+LOAD_STEP = "loading weights (object store)"
+RECEIVE_STEP = "receiving weights (collective)"
 
 
 class VLLMEnginePool(InferenceEngine):
@@ -34,27 +43,21 @@ class VLLMEnginePool(InferenceEngine):
 
     Args:
         model_path: Local model directory (every actor loads it).
-        config: Engine settings (num_engines, kv cache, dtype, threads, GPUs...).
-        weight_sync: How weights reach the actors (default: Ray's object store).
-        max_restarts_per_call: Actor replacements one call may make before giving up.
+        config: Engine settings (num_engines, kv cache, dtype, threads, GPUs, timeouts...).
+
+    Attributes:
+        resync: Set by the weight sync when it can bring the whole pool up to date
+            from this process (collective transport, learner in this process); an
+            actor replaced after a broadcast is restored through it.
     """
 
-    def __init__(
-        self,
-        model_path: str | Path,
-        config: EngineConfig,
-        *,
-        weight_sync: WeightSync | None = None,
-        max_restarts_per_call: int = 2,
-    ) -> None:
+    in_process = False
+
+    def __init__(self, model_path: str | Path, config: EngineConfig) -> None:
         from transformers import AutoConfig
 
-        if max_restarts_per_call < 0:
-            raise ValueError(f"max_restarts_per_call must be >= 0, got {max_restarts_per_call}")
         self.model_path = str(Path(model_path).resolve())
         self.config = config
-        self.weight_sync = weight_sync or ObjectStoreWeightSync()
-        self.max_restarts_per_call = max_restarts_per_call
         self.vocab_size: int = AutoConfig.from_pretrained(self.model_path, local_files_only=True).vocab_size
         self._weight_shapes = hf_weight_shapes(self.model_path)
         self._actor_class = ray.remote(VLLMEngineActor).options(
@@ -67,11 +70,16 @@ class VLLMEnginePool(InferenceEngine):
         try:
             for rank, actor in enumerate(self.actors):
                 self._wait_started(rank, actor)
-        except RuntimeError:
+        except (RuntimeError, EngineTimeoutError):
             self.shutdown()
             raise
         self.restarts = 0
         self.last_sync_seconds: float | None = None
+        self.last_sync_nbytes = 0
+        self.resync: Callable[[], None] | None = None
+        # What a replaced actor needs: the last packed weights, or (after a broadcast) a resync.
+        self._latest_packed: ray.ObjectRef | None = None
+        self._broadcast_received = False
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         """One completion per prompt, in order.
@@ -84,7 +92,8 @@ class VLLMEnginePool(InferenceEngine):
         self._check_prompts(prompts, extra_tokens=params.max_new_tokens)
         seeds = [None if params.seed is None else params.seed + i for i in range(len(prompts))]
         return self._run_sharded(
-            len(prompts), lambda actor, lo, hi: actor.generate.remote(prompts[lo:hi], params, seeds[lo:hi])
+            len(prompts), "generate",
+            lambda actor, lo, hi: actor.generate.remote(prompts[lo:hi], params, seeds[lo:hi]),
         )
 
     def score(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> list[list[float]]:
@@ -94,21 +103,71 @@ class VLLMEnginePool(InferenceEngine):
             return []
         self._check_prompts(joined, extra_tokens=0)
         return self._run_sharded(
-            len(prompts), lambda actor, lo, hi: actor.score.remote(prompts[lo:hi], continuations[lo:hi])
+            len(prompts), "score", lambda actor, lo, hi: actor.score.remote(prompts[lo:hi], continuations[lo:hi])
         )
 
+    def score_each(self, prompt: Sequence[int], continuation: Sequence[int]) -> list[list[float]]:
+        """One copy of the prompt per actor: shards of one item each, so every engine scores it."""
+        return self.score([prompt] * len(self.actors), [continuation] * len(self.actors))
+
     def update_weights(self, state_dict: Mapping[str, Tensor]) -> None:
-        """Loads HF-named weights into every engine in place; the time is in `last_sync_seconds`."""
+        """Loads HF-named weights into every engine in place, through the object store."""
         check_weights(state_dict, self._weight_shapes)
+        packed = pack_weights(state_dict)
+        self.last_sync_nbytes = packed.nbytes
+        self.load_packed(packed)
+
+    def load_packed(self, packed: PackedWeights | ray.ObjectRef) -> None:
+        """Every actor loads the same packed weights (zero-copy from the object store); kept for restores."""
+        ref = packed if isinstance(packed, ray.ObjectRef) else ray.put(packed)
+        self._latest_packed, self._broadcast_received = ref, False
         start = time.perf_counter()
-        refs = self.weight_sync.broadcast(self.actors, state_dict)
-        # A replaced actor gets the new weights from `restore`, so nothing is re-sent.
-        load_seconds = [self._get(rank, ref, resend=None) for rank, ref in enumerate(refs)]
-        self.last_sync_seconds = time.perf_counter() - start
-        logger.info(
-            "weights synced to %d engines in %.2f s (slowest engine load %.2f s)",
-            len(self.actors), self.last_sync_seconds, max(s or 0.0 for s in load_seconds),
-        )
+        deadline = time.monotonic() + self.config.weight_sync_timeout_s
+        refs = [actor.load_weights.remote(ref) for actor in self.actors]
+        # A replaced actor gets the new weights from `_restore`, so nothing is re-sent.
+        load_seconds = [
+            self._get(rank, r, step=LOAD_STEP, setting="weight_sync_timeout_s", deadline=deadline, resend=None)
+            for rank, r in enumerate(refs)
+        ]
+        self._log_sync(start, load_seconds)
+
+    def start_receive(self, spec: GroupSpec, first_rank: int, layout: TensorLayout) -> Callable[[], None]:
+        """Every actor joins the broadcast (actor i as rank first_rank + i); the returned function waits.
+
+        An actor that dies or fails meanwhile fails the sync: the group is broken
+        for everyone, and the next sync replaces the actor and forms a new group.
+        """
+        check_weights({n: torch.empty(s, device="meta") for n, s in zip(layout.names, layout.shapes)}, self._weight_shapes)
+        self._latest_packed, self._broadcast_received = None, True
+        start = time.perf_counter()
+        deadline = time.monotonic() + self.config.weight_sync_timeout_s
+        refs = [actor.receive_weights.remote(spec, first_rank + r, layout) for r, actor in enumerate(self.actors)]
+
+        def wait() -> None:
+            load_seconds = []
+            for rank, ref in enumerate(refs):
+                try:
+                    load_seconds.append(self._await(rank, ref, RECEIVE_STEP, "weight_sync_timeout_s", deadline))
+                except RayActorError as error:
+                    raise RuntimeError(f"vLLM engine {rank} died while {RECEIVE_STEP}") from error
+            self._log_sync(start, load_seconds)
+
+        return wait
+
+    def weight_receivers(self) -> tuple[int, int]:
+        """(actors, replacements so far), after replacing every actor that died since the last call.
+
+        The replacement is not restored here: this is asked right before a sync.
+        """
+        deadline = time.monotonic() + self.config.call_timeout_s
+        pings = [actor.info.remote() for actor in self.actors]
+        for rank, ping in enumerate(pings):
+            try:
+                self._await(rank, ping, "a liveness check", "call_timeout_s", deadline)
+            except RayActorError:
+                logger.warning("vLLM engine %d is dead; starting a replacement before the weight sync", rank)
+                self._replace(rank, restore=False)
+        return len(self.actors), self.restarts
 
     def health(self, timeout_s: float = 30.0) -> dict[str, object]:
         """Pings every actor; healthy when all answer within `timeout_s`.
@@ -137,51 +196,115 @@ class VLLMEnginePool(InferenceEngine):
             ray.kill(actor)
         self.actors = []
 
-    def _run_sharded(self, n_items: int, submit: Callable[[Any, int, int], ray.ObjectRef]) -> list:
+    def _run_sharded(self, n_items: int, step: str, submit: Callable[[Any, int, int], ray.ObjectRef]) -> list:
         """Runs `submit(actor, lo, hi)` on contiguous shards in parallel; concatenates in order."""
         bounds = shard_bounds(n_items, len(self.actors))
+        deadline = time.monotonic() + self.config.call_timeout_s
         refs = [submit(actor, lo, hi) if hi > lo else None for actor, (lo, hi) in zip(self.actors, bounds)]
         results = []
         for rank, (ref, (lo, hi)) in enumerate(zip(refs, bounds)):
             if ref is not None:
                 # _get runs before the loop moves on, so the lambda sees this shard's lo, hi.
-                results.extend(self._get(rank, ref, resend=lambda actor: submit(actor, lo, hi)))
+                results.extend(
+                    self._get(rank, ref, step=step, setting="call_timeout_s", deadline=deadline,
+                              resend=lambda actor: submit(actor, lo, hi))
+                )
         return results
 
-    def _get(self, rank: int, ref: ray.ObjectRef, *, resend: Callable[[Any], ray.ObjectRef] | None) -> Any:
-        """`ray.get(ref)`; if actor `rank` died, replaces it and re-submits with `resend(new_actor)`."""
-        for attempt in range(self.max_restarts_per_call + 1):
+    def _get(
+        self,
+        rank: int,
+        ref: ray.ObjectRef,
+        *,
+        step: str,
+        setting: str,
+        deadline: float,
+        resend: Callable[[Any], ray.ObjectRef] | None,
+    ) -> Any:
+        """`_await(ref)`; if actor `rank` died, replaces it and re-submits with `resend(new_actor)`.
+
+        The re-submitted work gets a deadline of its own (`setting` seconds from then).
+        """
+        for attempt in range(self.config.max_restarts_per_call + 1):
             try:
-                return ray.get(ref)
+                return self._await(rank, ref, step, setting, deadline)
             except RayActorError as error:
-                if attempt == self.max_restarts_per_call:
+                if attempt == self.config.max_restarts_per_call:
                     raise RuntimeError(
-                        f"vLLM engine {rank} died {attempt + 1} times in one call; giving up"
+                        f"vLLM engine {rank} died {attempt + 1} times in one call ({step}); giving up"
                     ) from error
                 logger.warning("vLLM engine %d died (%s); starting a replacement", rank, type(error).__name__)
                 self._replace(rank)
                 if resend is None:
                     return None
                 ref = resend(self.actors[rank])
+                deadline = time.monotonic() + getattr(self.config, setting)
         raise AssertionError("unreachable")
 
-    def _replace(self, rank: int) -> None:
-        """Starts a new actor for `rank` and loads the current weights into it."""
+    def _await(self, rank: int, ref: ray.ObjectRef, step: str, setting: str, deadline: float) -> Any:
+        """`ray.get(ref)` by `deadline`, else stops actor `rank` and raises `EngineTimeoutError`.
+
+        Raises:
+            RayActorError: the actor died (the caller decides whether to replace it).
+        """
+        try:
+            return ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+        except GetTimeoutError:
+            # Stopped, not left running: its work is abandoned, and the next call replaces it.
+            ray.kill(self.actors[rank])
+            raise EngineTimeoutError(
+                f"vLLM engine {rank} did not finish {step} within {setting}={getattr(self.config, setting)} s; "
+                "it was stopped and the next call replaces it"
+            ) from None
+        except RayTaskError as error:
+            if isinstance(error.cause, TimeoutError):
+                raise EngineTimeoutError(f"vLLM engine {rank} timed out {step}: {error.cause}") from error
+            raise
+
+    def _replace(self, rank: int, *, restore: bool = True) -> None:
+        """Starts a new actor for `rank` and (unless `restore=False`) loads the current weights into it."""
         ray.kill(self.actors[rank])
         actor = self._actor_class.remote(self.model_path, self.config, rank)
         self._wait_started(rank, actor)
-        restore = self.weight_sync.restore(actor)
-        if restore is not None:
-            ray.get(restore)
         self.actors[rank] = actor
         self.restarts += 1
+        if restore:
+            self._restore(rank)
 
-    @staticmethod
-    def _wait_started(rank: int, actor) -> None:
+    def _restore(self, rank: int) -> None:
+        """Brings the new actor `rank` (which holds the checkpoint's weights) to the current ones."""
+        if self._latest_packed is not None:
+            deadline = time.monotonic() + self.config.weight_sync_timeout_s
+            ref = self.actors[rank].load_weights.remote(self._latest_packed)
+            self._await(rank, ref, LOAD_STEP, "weight_sync_timeout_s", deadline)
+        elif self._broadcast_received:
+            if self.resync is None:
+                raise RuntimeError(
+                    f"vLLM engine {rank} was replaced and holds the checkpoint's weights; with "
+                    "weight_sync='collective' only the learner can send it the current ones, which this "
+                    "process cannot ask for (a remote env runner): this call fails, and the next sync "
+                    "brings the engine up to date"
+                )
+            self.resync()
+
+    def _wait_started(self, rank: int, actor) -> None:
+        timeout_s = self.config.start_timeout_s
         try:
-            ray.get(actor.info.remote())
+            ray.get(actor.info.remote(), timeout=timeout_s)
+        except GetTimeoutError:
+            ray.kill(actor)
+            raise EngineTimeoutError(
+                f"vLLM engine {rank} did not start within start_timeout_s={timeout_s} s; it was stopped"
+            ) from None
         except RayActorError as error:
             raise RuntimeError(f"vLLM engine {rank} failed to start: {error}") from error
+
+    def _log_sync(self, start: float, load_seconds: Sequence[float | None]) -> None:
+        self.last_sync_seconds = time.perf_counter() - start
+        logger.info(
+            "weights synced to %d engines in %.2f s (slowest engine load %.2f s)",
+            len(self.actors), self.last_sync_seconds, max((s or 0.0 for s in load_seconds), default=0.0),
+        )
 
     def _check_prompts(self, sequences: Sequence[Sequence[int]], *, extra_tokens: int) -> None:
         check_token_ids(sequences, vocab_size=self.vocab_size, what="prompt")

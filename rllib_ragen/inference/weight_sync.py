@@ -1,51 +1,328 @@
-"""How new policy weights reach the engine actors: the seam behind `update_weights`.
+"""StarPO's one weight path: the learner's policy weights into every rollout engine.
 
-`ObjectStoreWeightSync` (CPU, one node): the weights are put in Ray's object store
-once, as zero-copy numpy arrays, and every actor loads from the same reference.
-A GPU strategy (an NCCL broadcast from the learner's rank 0 into the engines'
-workers) subclasses `WeightSync` with the same two calls; the pool does not change.
+RLlib's `env_runner_group.sync_weights` (module state -> numpy -> object store ->
+each runner's `set_state`) is not used for this: its numpy conversion has no
+bfloat16 (and turns float16 into float32), it ships the whole module to every
+runner, and engine actors are not runners. `PolicyWeightSync` takes the learner's
+HF-named tensors (tied ones once, see `weights.unique_weights`) and moves them
+with the transport `EngineConfig.weight_sync` names:
+
+- "object_store": packed once (`pack_weights`: bfloat16 as int16 views, never
+  through float32), one `ray.put`, and every engine of every env runner loads
+  the same zero-copy arrays. With remote learners, learner rank 0 packs and puts.
+- "collective": a broadcast from the learner's process (rank 0) into every engine
+  process over one torch.distributed group (`collective`: NCCL on GPU, gloo on
+  CPU). The group is re-formed when an engine was replaced or a sync failed.
+
+An engine in the learner's own process (engine="hf" on the local env runner with
+the local learner) takes the tensors directly under either transport. After a
+sync, `check` scores a fixed probe continuation on every engine and on the
+learner: their largest log-prob difference is the end-to-end test of the sync
+(stale weights, e.g. a tied LM head that missed the update, show up there).
+Every step has a deadline from `EngineConfig`; a miss raises `EngineTimeoutError`
+naming the engine (or env runner) and the step.
 """
 
 from __future__ import annotations
 
-import abc
-from collections.abc import Mapping, Sequence
+import dataclasses
+import functools
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
 
 import ray
-from ray.actor import ActorHandle
+import torch
+import torch.distributed as dist
+from ray.rllib.core import DEFAULT_MODULE_ID
 from torch import Tensor
 
-from rllib_ragen.inference.weights import PackedWeights, pack_weights
+from rllib_ragen.inference.collective import GroupHost, GroupSpec, TensorLayout, send
+from rllib_ragen.inference.engine import EngineTimeoutError
+from rllib_ragen.inference.factory import EngineConfig
+from rllib_ragen.inference.weights import pack_weights, unique_weights
+from rllib_ragen.losses import token_logprobs
+
+# The probe scored after every sync: fixed random token ids (no text, no tokenizer needed).
+PROBE_PROMPT_TOKENS = 24
+PROBE_CONTINUATION_TOKENS = 8
+_LOAD_STEP = "loading weights (object store)"
+_RECEIVE_STEP = "receiving weights (collective)"
 
 
-class WeightSync(abc.ABC):
-    """Moves HF-named weights into engine actors (each has `load_weights`)."""
+@dataclasses.dataclass(frozen=True)
+class SyncReport:
+    """What one sync moved.
 
-    @abc.abstractmethod
-    def broadcast(self, actors: Sequence[ActorHandle], state_dict: Mapping[str, Tensor]) -> list[ray.ObjectRef]:
-        """Starts loading `state_dict` into every actor; one ref per actor (its load seconds)."""
-
-    @abc.abstractmethod
-    def restore(self, actor: ActorHandle) -> ray.ObjectRef | None:
-        """Starts loading the last broadcast weights into a new actor; None if none were sent."""
-
-
-class ObjectStoreWeightSync(WeightSync):
-    """Ray object store: `ray.put` once, every actor reads the same zero-copy arrays.
-
-    The last weights stay pinned in the object store (one model copy) so that a
-    restarted actor can be brought up to date without the learner.
+    Attributes:
+        seconds: Wall time of the transfer into every engine (the check not included).
+        nbytes: Bytes of the policy weights sent (tied tensors once, in their own dtype).
     """
 
-    def __init__(self) -> None:
-        self._latest: ray.ObjectRef | None = None
-        self.last_nbytes = 0
+    seconds: float
+    nbytes: int
 
-    def broadcast(self, actors: Sequence[ActorHandle], state_dict: Mapping[str, Tensor]) -> list[ray.ObjectRef]:
-        packed: PackedWeights = pack_weights(state_dict)
-        self._latest = ray.put(packed)
-        self.last_nbytes = packed.nbytes
-        return [actor.load_weights.remote(self._latest) for actor in actors]
 
-    def restore(self, actor: ActorHandle) -> ray.ObjectRef | None:
-        return None if self._latest is None else actor.load_weights.remote(self._latest)
+class PolicyWeightSync:
+    """Moves the learner's policy weights into the engines of every env runner.
+
+    Args:
+        config: The engines' settings (`weight_sync`, its timeout, the call timeout).
+        learner_group: Where the policy is trained (local, or remote learners).
+        env_runner_group: The runners whose engines receive the weights (the local
+            runner, or remote runners).
+    """
+
+    def __init__(self, *, config: EngineConfig, learner_group, env_runner_group) -> None:
+        self.config = config
+        self.learner_group, self.env_runner_group = learner_group, env_runner_group
+        self._host = None
+        if config.weight_sync == "collective":
+            self._host = GroupHost(host=ray.util.get_node_ip_address(), timeout_s=config.weight_sync_timeout_s)
+            engine = self._local_engine
+            if engine is not None and not engine.in_process and learner_group.is_local:
+                # The learner is in this process: a pool actor replaced mid-call gets a resync.
+                engine.resync = self.sync
+        self._syncs = itertools.count()
+        self._probe: tuple[list[int], list[int]] | None = None
+
+    @property
+    def _local_engine(self):
+        runner = self.env_runner_group.local_env_runner
+        return None if runner is None else runner.engine
+
+    def sync(self) -> SyncReport:
+        """Loads the learner's current policy weights into every engine."""
+        start = time.perf_counter()
+        nbytes = self._sync_collective() if self._host is not None else self._sync_object_store()
+        return SyncReport(time.perf_counter() - start, nbytes)
+
+    def check(self) -> float:
+        """Largest |log-prob| difference between the learner and any engine on the probe continuation."""
+        if self._probe is None:
+            vocab_size = self._on_learner(_vocab_size, "reading the vocabulary size")
+            ids = torch.randint(3, vocab_size, (PROBE_PROMPT_TOKENS + PROBE_CONTINUATION_TOKENS,),
+                                generator=torch.Generator().manual_seed(0)).tolist()
+            self._probe = ids[:PROBE_PROMPT_TOKENS], ids[PROBE_PROMPT_TOKENS:]
+        prompt, continuation = self._probe
+        reference = self._on_learner(
+            functools.partial(_learner_logprobs, prompt=prompt, continuation=continuation), "scoring the probe"
+        )
+        scored = [] if self._local_engine is None else self._local_engine.score_each(prompt, continuation)
+        runner_scores = self._on_remote_runners(
+            functools.partial(_score_each_on_runner, prompt=prompt, continuation=continuation),
+            "scoring the weight-sync probe", "call_timeout_s",
+        )
+        scored += [each for _, per_runner in runner_scores for each in per_runner]
+        return max(abs(a - b) for each in scored for a, b in zip(each, reference, strict=True))
+
+    def close(self) -> None:
+        """Releases the collective group's store (the engines stay)."""
+        engine = self._local_engine
+        if engine is not None and getattr(engine, "resync", None) == self.sync:
+            engine.resync = None
+        self._host = None
+
+    # ------------------------------------------------------------------ transports
+    def _sync_object_store(self) -> int:
+        engine = self._local_engine
+        if self.learner_group.is_local:
+            tensors = self._on_learner(_policy_tensors, "reading the policy weights")
+            if engine is not None and engine.in_process:
+                engine.update_weights(tensors)
+                return sum(t.numel() * t.element_size() for _, t in unique_weights(tensors))
+            packed = pack_weights(tensors)
+            ref, nbytes = ray.put(packed), packed.nbytes
+        else:
+            ref, nbytes = self._on_learner(_put_policy, "packing the policy weights")
+        if engine is not None:
+            engine.load_packed(ref)
+        self._on_remote_runners(functools.partial(_load_on_runner, ref=ref), _LOAD_STEP, "weight_sync_timeout_s")
+        return nbytes
+
+    def _sync_collective(self) -> int:
+        engine = self._local_engine
+        if self.learner_group.is_local:
+            pairs = unique_weights(self._on_learner(_policy_tensors, "reading the policy weights"))
+            if engine is not None and engine.in_process:
+                engine.update_weights(dict(pairs))
+                return TensorLayout.of(pairs).nbytes
+            layout, device = TensorLayout.of(pairs), pairs[0][1].device
+        else:
+            pairs = None
+            layout, device = self._on_learner(_policy_layout, "reading the policy layout")
+        members = self._members()
+        backend = "nccl" if device.type == "cuda" and self.config.num_gpus_per_engine > 0 else "gloo"
+        spec = self._host.spec(tuple(members), world_size=1 + sum(count for _, count, _ in members), backend=backend)
+        try:
+            self._broadcast(spec, layout, members, pairs)
+        except BaseException:
+            self._host.invalidate()
+            raise
+        return layout.nbytes
+
+    def _broadcast(self, spec: GroupSpec, layout: TensorLayout, members: list, pairs: list | None) -> None:
+        """Starts every receiver, sends from the learner, then waits for the receivers (they name a stall)."""
+        engine, remote = self._local_engine, [m for m in members if m[0] > 0]
+        wait_local = None if engine is None else engine.start_receive(spec, 1, layout)
+        local_ranks = sum(count for index, count, _ in members if index == 0)
+        wait_remote = self._start_remote_receives(spec, layout, remote, 1 + local_ranks) if remote else None
+        try:
+            if pairs is not None:
+                send(spec, [tensor for _, tensor in pairs], layout)
+            else:
+                self._on_learner(functools.partial(_send_from_learner, spec=spec, layout=layout), "sending weights")
+            send_error = None
+        except (TimeoutError, RuntimeError) as error:
+            send_error = error
+        if wait_local is not None:
+            wait_local()
+        if wait_remote is not None:
+            wait_remote()
+        if send_error is not None:
+            raise send_error
+
+    def _members(self) -> list[tuple[int, int, int]]:
+        """(runner index, engine processes, replacements) per runner (0 = local), dead engines replaced."""
+        engine = self._local_engine
+        members = [] if engine is None else [(0, *engine.weight_receivers())]
+        members += [
+            (index, *receivers)
+            for index, receivers in self._on_remote_runners(
+                _receivers_on_runner, "the liveness check before a weight sync", "weight_sync_timeout_s"
+            )
+        ]
+        return members
+
+    def _start_remote_receives(
+        self, spec: GroupSpec, layout: TensorLayout, members: list, first_rank: int
+    ) -> Callable[[], None]:
+        """Every remote runner's engines join the broadcast (asynchronously); returns the wait for them.
+
+        Runner i's engines take the ranks after runner i-1's, from `first_rank` on.
+        """
+        deadline = time.monotonic() + self.config.weight_sync_timeout_s
+        tag = f"rllib_ragen_weight_sync_{next(self._syncs)}"
+        first_ranks = itertools.accumulate([first_rank] + [count for _, count, _ in members[:-1]])
+        calls = [
+            functools.partial(_tagged, fn=functools.partial(_receive_on_runner, spec=spec, first_rank=first,
+                                                             layout=layout))
+            for first in first_ranks
+        ]
+        ids = [index for index, _, _ in members]
+        made = self.env_runner_group.foreach_env_runner_async(calls, tag=tag, remote_worker_ids=ids)
+        if made != len(ids):
+            raise RuntimeError(f"only {made} of {len(ids)} env runners took the weight-sync request")
+
+        def wait() -> None:
+            answered: set[int] = set()
+            while len(answered) < len(ids):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise EngineTimeoutError(
+                        f"the engines of env runner(s) {sorted(set(ids) - answered)} did not finish {_RECEIVE_STEP} "
+                        f"within weight_sync_timeout_s={self.config.weight_sync_timeout_s} s"
+                    )
+                ready = self.env_runner_group.fetch_ready_async_reqs(tags=tag, timeout_seconds=min(remaining, 1.0))
+                answered.update(index for _, (index, _) in ready)
+
+        return wait
+
+    # ------------------------------------------------------------------ reaching learners and runners
+    def _on_learner(self, fn: Callable[[Any], Any], step: str) -> Any:
+        """`fn(learner)` on every learner; the answer of the one that gives one (rank 0)."""
+        timeout_s = None if self.learner_group.is_local else self.config.weight_sync_timeout_s
+        for result in self.learner_group.foreach_learner(fn, timeout_seconds=timeout_s):
+            value = result.get()
+            if value is not None:
+                return value
+        raise TimeoutError(
+            f"learner rank 0 did not finish {step} within weight_sync_timeout_s={self.config.weight_sync_timeout_s} s"
+        )
+
+    def _on_remote_runners(self, fn: Callable[[Any], Any], step: str, setting: str) -> list[tuple[int, Any]]:
+        """(worker index, `fn(runner)`) of every healthy remote runner; raises naming those that miss the deadline."""
+        ids = self.env_runner_group.healthy_env_runner_ids()
+        if not ids:
+            return []
+        timeout_s = getattr(self.config, setting)
+        answers = self.env_runner_group.foreach_env_runner(
+            functools.partial(_tagged, fn=fn), local_env_runner=False, remote_worker_ids=ids,
+            timeout_seconds=timeout_s,
+        )
+        missing = sorted(set(ids) - {index for index, _ in answers})
+        if missing:
+            raise EngineTimeoutError(f"the engines of env runner(s) {missing} did not finish {step} within {setting}={timeout_s} s")
+        return sorted(answers, key=lambda answer: answer[0])
+
+
+# ---------------------------------------------------------------------- run on a learner
+def _is_rank_zero() -> bool:
+    """True on the one learner that sends (DDP learners hold identical weights)."""
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _module(learner):
+    return learner.module[DEFAULT_MODULE_ID].unwrapped()
+
+
+def _policy_tensors(learner) -> dict[str, Tensor] | None:
+    return _module(learner).policy_state_dict() if _is_rank_zero() else None
+
+
+def _vocab_size(learner) -> int | None:
+    return _module(learner).policy.get_input_embeddings().num_embeddings if _is_rank_zero() else None
+
+
+def _put_policy(learner) -> tuple[ray.ObjectRef, int] | None:
+    if not _is_rank_zero():
+        return None
+    packed = pack_weights(_module(learner).policy_state_dict())
+    return ray.put(packed), packed.nbytes
+
+
+def _policy_layout(learner) -> tuple[TensorLayout, torch.device] | None:
+    if not _is_rank_zero():
+        return None
+    pairs = unique_weights(_module(learner).policy_state_dict())
+    return TensorLayout.of(pairs), pairs[0][1].device
+
+
+def _send_from_learner(learner, spec: GroupSpec, layout: TensorLayout) -> bool | None:
+    if not _is_rank_zero():
+        return None
+    send(spec, [tensor for _, tensor in unique_weights(_module(learner).policy_state_dict())], layout)
+    return True
+
+
+@torch.no_grad()
+def _learner_logprobs(learner, prompt: list[int], continuation: list[int]) -> list[float] | None:
+    """The policy's log-probs (temperature 1) of `continuation` after `prompt`, as the engines' `score`."""
+    if not _is_rank_zero():
+        return None
+    policy = _module(learner).policy
+    ids = torch.tensor([prompt + continuation], device=policy.device)
+    logits = policy(input_ids=ids).logits[:, len(prompt) - 1 : -1].float()
+    return token_logprobs(logits, ids[:, len(prompt):])[0].tolist()
+
+
+# ---------------------------------------------------------------------- run on an env runner
+def _tagged(runner, fn: Callable[[Any], Any]) -> tuple[int, Any]:
+    return runner.worker_index, fn(runner)
+
+
+def _load_on_runner(runner, ref: ray.ObjectRef) -> None:
+    runner.engine.load_packed(ref)
+
+
+def _receive_on_runner(runner, spec: GroupSpec, first_rank: int, layout: TensorLayout) -> None:
+    runner.engine.start_receive(spec, first_rank, layout)()
+
+
+def _receivers_on_runner(runner) -> tuple[int, int]:
+    return runner.engine.weight_receivers()
+
+
+def _score_each_on_runner(runner, prompt: list[int], continuation: list[int]) -> list[list[float]]:
+    return runner.engine.score_each(prompt, continuation)

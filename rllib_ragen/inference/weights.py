@@ -2,9 +2,9 @@
 
 Torch tensors go through Ray's object store by pickling (a copy on `put`, a copy
 on every `get`: about 5 s for 0.5 GB on two cores), numpy arrays zero-copy
-(about 0.1 s). `pack_weights` turns a state dict into numpy arrays (bf16/fp16 as
-same-width integer views, which numpy can hold) and `unpack_weights` turns them
-back into torch views without copying.
+(about 0.1 s). `pack_weights` turns a state dict into numpy arrays (bfloat16, which numpy
+lacks, as a same-width integer view: never through float32) and `unpack_weights`
+turns them back into torch views of the original dtype without copying.
 """
 
 from __future__ import annotations
@@ -77,14 +77,14 @@ class PackedWeights:
         return sum(array.nbytes for array in self.arrays)
 
 
-def pack_weights(state_dict: Mapping[str, Tensor]) -> PackedWeights:
-    """Packs a state dict (tensors on any device) into numpy arrays on the host.
+def unique_weights(state_dict: Mapping[str, Tensor]) -> list[tuple[str, Tensor]]:
+    """(name, tensor) pairs of `state_dict` with every tensor once, in their own dtype and device.
 
     Tensors that are one tensor under two names (tied embeddings: `state_dict()`
-    lists `lm_head.weight` and `model.embed_tokens.weight`) are packed once, under
-    the first name.
+    lists `lm_head.weight` and `model.embed_tokens.weight`) are kept once, under
+    the first name; the engines' loaders refresh the tied head from it.
     """
-    names, arrays, dtypes = [], [], []
+    pairs = []
     seen: set[tuple] = set()
     for name, tensor in state_dict.items():
         tensor = torch.as_tensor(tensor).detach()
@@ -92,6 +92,14 @@ def pack_weights(state_dict: Mapping[str, Tensor]) -> PackedWeights:
         if tensor.numel() and identity in seen:
             continue
         seen.add(identity)
+        pairs.append((name, tensor))
+    return pairs
+
+
+def pack_weights(state_dict: Mapping[str, Tensor]) -> PackedWeights:
+    """Packs a state dict (tensors on any device) into numpy arrays on the host (see `unique_weights`)."""
+    names, arrays, dtypes = [], [], []
+    for name, tensor in unique_weights(state_dict):
         tensor = tensor.to("cpu").contiguous()
         dtypes.append(str(tensor.dtype).removeprefix("torch."))
         raw = _RAW_VIEWS.get(tensor.dtype)
