@@ -1,116 +1,119 @@
-"""Where one StarPO iteration's time goes: generation, env, prompts, filter, update, weight sync, logging.
+"""Trajectories per minute of the CPU preset, against the preset and code of a baseline commit, in one run.
 
-Builds a StarPO algorithm on Sokoban, runs --warmup iterations, then times the
-phases of one more iteration, called in the order `StarPO.training_step` calls
-them: rollout (`LLMEnvRunner.sample`, split by its `last_rollout_timing` into
-engine generation, env stepping, prompt building and the rest), the StarPO-S
-filter, the learner update (learner connector: token rows, old log-probs,
-advantages; then forward/backward/step), the weight sync into the engine, and
-the metrics reduction that ends an iteration (logging).
+Each side builds `cpu_preset(env)` (SmolLM2-135M, vLLM on CPU) with evaluation
+off, runs `--warmup` untimed iterations, then times `--iters` training
+iterations (`algo.train()`): sampled trajectories per minute, the
+rollout time (and the engine's share of it), the rest of the iteration (learner
+connector and update, weight sync, metrics), and the learner's loss and
+train/inference log-prob gap (what a precision change costs). The baseline
+side runs in a subprocess whose `rllib_ragen` is imported from a git worktree
+of `--baseline-rev` (default: the commit before this benchmark's levers), so
+"today" is today's code, not a reconstruction of it. Prints both and the ratio.
 
-"Framework overhead" is everything that is neither engine generation nor the
-learner update (target: < 15% of the iteration).
-
-    python benchmarks/iteration_breakdown.py --n-groups 4 --group-size 4
+    python benchmarks/iteration_breakdown.py                  # sokoban, 3 timed iterations each
+    python benchmarks/iteration_breakdown.py --env frozenlake --iters 5
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+# The measured side imports rllib_ragen from RLLIB_RAGEN_SOURCE (a baseline worktree) when it is set.
+sys.path.insert(0, os.environ.get("RLLIB_RAGEN_SOURCE", str(ROOT)))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rllib_ragen.algorithm import StarPOConfig  # noqa: E402
-
-ROLLOUT_PARTS = ("engine_s", "env_step_s", "prompt_build_s")
-COMPUTE_PHASES = ("generation (engine)", "update (learner)")
+BASELINE_REV = "d0b9c2c"  # main before the throughput levers (8x4 groups, filter 0.25, bf16, one forward less)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="built-in name or model dir")
-    parser.add_argument("--engine", default="auto", choices=["auto", "vllm", "hf"])
-    parser.add_argument("--n-groups", type=int, default=4)
-    parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--max-turns", type=int, default=3)
-    parser.add_argument("--response-length", type=int, default=48)
-    parser.add_argument("--filter-ratio", type=float, default=1.0, help="StarPO-S keep ratio")
-    parser.add_argument("--micro-batch-tokens", type=int, default=2048)
-    parser.add_argument("--autocast-dtype", default="bfloat16", choices=["none", "bfloat16"])
+    parser.add_argument("--env", default="sokoban", help="registered env")
+    parser.add_argument("--iters", type=int, default=3, help="timed iterations per side")
     parser.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
+    parser.add_argument("--baseline-rev", default=BASELINE_REV, help="git revision whose preset and code are 'today'")
+    parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # one side, JSON on stdout
     return parser.parse_args(argv)
 
 
-def build(args: argparse.Namespace):
-    config = (
-        StarPOConfig()
-        .environment("sokoban")
-        .llm(model=args.model, critic="none")
-        .rollouts(n_groups=args.n_groups, group_size=args.group_size, max_turns=args.max_turns,
-                  response_length=args.response_length, think=False, prefill=True)
-        .inference(engine=args.engine, kv_cache_gb=1.0, engine_dtype="bfloat16", max_model_len=2048)
-        .training(advantage_estimator="grpo", rollout_filter_ratio=args.filter_ratio,
-                  mini_batch_size=args.n_groups * args.group_size, micro_batch_size=4,
-                  micro_batch_tokens=args.micro_batch_tokens,
-                  autocast_dtype=None if args.autocast_dtype == "none" else args.autocast_dtype)
-        .starpo_evaluation(eval_interval=0)
-    )
-    return config.build_algo()
+def measure(env: str, iters: int, warmup: int) -> dict:
+    """Times `iters` training iterations of the CPU preset of the imported rllib_ragen."""
+    from rllib_ragen.presets import cpu_preset
+    from rllib_ragen.ray_session import init_ray
+
+    init_ray()
+    config = cpu_preset(env).starpo_evaluation(eval_interval=0)
+    algo = config.build_algo()
+    try:
+        for _ in range(warmup):
+            algo.train()
+        trajectories, rollout, generation, learner, began = 0.0, 0.0, 0.0, [], time.perf_counter()
+        for _ in range(iters):
+            result = algo.train()
+            trajectories += result["env_runners"]["num_trajectories"]
+            rollout += algo.env_runner.last_rollout_timing["total_s"]
+            generation += algo.env_runner.last_rollout_timing["engine_s"]
+            learner.append(result["learners"]["default_policy"])
+        seconds = time.perf_counter() - began
+    finally:
+        algo.stop()
+    return {
+        "settings": f"{config.n_groups}x{config.group_size} groups, filter {config.rollout_filter_ratio}, "
+                    f"learner autocast {getattr(config, 'autocast_dtype', None)}, engine {config.engine_dtype}",
+        "seconds_per_iter": seconds / iters,
+        "trajectories_per_min": 60 * trajectories / seconds,
+        "rollout_s": rollout / iters,
+        "generation_s": generation / iters,
+        # The learner connector and update, the weight sync and the metrics: all but the rollout.
+        "update_sync_rest_s": (seconds - rollout) / iters,
+        "policy_loss": sum(r["policy_loss"] for r in learner) / iters,
+        "logp_gap_mean": sum(r.get("train_inference_logp_gap_mean", float("nan")) for r in learner) / iters,
+    }
 
 
-def timed_iteration(algo) -> dict[str, float]:
-    """Seconds per phase of one iteration, called like `StarPO.training_step` does."""
-    seconds: dict[str, float] = {}
-    start = time.perf_counter()
-    episodes = algo._collect_episodes()
-    rollout_s = time.perf_counter() - start
-    timing = algo.env_runner.last_rollout_timing
-    seconds["generation (engine)"] = timing["engine_s"]
-    if all(k in timing for k in ROLLOUT_PARTS):
-        seconds["env stepping"] = timing["env_step_s"]
-        seconds["prompt building"] = timing["prompt_build_s"]
-    seconds["rollout, other"] = rollout_s - sum(timing.get(k, 0.0) for k in ROLLOUT_PARTS)
-    start = time.perf_counter()
-    kept = algo._filter_groups(episodes)
-    seconds["filtering"] = time.perf_counter() - start
-    start = time.perf_counter()
-    results = algo.update_learners(kept)
-    seconds["update (learner)"] = time.perf_counter() - start
-    start = time.perf_counter()
-    algo.env_runner_group.sync_weights(from_worker_or_learner_group=algo.learner_group, inference_only=True)
-    seconds["weight sync"] = time.perf_counter() - start
-    start = time.perf_counter()
-    algo.metrics.aggregate(results, key="learners")
-    algo.metrics.reduce()
-    seconds["logging (metrics)"] = time.perf_counter() - start
-    return seconds
+def run_side(args: argparse.Namespace, source: Path) -> dict:
+    """One side in a fresh process that imports rllib_ragen from `source`."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--measure", "--env", args.env,
+               "--iters", str(args.iters), "--warmup", str(args.warmup)]
+    env = dict(os.environ, RLLIB_RAGEN_SOURCE=str(source), PYTHONPATH=str(source))
+    out = subprocess.run(command, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
-def report(seconds: dict[str, float]) -> None:
-    total = sum(seconds.values())
-    print(f"{'phase':<22} {'seconds':>8} {'%':>6}")
-    for name, value in seconds.items():
-        print(f"{name:<22} {value:>8.2f} {100 * value / total:>6.1f}")
-    print(f"{'total':<22} {total:>8.2f} {100.0:>6.1f}")
-    overhead = total - sum(seconds[k] for k in COMPUTE_PHASES)
-    print(f"framework overhead (neither generation nor learner update): {overhead:.2f} s = "
-          f"{100 * overhead / total:.1f}% of the iteration")
+def report(sides: dict[str, dict]) -> None:
+    keys = ["seconds_per_iter", "trajectories_per_min", "rollout_s", "generation_s", "update_sync_rest_s",
+            "policy_loss", "logp_gap_mean"]
+    print(f"{'':<24}" + "".join(f"{name:>16}" for name in sides))
+    for key in keys:
+        print(f"{key:<24}" + "".join(f"{side[key]:>16.3f}" for side in sides.values()))
+    for name, side in sides.items():
+        print(f"{name}: {side['settings']}")
+    baseline, new = sides.values()
+    print(f"trajectories per minute, this tree / baseline: x{new['trajectories_per_min'] / baseline['trajectories_per_min']:.2f}")
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    algo = build(args)
-    try:
-        for _ in range(args.warmup):
-            algo.train()
-        report(timed_iteration(algo))
-    finally:
-        algo.stop()
+    if args.measure:
+        print(json.dumps(measure(args.env, args.iters, args.warmup)))
+        return
+    with tempfile.TemporaryDirectory(prefix="baseline-") as tmp:
+        worktree = Path(tmp) / "tree"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), args.baseline_rev],
+                       check=True, capture_output=True)
+        try:
+            sides = {f"baseline {args.baseline_rev}": run_side(args, worktree), "this tree": run_side(args, ROOT)}
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)], check=False)
+    report(sides)
 
 
 if __name__ == "__main__":

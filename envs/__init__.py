@@ -1,10 +1,11 @@
-"""Text environments for LLM agents: Sokoban, FrozenLake, Bandit, Countdown.
+"""Text environments for LLM agents: Sokoban, FrozenLake, Bandit, Countdown, Corridor.
 
 `make_env(name, **config)` builds a registered env; `register_env` adds yours.
 """
 
 from envs.bandit import BanditConfig, BanditEnv
 from envs.base import TextEnv
+from envs.corridor import CorridorConfig, CorridorEnv
 from envs.countdown import CountdownConfig, CountdownEnv, score_equation
 from envs.frozenlake import FrozenLakeConfig, FrozenLakeEnv
 from envs.registry import list_envs, make_env, register_env
@@ -15,6 +16,8 @@ from envs.sokoban_solver import solve
 __all__ = [
     "BanditConfig",
     "BanditEnv",
+    "CorridorConfig",
+    "CorridorEnv",
     "CountdownConfig",
     "CountdownEnv",
     "FrozenLakeConfig",

@@ -19,6 +19,7 @@ from typing import Any
 
 from envs.bandit import BanditEnv
 from envs.base import TextEnv, config_field_names
+from envs.corridor import CorridorEnv
 from envs.countdown import CountdownEnv
 from envs.frozenlake import FrozenLakeEnv
 from envs.sokoban import SokobanEnv
@@ -112,6 +113,7 @@ def _register_builtins() -> None:
     register_env("bandit", BanditEnv, low_arm="Phoenix", high_arm="Dragon")
     register_env("bandit_test", BanditEnv, low_arm="Trader", high_arm="Librarian")
     register_env("countdown", CountdownEnv)
+    register_env("corridor", CorridorEnv)
 
 
 _register_builtins()

@@ -430,17 +430,43 @@ ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {
 }
 
 
-def register_advantage_estimator(name: str, estimator: Estimator, *, overwrite: bool = False) -> None:
+# Estimators that read `AdvantageInputs.values`: the learner keeps a critic for them.
+CRITIC_ESTIMATORS: set[str] = {"gae", "bi_level_gae"}
+
+
+def register_advantage_estimator(
+    name: str, estimator: Estimator, *, needs_critic: bool = False, overwrite: bool = False
+) -> None:
     """Adds an estimator ``fn(inputs: AdvantageInputs, **hparams) -> (advantages, returns)``.
 
-    Estimators other than "gae"/"bi_level_gae" are treated as critic-free. The
+    Its hyper-parameters are the keyword parameters it declares; the learner
+    passes the configured value of each (e.g. ``gamma``, ``lam``). The
     registry is per process: register in a module every learner process imports.
+
+    Args:
+        name: The name `.training(advantage_estimator=...)` selects it by.
+        estimator: The function.
+        needs_critic: It reads ``inputs.values``, so the module needs a critic.
+        overwrite: Replace an estimator of the same name.
     """
     if name in ADVANTAGE_ESTIMATORS and not overwrite:
         raise ValueError(f"advantage estimator {name!r} already exists; pass overwrite=True to replace it")
     if not callable(estimator):
         raise TypeError(f"advantage estimator {name!r} must be callable, got {type(estimator).__name__}")
     ADVANTAGE_ESTIMATORS[name] = estimator
+    (CRITIC_ESTIMATORS.add if needs_critic else CRITIC_ESTIMATORS.discard)(name)
+
+
+def unregister_advantage_estimator(name: str) -> None:
+    """Removes a registered estimator (e.g. a test's)."""
+    get_advantage_estimator(name)
+    ADVANTAGE_ESTIMATORS.pop(name)
+    CRITIC_ESTIMATORS.discard(name)
+
+
+def estimator_hparam_names(name: str) -> tuple[str, ...]:
+    """The keyword hyper-parameters estimator ``name`` declares."""
+    return tuple(p.name for p in list(inspect.signature(get_advantage_estimator(name)).parameters.values())[1:])
 
 
 def get_advantage_estimator(name: str) -> Estimator:

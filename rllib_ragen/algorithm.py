@@ -38,7 +38,7 @@ from ray.rllib.utils.metrics import (
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from envs import list_envs, make_env
-from rllib_ragen.advantages import ADVANTAGE_ESTIMATORS
+from rllib_ragen.advantages import ADVANTAGE_ESTIMATORS, CRITIC_ESTIMATORS
 from rllib_ragen.connectors.learner_connector import AdvantageSettings, StarPOLearnerConnector
 from rllib_ragen.connectors.protocol import ProtocolConfig
 from rllib_ragen.data.parquet import write_rollouts
@@ -55,6 +55,9 @@ from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model, re
 from rllib_ragen.module import CRITIC_KINDS, LLMModuleConfig, LLMRLModule, ScoringConfig
 
 logger = logging.getLogger(__name__)
+
+# Half the bfloat16 spacing of a weight of magnitude 0.01: smaller AdamW steps leave it unchanged.
+_BF16_SMALLEST_VISIBLE_STEP = 0.01 / 256
 
 ROLLOUT_TIMER = "rollout"
 UPDATE_TIMER = "update"
@@ -248,7 +251,7 @@ class StarPOConfig(AlgorithmConfig):
             engine: "auto" (vLLM when importable, else in-process HF), "vllm" or "hf".
             num_engines: vLLM engine actors in the pool.
             kv_cache_gb: KV-cache size per vLLM engine, GiB (host RAM on CPU, where
-                it must be given); None on GPU leaves it to `gpu_memory_utilization`.
+                it must be given); None on GPU lets vLLM fill `gpu_memory_utilization`.
             engine_dtype: Engine weight dtype ("auto", "float32", "bfloat16", "float16").
             max_model_len: Longest prompt + response an engine serves; a trajectory
                 whose next prompt leaves less than `response_length` tokens is
@@ -259,9 +262,10 @@ class StarPOConfig(AlgorithmConfig):
             engine_threads: CPU threads per engine (None = the cores split evenly over the engines).
             torch_threads: Threads of the learner and the in-process HF engine
                 (None = all cores; Ray would otherwise leave a trial actor one).
-            gpu_memory_utilization: GPU engines: vLLM's share of the GPU's memory
-                (weights, activations, KV cache); set with `kv_cache_gb=None`.
-                Rejected on CPU, where it would be a share of host RAM.
+            gpu_memory_utilization: GPU engines: the share of the GPU's memory a vLLM
+                engine may take (weights, activations, KV cache), checked free at its
+                start; None = vLLM's 0.9. Lower it when the learner shares the GPU.
+                Rejected on CPU, where vLLM would read it as a share of host RAM.
             num_cpus_per_engine: Ray CPUs each vLLM actor reserves (scheduling only).
             max_batch_size: HF engine: prompts decoded together (bounds memory).
             enforce_eager: vLLM without torch.compile and CUDA graphs (fast start);
@@ -498,6 +502,7 @@ class StarPOConfig(AlgorithmConfig):
                     advantages=self.advantage_settings,
                     history_window=self.history_window,
                     micro_batch_size=self.micro_batch_size,
+                    score_old_logp=not self.update_is_one_on_policy_step,
                 )
             ],
             input_observation_space=input_observation_space,
@@ -518,7 +523,7 @@ class StarPOConfig(AlgorithmConfig):
         _choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGGREGATIONS)
         _choice("kl_type", self.kl_type, KL_KINDS)
         _choice("rollout_filter_metric", self.rollout_filter_metric, FILTER_METRICS)
-        if self.advantage_estimator in ("gae", "bi_level_gae") and self.critic == "none":
+        if self.advantage_estimator in CRITIC_ESTIMATORS and self.critic == "none":
             raise ValueError(
                 f"advantage_estimator={self.advantage_estimator!r} needs a critic; set "
                 ".llm(critic='head' or 'separate') or use grpo/brpo/arpo"
@@ -539,6 +544,7 @@ class StarPOConfig(AlgorithmConfig):
         if self.actor_lr < 0 or self.critic_lr < 0 or self.kl_coeff < 0 or self.entropy_coeff < 0:
             raise ValueError("actor_lr, critic_lr, kl_coeff and entropy_coeff must be >= 0")
         self._validate_scale_out()
+        self._validate_precision()
         if self.is_offline and self.offline_data_class is None:
             raise ValueError(
                 "offline StarPO reads trajectory Parquet files into group episodes: set it up with "
@@ -578,6 +584,25 @@ class StarPOConfig(AlgorithmConfig):
                     "rollout_filter_ratio, or use fewer learners"
                 )
 
+    def _validate_precision(self) -> None:
+        """Trained-weight dtypes that AdamW cannot train (or barely moves) at these learning rates."""
+        if self.dtype == "float16":
+            raise ValueError(
+                "dtype='float16' runs AdamW in float16, where squared gradients and eps (1e-8) underflow to 0: "
+                "the first update writes inf/NaN into the weights. Train float32 weights (with "
+                ".training(autocast_dtype='bfloat16') for bf16 compute); engines may still run "
+                ".inference(engine_dtype='float16')"
+            )
+        if self.dtype == "bfloat16" and 0 < self.actor_lr < _BF16_SMALLEST_VISIBLE_STEP:
+            logger.warning(
+                "dtype='bfloat16' with actor_lr=%g: AdamW moves a weight by about the learning rate per step, and "
+                "a bfloat16 weight w only changes when the step exceeds half its spacing (about |w|/256, %.1g for "
+                "|w|=0.01), so most weights never move (measured on tiny-random at 1e-6: 1.8%% of the policy's "
+                "weights changed in 2 steps, 99.99%% with float32). Prefer dtype='float32' with "
+                ".training(autocast_dtype='bfloat16')",
+                self.actor_lr, _BF16_SMALLEST_VISIBLE_STEP,
+            )
+
     def _validate_rollout_inputs(self) -> None:
         """Env config, model directory and sizes that would only fail (or silently misbehave) mid-run."""
         try:
@@ -597,11 +622,8 @@ class StarPOConfig(AlgorithmConfig):
             raise ValueError(
                 f"micro_batch_size={self.micro_batch_size} is larger than mini_batch_size={self.mini_batch_size}"
             )
-        # A warning, not an error: sampling-only uses keep the training defaults. A row is a
-        # trajectory, or one turn with a history window (so at most max_turns rows each).
-        rows_per_trajectory = 1 if self.history_window is None else self.max_turns
-        kept_groups = max(1, math.ceil(self.rollout_filter_ratio * self.n_groups))
-        kept_rows = kept_groups * self.group_size * rows_per_trajectory
+        # A warning, not an error: sampling-only uses keep the training defaults.
+        kept_groups, kept_rows = max(1, math.ceil(self.rollout_filter_ratio * self.n_groups)), self.max_rows_per_update
         if self.mini_batch_size > kept_rows:
             logger.warning(
                 "mini_batch_size=%d is larger than the at most %d rows an update gets (the StarPO-S filter keeps "
@@ -609,6 +631,26 @@ class StarPOConfig(AlgorithmConfig):
                 self.mini_batch_size, kept_rows, kept_groups, self.n_groups, self.group_size,
                 "" if self.history_window is None else f" x max_turns={self.max_turns}",
             )
+
+    @property
+    def max_rows_per_update(self) -> int:
+        """Most token rows one update trains on: the groups the filter keeps x group size
+        (a row is a trajectory, or one turn with a history window)."""
+        rows_per_trajectory = 1 if self.history_window is None else self.max_turns
+        kept_groups = max(1, math.ceil(self.rollout_filter_ratio * self.n_groups))
+        return kept_groups * self.group_size * rows_per_trajectory
+
+    @property
+    def update_is_one_on_policy_step(self) -> bool:
+        """Each update is one optimiser step on the rows just sampled by the current policy.
+
+        Its old log-probs are then the current policy's own, so the learner
+        connector does not score them in a separate forward pass.
+        """
+        return (
+            self.rollout_frequency == 1 and self.num_learners <= 1
+            and self.max_rows_per_update <= self.mini_batch_size
+        )
 
     @property
     def rollout_summary(self) -> str:
@@ -701,6 +743,10 @@ class StarPO(Algorithm):
         torch.set_num_threads(config.torch_threads or os.cpu_count() or 1)
         super().setup(config)
         self.echo_trap = EchoTrapMonitor(window=self.config.echo_trap_window, ratio=self.config.echo_trap_ratio)
+        # Set by a driver that knows where it stops: that iteration always ends with an evaluation.
+        self.final_iteration: int | None = None
+        # 0/1 success per trajectory of the latest evaluation, in seed order (for paired intervals).
+        self.last_evaluation_successes: list[float] = []
         self._evaluation_episodes: list = []
         # The training-seed cursor when the runners are remote (a local runner keeps its own).
         self._next_train_seed = self.config.train_seed_start
@@ -754,8 +800,8 @@ class StarPO(Algorithm):
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
         with self.metrics.log_time((TIMERS, WEIGHT_SYNC_TIMER)):
             self.sync_engine_weights()
-        interval = self.config.eval_interval
-        if interval and (self.iteration + 1) % interval == 0:
+        interval, iteration = self.config.eval_interval, self.iteration + 1
+        if interval and (iteration % interval == 0 or iteration == self.final_iteration):
             self.evaluate_fixed_seeds()
 
     def _collect_episodes(self) -> list:
@@ -873,6 +919,10 @@ class StarPO(Algorithm):
         for key, value in stats.items():
             self.metrics.log_value((EVALUATION_RESULTS, key), value, window=1)
         self._evaluation_episodes = episodes
+        self.last_evaluation_successes = [
+            float(bool(agent.get_infos()[-1].get("success", False)))
+            for episode in episodes for agent in episode.agent_episodes.values()
+        ]
         return stats
 
     @override(Algorithm)

@@ -384,9 +384,18 @@ class _GroupRollout:
         return False
 
 
+def think_text(response: str) -> str | None:
+    """The stripped text between `<think>` and `</think>` of a response, or None without one."""
+    start, end = response.find("<think>"), response.find("</think>")
+    if start < 0 or end < start:
+        return None
+    return response[start + len("<think>") : end].strip()
+
+
 def rollout_statistics(episodes: list[MultiAgentEpisode]) -> dict[str, float]:
     """Success, reward and in-group spread of a list of finished group episodes."""
     returns, successes, in_group_std, lengths, turns, valid_turns, well_formed = [], [], [], [], [], [], []
+    thoughts = []
     for episode in episodes:
         group_returns = []
         for agent_episode in episode.agent_episodes.values():
@@ -397,6 +406,7 @@ def rollout_statistics(episodes: list[MultiAgentEpisode]) -> dict[str, float]:
             turns.append(len(agent_episode))
             valid_turns.extend(float(i.get("num_valid_actions", 0) > 0) for i in infos[1:])
             well_formed.extend(float(bool(i.get("format_ok", False))) for i in infos[1:])
+            thoughts.extend(t for t in (think_text(i.get(RESPONSE_TEXT, "")) for i in infos[1:]) if t is not None)
         returns.extend(group_returns)
         in_group_std.append(float(np.std(group_returns, ddof=1)) if len(group_returns) > 1 else 0.0)
     return {
@@ -409,5 +419,7 @@ def rollout_statistics(episodes: list[MultiAgentEpisode]) -> dict[str, float]:
         "valid_action_ratio": float(np.mean(valid_turns)) if valid_turns else 0.0,
         # Answers in the <think>/<answer> format, whether or not their actions were valid.
         "well_formed_ratio": float(np.mean(well_formed)) if well_formed else 0.0,
+        # Distinct thoughts among all turns' thoughts: near 0 when reasoning collapsed to one template.
+        "distinct_thought_ratio": len(set(thoughts)) / len(thoughts) if thoughts else 0.0,
         "num_trajectories": float(len(returns)),
     }

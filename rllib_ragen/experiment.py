@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import dataclasses
+import json
 import logging
 import os
 import signal
@@ -25,16 +27,25 @@ from rllib_ragen.models import resolve_model
 from rllib_ragen.presets import PRESETS, preset
 from rllib_ragen.ray_session import init_ray
 from rllib_ragen.tracking import DEFAULT_EXPERIMENT
-from rllib_ragen.warm_start import WarmStartConfig, warm_start
+from rllib_ragen.data.experts import has_expert
+from rllib_ragen.intervals import format_rate, paired_difference_interval
+from rllib_ragen.warm_start import WARM_START_PLAYERS, WarmStartConfig, warm_start
 
 logger = logging.getLogger("rllib_ragen")
 
 
-def build_parser(*, env: str, description: str, success_threshold: float, stop_iters: int) -> argparse.ArgumentParser:
+def build_parser(
+    *, env: str, description: str, success_threshold: float, stop_iters: int, time_budget_min: float | None = None
+) -> argparse.ArgumentParser:
     """The flags every tuned example takes (RLlib's tuned-example style)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_config_flags(parser, env=env, stop_iters=stop_iters)
     add_tracking_flags(parser)
+    parser.add_argument("--time-budget-min", type=float, default=time_budget_min,
+                        help="training time budget: the iteration expected to cross it is the last (it evaluates "
+                             "and checkpoints); --stop-iters still applies")
+    parser.add_argument("--summary-json", metavar="PATH",
+                        help="write the before/after evaluation (per-seed outcomes and intervals) as JSON")
     parser.add_argument("--as-test", action="store_true", help="exit 1 unless the success threshold is reached")
     parser.add_argument("--success-threshold", type=float, default=success_threshold,
                         help="success rate --as-test requires (evaluation's if evaluated, else training's)")
@@ -64,8 +75,12 @@ def add_config_flags(parser: argparse.ArgumentParser, *, env: str, stop_iters: i
     parser.add_argument("--warm-start-model", metavar="DIR",
                         help="use this warm-started model directory (a Hugging Face directory, e.g. an earlier "
                              "run's final_policy/ or a warm start's cache entry) instead of building the warm start")
+    parser.add_argument("--warm-start", choices=WARM_START_PLAYERS, dest="warm_start_player",
+                        help="who plays the warm start's demonstrations: random (the answer format only) or "
+                             "expert (the env's solver: RAGEN's SFT start); default: expert where the env has one")
     parser.add_argument("--warm-start-examples", type=int, default=16,
-                        help="initial states played in the format warm start (2 random trajectories each)")
+                        help="initial states played in the warm start (random play: 2 trajectories each)")
+    parser.add_argument("--eval-size", type=int, help="fixed evaluation seeds (default: the preset's)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="set any StarPOConfig attribute, e.g. --set actor_lr=1e-5 (repeatable)")
     parser.add_argument("--seed", type=int, help="random seed")
@@ -97,6 +112,8 @@ def config_from_args(args: argparse.Namespace) -> StarPOConfig:
             config.llm(critic="none")
     if args.seed is not None:
         config.debugging(seed=args.seed)
+    if args.eval_size is not None:
+        config.starpo_evaluation(eval_size=args.eval_size)
     for assignment in args.set:
         apply_setting(config, assignment)
     config.validate_starpo()
@@ -127,8 +144,15 @@ def parse_literal(raw: str) -> Any:
         return raw
 
 
-def apply_warm_start(config: StarPOConfig, *, num_examples: int) -> None:
-    """Replaces the model by its format-warm-started copy (built once, cached)."""
+def apply_warm_start(config: StarPOConfig, *, num_examples: int, player: str | None = None) -> None:
+    """Replaces the model by its warm-started copy (built once, cached).
+
+    `player` None: the expert where the env has one (a policy that already
+    solves part of the task: RL gains most there, see the README's CPU
+    learning table), else random play (the answer format only).
+    """
+    player = player or ("expert" if has_expert(config.env) else "random")
+    tiny = config.llm_model == "tiny-random"
     ws = WarmStartConfig(
         env=config.env,
         env_config=dict(config.env_config),
@@ -138,9 +162,12 @@ def apply_warm_start(config: StarPOConfig, *, num_examples: int) -> None:
         answers_per_prompt=2,
         epochs=2,
         batch_size=8,
-        lr=1e-4 if config.llm_model != "tiny-random" else 3e-3,
+        lr=3e-3 if tiny else (3e-4 if player == "expert" else 1e-4),
+        player=player,
+        autocast_dtype=config.autocast_dtype,
     )
-    print(f"format warm start of {config.llm_model} on {config.env} ({num_examples} examples; cached after the first run)")
+    print(f"{player}-play warm start of {config.llm_model} on {config.env} ({num_examples} states; "
+          "cached after the first run)")
     config.llm(model=str(warm_start(config.llm_model, ws, progress=True)))
 
 
@@ -176,9 +203,15 @@ def run(config: StarPOConfig, args: argparse.Namespace) -> dict[str, Any]:
             print(f"resumed from {resume_from} at iteration {algo.iteration}")
         tracker = callback.start(algo)
         print(f"MLflow run: {tracker.run_url}\ncheckpoints: {checkpoint_dir}\n{algo.config.rollout_summary}")
-        if algo.iteration == 0 and algo.config.eval_interval:
-            evaluate_before_training(algo, callback)
-        result = _train(algo, callback, stop_iters=args.stop_iters)
+        before = evaluate_before_training(algo, callback) if algo.iteration == 0 and algo.config.eval_interval else None
+        began = time.perf_counter()
+        result = _train(algo, callback, stop_iters=args.stop_iters, budget_s=_minutes(args.time_budget_min))
+        if before is not None and "success_rate" in result.get("evaluation", {}):
+            summary = summarize(before[1], algo.last_evaluation_successes, iterations=algo.iteration,
+                                minutes=(time.perf_counter() - began) / 60)
+            if args.summary_json:
+                summary.update(stats_before=before[0], stats_after=result["evaluation"])
+                Path(args.summary_json).write_text(json.dumps(summary, default=float))
     finally:
         algo.stop()
     print(f"done. MLflow run: {tracker.run_url}; final policy (HF format): {checkpoint_dir / FINAL_POLICY}")
@@ -187,17 +220,37 @@ def run(config: StarPOConfig, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def evaluate_before_training(algo: Algorithm, callback: MLflowCallback) -> dict[str, float]:
-    """Evaluates the starting (e.g. warm-started) policy on the fixed evaluation seeds, logged as step 0."""
+def evaluate_before_training(algo: Algorithm, callback: MLflowCallback) -> tuple[dict[str, float], list[float]]:
+    """Evaluates the starting (e.g. warm-started) policy on the fixed evaluation seeds, logged as step 0.
+
+    Returns the evaluation's statistics and the 0/1 success of each evaluation seed.
+    """
     stats = algo.evaluate_fixed_seeds()
+    successes = list(algo.last_evaluation_successes)
     callback.log_initial_evaluation(algo, stats)
-    print(f"[0] before RL, on the {algo.config.eval_size} evaluation seeds: success {stats['success_rate']:.3f} | "
+    print(f"[0] before RL, on the {algo.config.eval_size} evaluation seeds: success {format_rate(successes)} | "
           f"return {stats['episode_return_mean']:.3f} | valid {stats['valid_action_ratio']:.2f}", flush=True)
-    return stats
+    return stats, successes
 
 
-def _train(algo: Algorithm, callback: MLflowCallback, *, stop_iters: int) -> dict[str, Any]:
-    """Iterates up to `stop_iters`; the callback checkpoints and closes the run there.
+def summarize(before: list[float], after: list[float], *, iterations: int, minutes: float) -> dict[str, Any]:
+    """Prints success before and after RL on the same seeds with 95% intervals; returns them."""
+    difference, low, high = paired_difference_interval(before, after)
+    verdict = "learned" if low > 0 else ("got worse" if high < 0 else "no change beyond chance")
+    print(f"success on {len(before)} evaluation seeds (95% intervals): before RL {format_rate(before)} -> "
+          f"after {iterations} iterations ({minutes:.1f} min) {format_rate(after)}; "
+          f"change {difference:+.3f} [{low:+.3f}, {high:+.3f}]: {verdict}", flush=True)
+    return {"before": before, "after": after, "iterations": iterations, "minutes": minutes,
+            "difference": difference, "difference_interval": [low, high]}
+
+
+def _minutes(minutes: float | None) -> float | None:
+    return None if minutes is None else 60.0 * minutes
+
+
+def _train(algo: Algorithm, callback: MLflowCallback, *, stop_iters: int, budget_s: float | None = None) -> dict[str, Any]:
+    """Iterates up to `stop_iters`, or until `budget_s` seconds would be passed; the
+    callback checkpoints and closes the run at the last iteration, which evaluates.
 
     Ctrl-C stops after the running iteration: it is checkpointed, the run is
     closed KILLED and KeyboardInterrupt raised. A second Ctrl-C, or an error,
@@ -210,11 +263,19 @@ def _train(algo: Algorithm, callback: MLflowCallback, *, stop_iters: int) -> dic
         print(f"already at iteration {algo.iteration} >= --stop-iters {stop_iters}; nothing to train")
         callback.finish(algo)  # a kill may have come between the last checkpoint and the run's end
         return result
+    algo.final_iteration = stop_iters
+    started, longest = time.perf_counter(), 0.0
     with stop_requests() as stop:
         try:
             while algo.iteration < stop_iters and not stop.is_set():
+                if budget_s is not None and time.perf_counter() - started + 2 * longest > budget_s:
+                    # The next iteration (twice the longest so far: it evaluates) is the last in the budget.
+                    stop_iters = algo.iteration + 1
+                    algo.final_iteration = stop_iters
+                    callback.settings = dataclasses.replace(callback.settings, stop_iters=stop_iters)
                 began = time.perf_counter()
                 result = algo.train()
+                longest = max(longest, time.perf_counter() - began)
                 print(progress_line(algo.iteration, stop_iters, result, time.perf_counter() - began), flush=True)
         except KeyboardInterrupt:
             callback.end("KILLED")
@@ -298,10 +359,14 @@ def check_success(result: dict[str, Any], threshold: float) -> None:
     print(f"--as-test passed: success {success:.3f} >= {threshold}")
 
 
-def main(*, env: str, description: str, success_threshold: float, stop_iters: int, argv: list[str] | None = None) -> None:
+def main(
+    *, env: str, description: str, success_threshold: float, stop_iters: int, time_budget_min: float | None = None,
+    argv: list[str] | None = None,
+) -> None:
     """Entry point of a tuned example."""
     args = build_parser(
-        env=env, description=description, success_threshold=success_threshold, stop_iters=stop_iters
+        env=env, description=description, success_threshold=success_threshold, stop_iters=stop_iters,
+        time_budget_min=time_budget_min,
     ).parse_args(argv)
     config = config_from_args(args)
     choose_starting_model(config, args)
@@ -320,5 +385,5 @@ def choose_starting_model(config: StarPOConfig, args: argparse.Namespace) -> Non
         config.llm(model=str(resolve_model(args.warm_start_model)))
     elif not args.no_warm_start:  # cached: a resumed run gets the same warm-started model back
         init_ray()
-        apply_warm_start(config, num_examples=args.warm_start_examples)
+        apply_warm_start(config, num_examples=args.warm_start_examples, player=args.warm_start_player)
 

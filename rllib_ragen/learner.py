@@ -117,9 +117,11 @@ class StarPOTorchLearner(TorchLearner):
     def compute_loss_for_module(self, *, module_id, config, batch: dict[str, Any], fwd_out: dict[str, Any]):
         mask = batch[Columns.LOSS_MASK]
         agg = config.loss_agg_mode
+        # No scored old log-probs: the update is one on-policy step, so the old policy is this one.
+        old_logp = batch[Columns.ACTION_LOGP] if Columns.ACTION_LOGP in batch else fwd_out[TOKEN_LOGP].detach()
         pg_loss, pg_stats = policy_loss(
             fwd_out[TOKEN_LOGP],
-            batch[Columns.ACTION_LOGP],
+            old_logp,
             batch[Columns.ADVANTAGES],
             mask,
             clip_low=config.clip_ratio_low,
@@ -147,9 +149,14 @@ class StarPOTorchLearner(TorchLearner):
             )
             total = total + config.kl_coeff * kl
             stats["kl"] = kl
+        # Train/inference mismatch: the learner's log-probs vs the engine's sampling ones.
+        gap = (old_logp.detach() - batch[SAMPLING_LOGP]).abs()
         stats["ratio_to_sampling_mean"] = masked_mean(torch.exp(fwd_out[TOKEN_LOGP] - batch[SAMPLING_LOGP]), mask)
+        stats["train_inference_logp_gap_mean"] = masked_mean(gap, mask)
         for key, value in stats.items():
             self.metrics.log_value((module_id, key), float(value.detach()), reduce="mean")
+        gap_max = gap[mask.bool()].max() if mask.any() else gap.new_zeros(())
+        self.metrics.log_value((module_id, "train_inference_logp_gap_max"), float(gap_max), reduce="max")
         return total
 
     @torch.no_grad()

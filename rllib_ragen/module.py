@@ -141,16 +141,30 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
 
     @override(TorchRLModule)
     def _forward_train(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
+        return self.score(batch, with_logp=True, with_entropy=True, with_values=self.has_critic)
+
+    def score(self, batch: dict[str, Any], *, with_logp: bool, with_entropy: bool, with_values: bool) -> dict[str, Any]:
+        """Per-token log-probs, entropies and critic values of the generated tokens, [B, L] each.
+
+        Each part is computed only when asked for: the learner connector's
+        scoring pass needs no entropy, and no log-probs when the update is one
+        on-policy step (the old log-probs then equal the new ones).
+        """
+        out: dict[str, Any] = {}
         with self.scoring.autocast(self.policy.device):
-            hidden = trunk_hidden(self.policy.base_model, batch)
-            out = score_generated_tokens(
-                self.policy.get_output_embeddings(),
-                hidden,
-                batch,
-                self.llm_config.logit_temperature,
-                chunk_size=self.scoring.logit_chunk_size,
-            )
-            if self.has_critic:
+            hidden = None
+            if with_logp or with_entropy or (with_values and self.llm_config.critic == "head"):
+                hidden = trunk_hidden(self.policy.base_model, batch)
+            if with_logp or with_entropy:
+                out = score_generated_tokens(
+                    self.policy.get_output_embeddings(),
+                    hidden,
+                    batch,
+                    self.llm_config.logit_temperature,
+                    with_entropy=with_entropy,
+                    chunk_size=self.scoring.logit_chunk_size,
+                )
+            if with_values:
                 out[Columns.VF_PREDS] = self.compute_values(batch, embeddings=hidden)
         return out
 

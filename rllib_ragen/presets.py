@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from rllib_ragen.algorithm import StarPOConfig
+from rllib_ragen.hardware import fast_bf16
 
 PRESETS = ("cpu", "gpu")
 
@@ -29,12 +30,14 @@ def ragen_preset(env: str) -> StarPOConfig:
     return (
         StarPOConfig()
         .environment(env)
-        .llm(model="Qwen/Qwen2.5-0.5B-Instruct", critic="separate", dtype="bfloat16")
+        # bf16 compute on float32 weights, as RAGEN's FSDP mixed precision: with bfloat16
+        # weights, AdamW steps of lr 1e-6 round to nothing (measured; StarPOConfig warns).
+        .llm(model="Qwen/Qwen2.5-0.5B-Instruct", critic="separate", dtype="float32")
         .rollouts(n_groups=8, group_size=16, response_length=400, temperature=1.0, **ENV_BUDGETS.get(env, {}))
-        .inference(engine="vllm", num_gpus_per_engine=1.0, max_model_len=3600)
+        .inference(engine="vllm", num_gpus_per_engine=1.0, max_model_len=3600, engine_dtype="bfloat16")
         .training(
             advantage_estimator="gae", rollout_filter_ratio=0.25, mini_batch_size=32, micro_batch_size=4,
-            actor_lr=1e-6, critic_lr=1e-5, entropy_coeff=0.001, kl_coeff=0.0,
+            actor_lr=1e-6, critic_lr=1e-5, entropy_coeff=0.001, kl_coeff=0.0, autocast_dtype="bfloat16",
         )
         .learners(num_gpus_per_learner=1)
         .starpo_evaluation(eval_interval=10, eval_size=256, eval_temperature=0.5)
@@ -54,19 +57,32 @@ def cpu_preset(env: str) -> StarPOConfig:
     # turn) than by moving (-0.1 a step, up to 5 a turn), and RL duly unlearns
     # the format. A penalty worse than a full turn of moves keeps acting worth it.
     budget["format_penalty"] = -1.0
+    # bfloat16 where the CPU has native bf16 matmuls (AMX / AVX-512 BF16): the
+    # learner's trunk under autocast and the engine's weights. Measured in
+    # benchmarks/iteration_breakdown.py together with the log-prob gap it costs.
+    bf16 = fast_bf16()
     config = (
         StarPOConfig()
         .environment(env)
         .llm(model="smollm2-135m-instruct", critic="head", dtype="float32")
-        .rollouts(n_groups=4, group_size=4, response_length=48, temperature=1.0, **budget)
-        .inference(engine="auto", num_engines=1, kv_cache_gb=2.0, max_model_len=2048)
-        .training(
-            advantage_estimator="gae", rollout_filter_ratio=0.5, mini_batch_size=8, micro_batch_size=2,
-            actor_lr=5e-6, critic_lr=1e-4, entropy_coeff=0.001, kl_coeff=0.0,
+        # 32 trajectories a turn in one engine call; StarPO-S keeps the 2 groups
+        # (8 trajectories) whose rewards disagree most, so the learner, the
+        # dearest part on CPU, trains only on rows that carry a signal.
+        .rollouts(n_groups=8, group_size=4, response_length=48, temperature=1.0, **budget)
+        .inference(
+            engine="auto", num_engines=1, kv_cache_gb=2.0, max_model_len=2048,
+            engine_dtype="bfloat16" if bf16 else "auto",
         )
-        # Every iteration, on the same fixed seeds: the success curve from the
+        .training(
+            advantage_estimator="gae", rollout_filter_ratio=0.25, mini_batch_size=8, micro_batch_size=2,
+            micro_batch_tokens=2048, autocast_dtype="bfloat16" if bf16 else None,
+            # A CPU run makes tens of updates, not RAGEN's 200 at 1e-6: the Bandit
+            # preset's step size, with which it learned within 7 iterations.
+            actor_lr=2e-5, critic_lr=1e-4, entropy_coeff=0.001, kl_coeff=0.0,
+        )
+        # On the same fixed seeds every few iterations: the success curve from the
         # warm-started policy (evaluated before RL by the tuned examples) on.
-        .starpo_evaluation(eval_interval=1, eval_size=16, eval_temperature=0.5)
+        .starpo_evaluation(eval_interval=5, eval_size=32, eval_temperature=0.5)
         .debugging(seed=0)
     )
     if env.startswith("bandit"):

@@ -1,4 +1,4 @@
-"""Supervised format warm start: teach a small model the answer format, not the task.
+"""Supervised warm starts: the answer format (random play), or the task itself (an expert's play).
 
 Small models (SmolLM2-135M, and of course a random tiny model) almost never
 write `<think>...</think><answer>...</answer>` zero-shot, so RL sees no reward
@@ -9,6 +9,11 @@ those trajectories to Parquet, and behaviour-clones them through RLlib's offline
 API (`rllib_ragen.offline`: the same `LLMRLModule`, `BCTorchLearner` and
 micro-batching as StarPO). Afterwards the model follows the format while its
 choices are still random, so any later gain in success is the RL's doing.
+
+With `player="expert"` the trajectories are an expert's instead
+(`rllib_ragen.data.experts`: Sokoban's BFS plans, FrozenLake's optimal turn
+plans, with thoughts drawn from the state): RAGEN's SFT path, a starting
+policy that already solves part of the task, for RL to improve on.
 
 The result is a Hugging Face model directory cached like the built-in models
 (per base model, env and prompt format; built once, safe against concurrent
@@ -31,7 +36,12 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
 from rllib_ragen.algorithm import StarPOConfig
 from rllib_ragen.connectors.protocol import ProtocolConfig
-from rllib_ragen.data.demonstrations import RandomPlayConfig, random_demonstrations
+from rllib_ragen.data.demonstrations import (
+    DemonstrationConfig,
+    RandomPlayConfig,
+    expert_demonstrations,
+    random_demonstrations,
+)
 from rllib_ragen.data.parquet import write_trajectories
 from rllib_ragen.env_group import TurnBudget
 from rllib_ragen.models import BuiltinModel, default_cache_dir, load_tokenizer, prepare_builtin, resolve_model
@@ -40,7 +50,8 @@ from rllib_ragen.ray_session import init_ray
 
 
 # Part of the cache key: a change to how the warm start trains must not reuse old results.
-WARM_START_METHOD = "random-play-bc-3"
+WARM_START_METHOD = "bc-4"
+WARM_START_PLAYERS = ("random", "expert")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +72,9 @@ class WarmStartConfig:
         batch_size: Trajectories per optimiser step.
         lr: AdamW learning rate.
         seed: Seeds the env instances, the random actions and the model.
+        player: "random" (valid actions at random: teaches the format only)
+            or "expert" (the env's expert: teaches the task, RAGEN's SFT).
+        autocast_dtype: The learner's autocast (see `StarPOConfig.training`).
     """
 
     env: str = "bandit"
@@ -73,8 +87,12 @@ class WarmStartConfig:
     batch_size: int = 8
     lr: float = 1e-4
     seed: int = 0
+    player: str = "random"
+    autocast_dtype: str | None = None
 
     def __post_init__(self) -> None:
+        if self.player not in WARM_START_PLAYERS:
+            raise ValueError(f"warm start player must be one of {WARM_START_PLAYERS}, got {self.player!r}")
         for name in ("num_examples", "answers_per_prompt", "epochs", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"warm start {name} must be >= 1, got {getattr(self, name)}")
@@ -84,7 +102,7 @@ class WarmStartConfig:
     @property
     def num_steps(self) -> int:
         """Optimiser steps (behaviour-cloning iterations) over all epochs."""
-        trajectories = self.num_examples * self.answers_per_prompt
+        trajectories = self.num_examples * (self.answers_per_prompt if self.player == "random" else 1)
         return self.epochs * -(-trajectories // self.batch_size)
 
     def fingerprint(self, model: str) -> str:
@@ -105,7 +123,7 @@ def warm_start(
     base_path = resolve_model(model, cache_dir=cache_dir, progress=progress)
     builtin = BuiltinModel(
         name=f"warm-start-{config.fingerprint(str(base_path))}",
-        description=f"{model} format-warm-started on {config.env}",
+        description=f"{model} warm-started on {config.env} ({config.player} play)",
         source=f"{base_path} + format warm start {dataclasses.asdict(config)}",
         n_steps=config.num_steps,
         build=lambda out_dir, report: _train(base_path, config, out_dir, report),
@@ -114,13 +132,19 @@ def warm_start(
     return prepare_builtin(builtin, models_dir=root / "models", progress=progress)
 
 
-def random_play(tokenizer: Any, config: WarmStartConfig) -> list[MultiAgentEpisode]:
-    """The warm start's data: `answers_per_prompt` random-play trajectories from each of `num_examples` states."""
+def demonstrations(tokenizer: Any, config: WarmStartConfig) -> list[MultiAgentEpisode]:
+    """The warm start's data, played from `num_examples` states (seeds far from training and evaluation).
+
+    Random play: `answers_per_prompt` trajectories from each state. The expert
+    plays each state once (its answer does not vary); states it cannot play
+    within the budget are skipped.
+    """
     seeds = [config.seed * 1_000_003 + index for index in range(config.num_examples)]
+    common = dict(env=config.env, env_config=dict(config.env_config), protocol=config.protocol, budget=config.budget)
+    if config.player == "expert":
+        return expert_demonstrations(tokenizer, DemonstrationConfig(seeds=tuple(seeds), **common))
     return random_demonstrations(tokenizer, RandomPlayConfig(
-        seeds=tuple(seed for seed in seeds for _ in range(config.answers_per_prompt)),
-        env=config.env, env_config=dict(config.env_config), protocol=config.protocol, budget=config.budget,
-        seed=config.seed,
+        seeds=tuple(seed for seed in seeds for _ in range(config.answers_per_prompt)), seed=config.seed, **common,
     ))
 
 
@@ -141,7 +165,7 @@ def behaviour_cloning_config(base_path: Path, config: WarmStartConfig) -> StarPO
         # Behaviour cloning computes no advantages; a critic-free estimator keeps the config valid without a critic.
         .training(
             advantage_estimator="grpo", actor_lr=config.lr, mini_batch_size=config.batch_size,
-            micro_batch_size=min(4, config.batch_size),
+            micro_batch_size=min(4, config.batch_size), autocast_dtype=config.autocast_dtype,
         )
         .starpo_evaluation(eval_interval=0)
         .debugging(seed=config.seed)
@@ -151,9 +175,11 @@ def behaviour_cloning_config(base_path: Path, config: WarmStartConfig) -> StarPO
 def _train(base_path: Path, config: WarmStartConfig, out_dir: Path, report: Callable[[str], None]) -> None:
     torch.manual_seed(config.seed)
     init_ray()
-    episodes = random_play(load_tokenizer(base_path), config)
+    episodes = demonstrations(load_tokenizer(base_path), config)
+    if not episodes:
+        raise RuntimeError(f"the {config.player} player made no demonstration of {config.env} within the budget")
     with tempfile.TemporaryDirectory(prefix="warm-start-") as data_dir:
-        data = Path(data_dir) / "random_play.parquet"
+        data = Path(data_dir) / f"{config.player}_play.parquet"
         write_trajectories(episodes, data, env=config.env, env_config=config.env_config)
         bc = offline_config(behaviour_cloning_config(base_path, config), OfflineSettings(str(data), objective="bc"))
         algo = bc.build_algo()

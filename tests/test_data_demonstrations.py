@@ -13,7 +13,7 @@ from rllib_ragen.algorithm import StarPOConfig
 from rllib_ragen.connectors.chat_template import ChatTemplate
 from rllib_ragen.connectors.protocol import PromptProtocol, ProtocolConfig
 from rllib_ragen.data.convert import episodes_to_rows, rows_to_episodes
-from rllib_ragen.data.demonstrations import DemonstrationConfig, demonstration_response, solver_demonstrations
+from rllib_ragen.data.demonstrations import DemonstrationConfig, demonstration_response, expert_demonstrations
 from rllib_ragen.env_group import TurnBudget
 
 SEEDS = tuple(range(8))
@@ -37,7 +37,7 @@ def _plan(seed):
 
 @pytest.fixture(scope="module")
 def demos(tiny_tokenizer):
-    return solver_demonstrations(tiny_tokenizer, DemonstrationConfig(seeds=SEEDS, protocol=PROTOCOL, budget=BUDGET))
+    return expert_demonstrations(tiny_tokenizer, DemonstrationConfig(seeds=SEEDS, protocol=PROTOCOL, budget=BUDGET))
 
 
 def test_every_seed_solved_within_the_budget_gives_one_demonstration(demos):
@@ -53,7 +53,7 @@ def test_every_seed_solved_within_the_budget_gives_one_demonstration(demos):
     ids=["think", "prefill"],
 )
 def test_responses_parse_back_to_the_solvers_plan(tiny_tokenizer, protocol_config):
-    demos = solver_demonstrations(
+    demos = expert_demonstrations(
         tiny_tokenizer, DemonstrationConfig(seeds=SEEDS[:4], protocol=protocol_config, budget=BUDGET)
     )
     protocol = _protocol(tiny_tokenizer, protocol_config)

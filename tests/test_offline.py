@@ -13,7 +13,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.offline.offline_prelearner import OfflinePreLearner
 
 from rllib_ragen.algorithm import StarPOConfig
-from rllib_ragen.data.demonstrations import DemonstrationConfig, solver_demonstrations
+from rllib_ragen.data.demonstrations import DemonstrationConfig, expert_demonstrations
 from rllib_ragen.data.parquet import write_trajectories
 from rllib_ragen.data.schema import TRAJECTORY_SCHEMA
 from rllib_ragen.env_runner import policy_weights
@@ -56,7 +56,7 @@ def base_config(model_path, **rollouts) -> StarPOConfig:
 def demos(tiny_model_path):
     config = base_config(tiny_model_path)
     demo_config = DemonstrationConfig(seeds=range(8), protocol=config.protocol_config, budget=config.turn_budget)
-    return solver_demonstrations(load_tokenizer(tiny_model_path), demo_config)
+    return expert_demonstrations(load_tokenizer(tiny_model_path), demo_config)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """Every script answers --help; the tuned-example flags build valid configs."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +54,24 @@ def test_no_warm_start_keeps_the_base_model():
     config = config_from_args(_args("--model", "tiny-random"))
     choose_starting_model(config, _args("--no-warm-start"))
     assert config.llm_model == "tiny-random"
+
+
+def test_time_budget_ends_with_an_evaluation_and_intervals(tmp_path, tiny_model_path):
+    """A budget the first iteration uses up: the second (the first with a time estimate) is the last,
+    and it ends with an evaluation, the before/after summary and the final policy."""
+    summary = tmp_path / "summary.json"
+    command = [
+        sys.executable, str(ROOT / "tuned_examples" / "bandit_starpo.py"), "--model", str(tiny_model_path),
+        "--engine", "hf", "--no-warm-start", "--stop-iters", "5", "--time-budget-min", "0.001", "--eval-size", "4",
+        "--n-groups", "2", "--group-size", "2", "--summary-json", str(summary),
+        "--checkpoint-dir", str(tmp_path / "checkpoints"), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+    ]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "[1/5]" in out.stdout and "[2/2]" in out.stdout and "[3/" not in out.stdout
+    assert "success on 4 evaluation seeds (95% intervals): before RL" in out.stdout
+    result = json.loads(summary.read_text())
+    assert len(result["before"]) == len(result["after"]) == 4 and result["iterations"] == 2
+    low, high = result["difference_interval"]
+    assert low <= result["difference"] <= high
+    assert (tmp_path / "checkpoints" / "final_policy").is_dir()

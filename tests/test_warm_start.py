@@ -11,7 +11,7 @@ from rllib_ragen.connectors.token_batch import SYSTEM_IDS, USER_IDS
 from rllib_ragen.data.convert import RESPONSE_TEXT
 from rllib_ragen.env_group import TurnBudget
 from rllib_ragen.models import load_causal_lm, load_tokenizer
-from rllib_ragen.warm_start import WarmStartConfig, random_play, warm_start
+from rllib_ragen.warm_start import WarmStartConfig, demonstrations, warm_start
 
 AGENT = "traj_0"
 PROTOCOL = ProtocolConfig(max_actions_per_turn=3, think=True)
@@ -25,10 +25,10 @@ def _protocol(tokenizer, env_name, protocol_config):
     )
 
 
-def test_random_play_is_multi_turn_well_formed_and_random(tiny_tokenizer):
+def test_demonstrations_is_multi_turn_well_formed_and_random(tiny_tokenizer):
     budget = TurnBudget(max_turns=3, max_actions_per_traj=9)
     config = WarmStartConfig(env="sokoban", protocol=PROTOCOL, budget=budget, num_examples=20, answers_per_prompt=2)
-    episodes = random_play(tiny_tokenizer, config)
+    episodes = demonstrations(tiny_tokenizer, config)
     assert len(episodes) == 40
     protocol = _protocol(tiny_tokenizer, "sokoban", PROTOCOL)
     chosen, turns = [], []
@@ -83,7 +83,7 @@ def test_warm_start_teaches_the_format_through_rllib_and_is_cached(ray_session, 
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == built
     tokenizer = load_tokenizer(path)
     proto = _protocol(tokenizer, "bandit", protocol)
-    held_out = _first_prompts(random_play(tokenizer, WarmStartConfig(env="bandit", protocol=protocol, budget=budget,
+    held_out = _first_prompts(demonstrations(tokenizer, WarmStartConfig(env="bandit", protocol=protocol, budget=budget,
                                                                      num_examples=8, seed=99)))
     assert _valid_ratio(load_causal_lm(tiny_model_path), held_out, proto) == 0.0
     assert _valid_ratio(load_causal_lm(path), held_out, proto) >= 0.8
@@ -106,7 +106,7 @@ def test_each_state_opens_with_every_action_equally_often(tiny_tokenizer):
     protocol = ProtocolConfig(max_actions_per_turn=1, think=False, prefill=True)
     config = WarmStartConfig(env="bandit", protocol=protocol, budget=TurnBudget(max_turns=1, max_actions_per_traj=1),
                              num_examples=16, answers_per_prompt=2)
-    episodes = random_play(tiny_tokenizer, config)
+    episodes = demonstrations(tiny_tokenizer, config)
     arms = [e.agent_episodes[AGENT].get_infos(1)["arm"] for e in episodes]
     # Per state (consecutive pair) one of each arm, in a random order.
     assert all(sorted(arms[i : i + 2]) == ["Dragon", "Phoenix"] for i in range(0, 32, 2))

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-    from rllib_ragen.data.demonstrations import DemonstrationConfig, solver_demonstrations
+    from rllib_ragen.data.demonstrations import DemonstrationConfig, expert_demonstrations
     from rllib_ragen.data.parquet import write_trajectories
     from rllib_ragen.models import load_tokenizer, resolve_model
     from rllib_ragen.offline import OfflineSettings, learner_nll, offline_config
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         seeds=tuple(demo_seeds), env_config=dict(config.env_config),
         protocol=config.protocol_config, budget=config.turn_budget,
     )
-    demos = solver_demonstrations(load_tokenizer(resolve_model(config.llm_model, progress=True)), demo_config)
+    demos = expert_demonstrations(load_tokenizer(resolve_model(config.llm_model, progress=True)), demo_config)
     if not demos:
         raise SystemExit(f"the solver found no plan within the turn budget for seeds {demo_seeds}")
     path = Path(args.data_dir) / "demos.parquet"

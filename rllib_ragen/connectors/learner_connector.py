@@ -3,7 +3,8 @@
 Runs once per `learner_group.update(...)` call, before any mini-batch:
 1. rebuild every trajectory's exact token rows from its episode;
 2. score the rows with the current weights (no grad): the old log-probs of
-   the PPO ratio and, with a critic, the old values;
+   the PPO ratio (unless the update is a single on-policy step) and, with a
+   critic, the old values;
 3. compute advantages and value targets per trajectory (the estimator registry);
 4. emit one RLlib column dict of [rows, L] tensors for the default module.
 """
@@ -19,13 +20,18 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 from ray.rllib.utils.annotations import override
 
-from rllib_ragen.advantages import AdvantageInputs, compute_advantages, masked_mean
+from rllib_ragen.advantages import (
+    CRITIC_ESTIMATORS,
+    AdvantageInputs,
+    compute_advantages,
+    estimator_hparam_names,
+    masked_mean,
+)
 from rllib_ragen.connectors.token_batch import TokenBatch, build_token_batch, trajectories_from_episodes
 from rllib_ragen.distributed import whiten_across_learners
 from rllib_ragen.module import ATTENTION_MASK, INPUT_IDS, TOKEN_LOGP
 
 SAMPLING_LOGP = "sampling_logp"
-CRITIC_ESTIMATORS = ("gae", "bi_level_gae")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,13 +46,12 @@ class AdvantageSettings:
     norm_by_std: bool = True
 
     def hparams(self) -> dict[str, Any]:
-        if self.estimator == "gae":
-            return {"gamma": self.gamma, "lam": self.lam}
-        if self.estimator == "bi_level_gae":
-            return {"gamma": self.gamma, "lam": self.lam, "high_level_gamma": self.high_level_gamma}
-        if self.estimator in ("grpo", "brpo"):
-            return {"norm_by_std": self.norm_by_std}
-        return {}
+        """The configured value of every hyper-parameter the estimator declares."""
+        settings = {
+            "gamma": self.gamma, "lam": self.lam, "high_level_gamma": self.high_level_gamma,
+            "norm_by_std": self.norm_by_std,
+        }
+        return {name: settings[name] for name in estimator_hparam_names(self.estimator) if name in settings}
 
     @property
     def needs_critic(self) -> bool:
@@ -60,6 +65,9 @@ class StarPOLearnerConnector(ConnectorV2):
         advantages: Estimator and its hyper-parameters.
         history_window: The rollout's history window (decides the row layout).
         micro_batch_size: Rows scored per forward pass (bounds memory).
+        score_old_logp: Score the old log-probs of the PPO ratio. False when
+            each update is one optimiser step on fresh samples: the old policy
+            is then the current one, and the loss uses its own log-probs, detached.
     """
 
     def __init__(
@@ -70,12 +78,14 @@ class StarPOLearnerConnector(ConnectorV2):
         advantages: AdvantageSettings,
         history_window: int | None,
         micro_batch_size: int,
+        score_old_logp: bool = True,
         **kwargs,
     ) -> None:
         super().__init__(input_observation_space, input_action_space, **kwargs)
         self.advantages = advantages
         self.history_window = history_window
         self.micro_batch_size = micro_batch_size
+        self.score_old_logp = score_old_logp
 
     @override(ConnectorV2)
     def __call__(self, *, rl_module, batch, episodes, metrics=None, **kwargs) -> dict[str, Any]:
@@ -84,7 +94,9 @@ class StarPOLearnerConnector(ConnectorV2):
         module = rl_module[DEFAULT_MODULE_ID].unwrapped()
         trajectories = trajectories_from_episodes(episodes, history_window=self.history_window)
         tokens = build_token_batch(trajectories, pad_token_id=0)
-        old_logp, old_values = score_rows(module, tokens, self.micro_batch_size, with_values=self.advantages.needs_critic)
+        old_logp, old_values = score_rows(
+            module, tokens, self.micro_batch_size, with_logp=self.score_old_logp, with_values=self.advantages.needs_critic
+        )
         inputs = AdvantageInputs(
             rewards=tokens.turn_rewards,
             mask=tokens.traj_mask,
@@ -99,26 +111,29 @@ class StarPOLearnerConnector(ConnectorV2):
             INPUT_IDS: tokens.input_ids,
             ATTENTION_MASK: tokens.attention_mask,
             Columns.LOSS_MASK: tokens.loss_mask,
-            Columns.ACTION_LOGP: old_logp,
             SAMPLING_LOGP: tokens.sampling_logp,
             Columns.ADVANTAGES: tokens.to_rows(advantages),
         }
+        if old_logp is not None:  # else the update is one on-policy step: the loss takes its own, detached
+            columns[Columns.ACTION_LOGP] = old_logp
         if old_values is not None:
             columns[Columns.VF_PREDS] = old_values
             columns[Columns.VALUE_TARGETS] = tokens.to_rows(returns)
         if metrics is not None:
-            _log_batch_metrics(metrics, tokens, old_logp, advantages)
+            _log_batch_metrics(metrics, tokens, advantages)
         batch[DEFAULT_MODULE_ID] = {k: v.to(module.policy.device) for k, v in columns.items()}
         return batch
 
 
 @torch.no_grad()
 def score_rows(
-    module, tokens: TokenBatch, micro_batch_size: int, *, with_values: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and critic values) of every row under the current weights, [R, L]."""
+    module, tokens: TokenBatch, micro_batch_size: int, *, with_logp: bool = True, with_values: bool
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Log-probs and/or critic values of every row under the current weights, [R, L] each (None if not asked)."""
     logps, values = [], []
     device = module.policy.device
+    if not (with_logp or with_values):
+        return None, None
     for start in range(0, tokens.input_ids.shape[0], micro_batch_size):
         rows = slice(start, start + micro_batch_size)
         micro = {
@@ -126,20 +141,17 @@ def score_rows(
             ATTENTION_MASK: tokens.attention_mask[rows].to(device),
             Columns.LOSS_MASK: tokens.loss_mask[rows].to(device),
         }
-        out = module.forward_train(micro)
-        logps.append(out[TOKEN_LOGP].float().cpu())
+        out = module.score(micro, with_logp=with_logp, with_entropy=False, with_values=with_values)
+        if with_logp:
+            logps.append(out[TOKEN_LOGP].float().cpu())
         if with_values:
             values.append(out[Columns.VF_PREDS].float().cpu())
-    return torch.cat(logps), (torch.cat(values) if with_values else None)
+    return (torch.cat(logps) if with_logp else None), (torch.cat(values) if with_values else None)
 
 
-def _log_batch_metrics(metrics, tokens: TokenBatch, old_logp: torch.Tensor, advantages: torch.Tensor) -> None:
+def _log_batch_metrics(metrics, tokens: TokenBatch, advantages: torch.Tensor) -> None:
     mask = tokens.loss_mask.bool()
-    # Train/inference mismatch: the engine's sampling log-probs vs the learner's.
-    gap = (old_logp - tokens.sampling_logp).abs()
     values = {
-        "train_inference_logp_gap_mean": masked_mean(gap, mask).item(),
-        "train_inference_logp_gap_max": gap[mask].max().item() if mask.any() else 0.0,
         "advantage_mean": masked_mean(advantages, tokens.traj_mask).item(),
         "num_trained_tokens": float(mask.sum()),
         "num_trained_trajectories": float(tokens.traj_mask.shape[0]),

@@ -2,11 +2,13 @@
 
 Two players answer every turn with a well-formed answer:
 
-- the Sokoban solver (`solver_demonstrations`): a breadth-first shortest plan,
-  cut into turns of at most `max_actions_per_turn` actions,
+- an expert (`expert_demonstrations`, `rllib_ragen.data.experts`): the best
+  answer each turn (Sokoban's BFS plan cut into turns, FrozenLake's optimal
+  open-loop turn plan), with a thought drawn from the state, e.g.
 
       <think>Shortest plan from here: Up, Left, Down.</think><answer>Up || Left</answer>
 
+  This is RAGEN's SFT path (its paper: SFT on solver trajectories);
 - a random player (`random_demonstrations`, any env): 1..`max_actions_per_turn`
   valid actions drawn at random each turn (`TextEnv.random_action`). This is the
   data of the format warm start: it teaches the answer format, never the task.
@@ -32,12 +34,13 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
-from envs.sokoban_solver import DEFAULT_MAX_STATES, solve
+from envs.sokoban_solver import DEFAULT_MAX_STATES
 from rllib_ragen.connectors.answer_parser import ACTION_SEPARATOR
 from rllib_ragen.connectors.chat_template import ChatTemplate
 from rllib_ragen.connectors.protocol import PromptProtocol, ProtocolConfig, feedback_for
 from rllib_ragen.connectors.token_batch import CLOSE_IDS, GROUP_ID, SYSTEM_IDS, USER_IDS
 from rllib_ragen.data.convert import RESPONSE_TEXT
+from rllib_ragen.data.experts import Turn, TurnBudgetLeft, expert_for
 from rllib_ragen.env_group import EnvGroup, TurnBudget, agent_id
 
 AGENT = agent_id(0)
@@ -48,13 +51,13 @@ class DemonstrationConfig:
     """Which demonstrations to make; protocol and budget must match the run that trains on them.
 
     Args:
-        seeds: Env seeds, one demonstration each (seeds the solver cannot
-            solve within the budget are skipped).
-        env: A registered env whose instances have a Sokoban `room`.
+        seeds: Env seeds, one demonstration each (seeds the expert cannot
+            play within the budget are skipped).
+        env: A registered env with an expert (`rllib_ragen.data.experts`).
         env_config: Keyword config of that env.
         protocol: Prompt settings (think mode, prefill, actions per turn).
         budget: Turn and action budget.
-        max_states: Most search states the solver visits per room.
+        max_states: Most search states the Sokoban solver visits per room.
     """
 
     seeds: tuple[int, ...]
@@ -73,15 +76,9 @@ class DemonstrationConfig:
         if self.max_states < 1:
             raise ValueError(f"max_states must be >= 1, got {self.max_states}")
 
-    @property
-    def max_plan_length(self) -> int:
-        """Longest plan that fits the budget."""
-        per_turns = self.budget.max_turns * self.protocol.max_actions_per_turn
-        return min(per_turns, self.budget.max_actions_per_traj)
 
-
-def solver_demonstrations(tokenizer: Any, config: DemonstrationConfig) -> list[MultiAgentEpisode]:
-    """One single-trajectory group episode per seed solved within the budget, in seed order.
+def expert_demonstrations(tokenizer: Any, config: DemonstrationConfig) -> list[MultiAgentEpisode]:
+    """One single-trajectory group episode per seed the expert can play within the budget, in seed order.
 
     Args:
         tokenizer: The tokenizer of the model that will train on the demonstrations.
@@ -90,18 +87,13 @@ def solver_demonstrations(tokenizer: Any, config: DemonstrationConfig) -> list[M
     group, protocol = _group_and_protocol(tokenizer, config.env, config.env_config, config.protocol, config.budget)
     episodes = []
     for seed in config.seeds:
-        observations, infos = group.reset(seed=seed)
-        plan = solve(group.template_env, max_states=config.max_states)
-        if not plan or len(plan) > config.max_plan_length:
-            continue
-        turns = iter(range(0, len(plan), config.protocol.max_actions_per_turn))
-
-        def next_turn(_env, turns=turns, plan=plan) -> Turn:
-            start = next(turns)
-            chunk = plan[start : start + config.protocol.max_actions_per_turn]
-            return Turn(chunk, f"Shortest plan from here: {', '.join(plan[start:])}.")
-
-        episodes.append(_play(group, protocol, (observations, infos), next_turn, group_id=len(episodes)))
+        reset = group.reset(seed=seed)
+        episode = _play(
+            group, protocol, reset, expert_for(group.template_env, max_states=config.max_states),
+            group_id=len(episodes),
+        )
+        if episode is not None:
+            episodes.append(episode)
     return episodes
 
 
@@ -146,8 +138,8 @@ def random_demonstrations(tokenizer: Any, config: RandomPlayConfig) -> list[Mult
         opening = first_actions.draw(seed)
         pending = [opening] if opening is not None else []
 
-        def next_turn(env, pending=pending) -> Turn:
-            count = int(rng.integers(1, config.protocol.max_actions_per_turn + 1))
+        def next_turn(env, left: TurnBudgetLeft, pending=pending) -> Turn:
+            count = int(rng.integers(1, left.per_turn + 1))
             actions = [pending.pop() if pending else env.random_action(rng) for _ in range(count)]
             return Turn(actions, f"I will try {', '.join(actions)}.")
 
@@ -179,14 +171,6 @@ class _StratifiedFirstActions:
         return deck.pop()
 
 
-@dataclasses.dataclass(frozen=True)
-class Turn:
-    """One demonstrated answer: the actions and the thought written before them."""
-
-    actions: list[str]
-    thought: str
-
-
 def _group_and_protocol(
     tokenizer: Any, env: str, env_config: dict[str, Any], protocol_config: ProtocolConfig, budget: TurnBudget
 ) -> tuple[EnvGroup, PromptProtocol]:
@@ -201,20 +185,24 @@ def _group_and_protocol(
 
 
 def _play(
-    group: EnvGroup, protocol: PromptProtocol, reset: tuple[dict, dict], next_turn: Callable[[Any], Turn],
-    *, group_id: int,
-) -> MultiAgentEpisode:
-    """Answers turn by turn with `next_turn(env)` until the env or the budget ends the episode."""
+    group: EnvGroup, protocol: PromptProtocol, reset: tuple[dict, dict],
+    next_turn: Callable[[Any, TurnBudgetLeft], Turn | None], *, group_id: int,
+) -> MultiAgentEpisode | None:
+    """Answers turn by turn with `next_turn(env, budget left)` until the env or the budget ends the episode.
+
+    None when `next_turn` gives up (the player cannot finish within the budget).
+    """
     observations, infos = reset
     budget = group.budget
     episode = MultiAgentEpisode(agent_module_ids={AGENT: DEFAULT_MODULE_ID})
     reset_info = {**infos[AGENT], SYSTEM_IDS: protocol.system_ids, GROUP_ID: group_id}
     episode.add_env_reset(observations=observations, infos={AGENT: reset_info})
-    user_ids = protocol.user_ids(
-        observations[AGENT], turns_left=budget.max_turns, actions_left=budget.max_actions_per_traj
-    )
+    turns_left, actions_left = budget.max_turns, budget.max_actions_per_traj
+    user_ids = protocol.user_ids(observations[AGENT], turns_left=turns_left, actions_left=actions_left)
     while True:
-        turn = next_turn(group.template_env)
+        turn = next_turn(group.template_env, TurnBudgetLeft(turns_left, actions_left, protocol.config.max_actions_per_turn))
+        if turn is None:
+            return None
         response_ids = demonstration_response(protocol, turn.actions, turn.thought)
         text, parsed = protocol.parse(response_ids)
         if list(parsed.actions) != turn.actions:
@@ -237,9 +225,10 @@ def _play(
         )
         if terminateds[AGENT] or truncateds[AGENT]:
             return episode
+        turns_left, actions_left = info["turns_left"], info["actions_left"]
         user_ids = protocol.user_ids(
             observations[AGENT], reward=rewards[AGENT], feedback=feedback_for(parsed),
-            turns_left=info["turns_left"], actions_left=info["actions_left"],
+            turns_left=turns_left, actions_left=actions_left,
         )
 
 

@@ -1,0 +1,114 @@
+"""Expert players for demonstrations: the best answer of each turn, with a thought drawn from the state.
+
+RAGEN's SFT path trains on solver trajectories (the paper: 74.6% on Sokoban
+after SFT on BFS solutions). An expert answers one turn at a time, knowing the
+turns and actions left:
+
+- Sokoban: a breadth-first shortest plan, cut into turns; its thought names
+  the whole remaining plan.
+- FrozenLake: the turn sequence that maximises the probability of reaching the
+  goal when each turn runs open-loop on slippery ice
+  (`envs.frozenlake_planner`); its thought names where the player and the goal are.
+- Corridor: one step towards the goal.
+
+`expert_for(env)` gives a fresh expert for one episode; it returns None when
+the episode cannot be demonstrated within the budget (a Sokoban room whose
+shortest plan is longer), and the caller then drops it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from envs import make_env
+from envs.base import TextEnv
+from envs.corridor import CorridorEnv
+from envs.frozenlake import FrozenLakeEnv
+from envs.frozenlake_planner import best_turn
+from envs.sokoban import SokobanEnv
+from envs.sokoban_solver import DEFAULT_MAX_STATES, solve
+
+
+@dataclasses.dataclass(frozen=True)
+class Turn:
+    """One demonstrated answer: the actions and the thought written before them."""
+
+    actions: list[str]
+    thought: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnBudgetLeft:
+    """What the expert may still spend: turns, actions, and actions per turn."""
+
+    turns: int
+    actions: int
+    per_turn: int
+
+
+Expert = Callable[[TextEnv, TurnBudgetLeft], "Turn | None"]
+
+
+def expert_for(env: TextEnv, *, max_states: int = DEFAULT_MAX_STATES) -> Expert:
+    """A new expert for one episode of `env` (its state is read at every call).
+
+    Raises:
+        ValueError: no expert knows this kind of env.
+    """
+    if isinstance(env, SokobanEnv):
+        return _SokobanExpert(max_states)
+    if isinstance(env, FrozenLakeEnv):
+        return _frozenlake_turn
+    if isinstance(env, CorridorEnv):
+        return _corridor_turn
+    raise ValueError(
+        f"no expert player for {type(env).__name__}; experts exist for Sokoban, FrozenLake and Corridor "
+        "(use random play for a format-only warm start)"
+    )
+
+
+def has_expert(env_name: str) -> bool:
+    """Whether the registered env `env_name` has an expert player."""
+    try:
+        expert_for(make_env(env_name))
+    except ValueError:
+        return False
+    return True
+
+
+class _SokobanExpert:
+    """Plans once from the first state (BFS), then plays the plan a turn's worth at a time."""
+
+    def __init__(self, max_states: int) -> None:
+        self.max_states = max_states
+        self.plan: list[str] | None = None
+
+    def __call__(self, env: SokobanEnv, left: TurnBudgetLeft) -> Turn | None:
+        if self.plan is None:
+            plan = solve(env, max_states=self.max_states)
+            if plan is None or len(plan) > min(left.turns * left.per_turn, left.actions):
+                return None
+            self.plan = plan
+        chunk, rest = self.plan[: left.per_turn], self.plan
+        self.plan = self.plan[left.per_turn :]
+        return Turn(chunk, f"Shortest plan from here: {', '.join(rest)}.")
+
+
+def _frozenlake_turn(env: FrozenLakeEnv, left: TurnBudgetLeft) -> Turn:
+    actions, _ = best_turn(
+        env, turns_left=left.turns, actions_left=left.actions, max_actions_per_turn=left.per_turn
+    )
+    lake = env.lake
+    player = divmod(int(lake.s), lake.ncol)
+    goal = divmod(int((lake.desc.flatten() == b"G").argmax()), lake.ncol)
+    thought = (
+        f"I am at row {player[0] + 1}, column {player[1] + 1}; the goal is at row {goal[0] + 1}, "
+        f"column {goal[1] + 1}. Safest way: {', '.join(actions)}."
+    )
+    return Turn(actions, thought)
+
+
+def _corridor_turn(env: CorridorEnv, left: TurnBudgetLeft) -> Turn:
+    action = env.optimal_action()
+    return Turn([action], f"The goal is to my {action.lower()}.")

@@ -1,0 +1,35 @@
+"""What this machine computes fast: bfloat16 matrix units, detected rather than assumed.
+
+bfloat16 pays off on CPUs with AMX (`amx_bf16`) or AVX-512 BF16 (`avx512_bf16`)
+and on GPUs that support it; elsewhere the CPU emulates it and float32 is
+faster. The CPU preset picks its learner autocast and engine dtype from this.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The feature flags of the first CPU in /proc/cpuinfo (empty where there is none, e.g. macOS)."""
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        cpuinfo = path.read_text() if path.is_file() else ""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
+@functools.lru_cache(maxsize=1)
+def fast_bf16() -> bool:
+    """True when bfloat16 matmuls run natively: a bf16-capable GPU, or a CPU with AMX / AVX-512 BF16."""
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    return any(flag in cpu_flags() for flag in BF16_CPU_FLAGS)

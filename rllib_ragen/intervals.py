@@ -1,0 +1,51 @@
+"""95% intervals for success rates measured on fixed evaluation seeds.
+
+- `wilson_interval`: one success rate (Wilson score interval).
+- `paired_difference_interval`: the change in success between two evaluations
+  on the same seeds (before and after RL), with Agresti and Min's adjustment
+  of the paired Wald interval (half a count added to each of the four
+  outcome cells), which keeps its coverage near 95% for small samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+Z95 = 1.959963984540054
+
+
+def wilson_interval(successes: float, n: int, *, z: float = Z95) -> tuple[float, float]:
+    """(low, high) of the success probability after `successes` of `n` trials."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must be within [0, {n}], got {successes}")
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def paired_difference_interval(
+    before: Sequence[float], after: Sequence[float], *, z: float = Z95
+) -> tuple[float, float, float]:
+    """(difference, low, high) of mean(after) - mean(before) for 0/1 outcomes on the same seeds."""
+    if len(before) != len(after) or not before:
+        raise ValueError(f"need two equally long, non-empty outcome lists, got {len(before)} and {len(after)}")
+    pairs = list(zip((bool(b) for b in before), (bool(a) for a in after)))
+    gained = sum(1 for b, a in pairs if a and not b)
+    lost = sum(1 for b, a in pairs if b and not a)
+    n = len(pairs)
+    difference = (gained - lost) / n
+    # Agresti-Min: half a count in each of the four cells (n grows by 2).
+    g, l, m = gained + 0.5, lost + 0.5, n + 2
+    centre = (g - l) / m
+    half = z * math.sqrt(max((g + l) - (g - l) ** 2 / m, 0.0)) / m
+    return difference, max(-1.0, centre - half), min(1.0, centre + half)
+
+
+def format_rate(successes: Sequence[float]) -> str:
+    """`0.312 [0.236, 0.399]` for a list of 0/1 outcomes."""
+    low, high = wilson_interval(sum(bool(s) for s in successes), len(successes))
+    return f"{sum(bool(s) for s in successes) / len(successes):.3f} [{low:.3f}, {high:.3f}]"
