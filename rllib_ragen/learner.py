@@ -33,8 +33,6 @@ from rllib_ragen.module import (
     TOKEN_LOGP,
     ScoringConfig,
     host_copy,
-    score_generated_tokens,
-    trunk_hidden,
 )
 
 POLICY_OPTIMIZER = "policy"
@@ -163,16 +161,7 @@ class StarPOTorchLearner(TorchLearner):
     def _reference_logp(self, batch: dict[str, Any]) -> torch.Tensor:
         """Log-probs of the generated tokens under the frozen reference policy, [rows, L]."""
         module = self.module[DEFAULT_MODULE_ID].unwrapped()
-        with module.scoring.autocast(self._reference.device):
-            hidden = trunk_hidden(self._reference.base_model, batch)
-            return score_generated_tokens(
-                self._reference.get_output_embeddings(),
-                hidden,
-                batch,
-                module.llm_config.logit_temperature,
-                with_entropy=False,
-                chunk_size=module.scoring.logit_chunk_size,
-            )[TOKEN_LOGP]
+        return module.score_with(self._reference, batch, with_entropy=False)[TOKEN_LOGP]
 
 
 def _micro_batch_weights(

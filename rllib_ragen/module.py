@@ -156,17 +156,27 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
             if with_logp or with_entropy or (with_values and self.llm_config.critic == "head"):
                 hidden = trunk_hidden(self.policy.base_model, batch)
             if with_logp or with_entropy:
-                out = score_generated_tokens(
-                    self.policy.get_output_embeddings(),
-                    hidden,
-                    batch,
-                    self.llm_config.logit_temperature,
-                    with_entropy=with_entropy,
-                    chunk_size=self.scoring.logit_chunk_size,
-                )
+                out = self.score_with(self.policy, batch, hidden=hidden, with_entropy=with_entropy)
             if with_values:
                 out[Columns.VF_PREDS] = self.compute_values(batch, embeddings=hidden)
         return out
+
+    def score_with(
+        self, policy: nn.Module, batch: dict[str, Any], *, hidden: torch.Tensor | None = None, with_entropy: bool
+    ) -> dict[str, torch.Tensor]:
+        """Log-probs (and entropies) of the generated tokens under `policy` (this module's, or a frozen
+        reference), scored like this module's: same temperature, chunking and autocast."""
+        if hidden is None:
+            with self.scoring.autocast(policy.device):
+                hidden = trunk_hidden(policy.base_model, batch)
+        return score_generated_tokens(
+            policy.get_output_embeddings(),
+            hidden,
+            batch,
+            self.llm_config.logit_temperature,
+            with_entropy=with_entropy,
+            chunk_size=self.scoring.logit_chunk_size,
+        )
 
     @override(ValueFunctionAPI)
     def compute_values(self, batch: dict[str, Any], embeddings: Any = None) -> torch.Tensor:

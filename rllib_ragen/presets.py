@@ -82,7 +82,7 @@ def cpu_preset(env: str) -> StarPOConfig:
         )
         # On the same fixed seeds every few iterations: the success curve from the
         # warm-started policy (evaluated before RL by the tuned examples) on.
-        .starpo_evaluation(eval_interval=5, eval_size=32, eval_temperature=0.5)
+        .starpo_evaluation(eval_interval=5, eval_size=64, eval_temperature=0.5)
         .debugging(seed=0)
     )
     if env.startswith("bandit"):

@@ -20,5 +20,6 @@ if __name__ == "__main__":
         env="frozenlake",
         description="Train an LLM agent on slippery FrozenLake with StarPO.",
         success_threshold=0.0,
-        stop_iters=20,
+        stop_iters=200,
+        time_budget_min=15.0,  # the whole job (warm start, evaluations, training) fits 30 minutes on 2 cores
     )
