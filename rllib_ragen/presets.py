@@ -68,7 +68,7 @@ def cpu_preset(env: str) -> StarPOConfig:
         # 32 trajectories a turn in one engine call; StarPO-S keeps the 2 groups
         # (8 trajectories) whose rewards disagree most, so the learner, the
         # dearest part on CPU, trains only on rows that carry a signal.
-        .rollouts(n_groups=8, group_size=4, response_length=48, temperature=1.0, **budget)
+        .rollouts(n_groups=8, group_size=4, response_length=64, temperature=1.0, **budget)
         .inference(
             engine="auto", num_engines=1, kv_cache_gb=2.0, max_model_len=2048,
             engine_dtype="bfloat16" if bf16 else "auto",

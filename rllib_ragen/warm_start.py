@@ -50,7 +50,7 @@ from rllib_ragen.ray_session import init_ray
 
 
 # Part of the cache key: a change to how the warm start trains must not reuse old results.
-WARM_START_METHOD = "bc-4"
+WARM_START_METHOD = "bc-5"
 WARM_START_PLAYERS = ("random", "expert")
 
 

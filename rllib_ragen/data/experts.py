@@ -100,13 +100,13 @@ def _frozenlake_turn(env: FrozenLakeEnv, left: TurnBudgetLeft) -> Turn:
         env, turns_left=left.turns, actions_left=left.actions, max_actions_per_turn=left.per_turn
     )
     lake = env.lake
-    player = divmod(int(lake.s), lake.ncol)
-    goal = divmod(int((lake.desc.flatten() == b"G").argmax()), lake.ncol)
-    thought = (
-        f"I am at row {player[0] + 1}, column {player[1] + 1}; the goal is at row {goal[0] + 1}, "
-        f"column {goal[1] + 1}. Safest way: {', '.join(actions)}."
-    )
-    return Turn(actions, thought)
+    row, col = divmod(int(lake.s), lake.ncol)
+    goal_row, goal_col = divmod(int((lake.desc.flatten() == b"G").argmax()), lake.ncol)
+    # Short: thought and answer must fit a CPU response budget of a few dozen tokens.
+    down, right = goal_row - row, goal_col - col
+    where = [f"{abs(down)} {'down' if down > 0 else 'up'}"] * bool(down)
+    where += [f"{abs(right)} {'right' if right > 0 else 'left'}"] * bool(right)
+    return Turn(actions, f"Goal: {' and '.join(where)}.")
 
 
 def _corridor_turn(env: CorridorEnv, left: TurnBudgetLeft) -> Turn:
