@@ -25,11 +25,13 @@ class EngineConfig:
             "auto" (vllm when importable, else hf).
         num_engines: vLLM actors in the pool (each holds a full model copy).
         kv_cache_gb: KV-cache size per vLLM engine, GiB. On CPU it is host RAM and
-            must be given; on GPU, None hands the sizing to `gpu_memory_utilization`.
-        gpu_memory_utilization: GPU engines only: the share of the GPU's memory vLLM
-            may take for weights, activations and KV cache (vLLM's own knob; set
-            `kv_cache_gb=None` with it). On CPU it would be a share of host RAM, so it
-            is rejected there.
+            must be given; on GPU, None lets vLLM size the cache to fill
+            `gpu_memory_utilization`.
+        gpu_memory_utilization: GPU engines only: the share of the GPU's memory a
+            vLLM engine may take (weights, activations, KV cache), checked free when
+            it starts; None = vLLM's default (0.9). Set it below 1 minus the
+            learner's share when both use one GPU. Rejected on CPU, where vLLM would
+            read it as a share of host RAM.
         dtype: Engine weight dtype; "auto" = the checkpoint's for vLLM, float32 for HF.
         max_model_len: Longest prompt + completion a vLLM engine serves.
         enable_prefix_caching: vLLM prefix caching (its cache is reset on every weight update).
@@ -95,25 +97,19 @@ class EngineConfig:
         self._check_kv_cache_sizing()
 
     def _check_kv_cache_sizing(self) -> None:
-        """Exactly one of kv_cache_gb and gpu_memory_utilization sizes the KV cache; on CPU, kv_cache_gb."""
+        """On CPU the KV cache is sized in bytes, never as a share of memory; on GPU either way."""
         if self.kv_cache_gb is not None:
             _check_positive("kv_cache_gb", self.kv_cache_gb)
-        if self.gpu_memory_utilization is None:
-            if self.kv_cache_gb is None:
-                raise ValueError("kv_cache_gb is None: set it, or (GPU engines) gpu_memory_utilization")
-            return
         if self.num_gpus_per_engine == 0:
-            raise ValueError(
-                "gpu_memory_utilization is a share of GPU memory, but num_gpus_per_engine=0 (a CPU engine, "
-                "where it would be a share of host RAM): size the KV cache with kv_cache_gb"
-            )
-        if not 0 < self.gpu_memory_utilization <= 1:
+            if self.kv_cache_gb is None:
+                raise ValueError("a CPU engine (num_gpus_per_engine=0) needs kv_cache_gb: its KV cache is host RAM")
+            if self.gpu_memory_utilization is not None:
+                raise ValueError(
+                    "gpu_memory_utilization is a share of GPU memory, but num_gpus_per_engine=0 (a CPU engine, "
+                    "where vLLM would read it as a share of host RAM): size the KV cache with kv_cache_gb"
+                )
+        elif self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.kv_cache_gb is not None:
-            raise ValueError(
-                f"kv_cache_gb={self.kv_cache_gb} and gpu_memory_utilization={self.gpu_memory_utilization} both "
-                "size the KV cache: set kv_cache_gb=None to let gpu_memory_utilization size it"
-            )
 
     @property
     def threads_per_engine(self) -> int:

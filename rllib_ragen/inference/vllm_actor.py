@@ -54,10 +54,13 @@ def llm_kwargs(config: EngineConfig, model_path: str, rank: int) -> dict[str, ob
 
 
 def kv_cache_kwargs(config: EngineConfig) -> dict[str, object]:
-    """The KV cache's size: explicit bytes, or (GPU engines) vLLM's share of GPU memory."""
+    """The KV cache's size in bytes and/or (GPU) vLLM's share of the GPU; what is unset stays vLLM's default."""
+    kwargs: dict[str, object] = {}
     if config.kv_cache_gb is not None:
-        return {"kv_cache_memory_bytes": int(config.kv_cache_gb * 2**30)}
-    return {"gpu_memory_utilization": config.gpu_memory_utilization}
+        kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_gb * 2**30)
+    if config.gpu_memory_utilization is not None:
+        kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+    return kwargs
 
 
 def to_vllm_params(params: SamplingParams, seed: int | None):

@@ -159,11 +159,11 @@ class VLLMEnginePool(InferenceEngine):
 
         The replacement is not restored here: this is asked right before a sync.
         """
-        deadline = time.monotonic() + self.config.call_timeout_s
+        deadline = time.monotonic() + self.config.weight_sync_timeout_s
         pings = [actor.info.remote() for actor in self.actors]
         for rank, ping in enumerate(pings):
             try:
-                self._await(rank, ping, "a liveness check", "call_timeout_s", deadline)
+                self._await(rank, ping, "the liveness check before a weight sync", "weight_sync_timeout_s", deadline)
             except RayActorError:
                 logger.warning("vLLM engine %d is dead; starting a replacement before the weight sync", rank)
                 self._replace(rank, restore=False)

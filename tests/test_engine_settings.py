@@ -1,0 +1,101 @@
+"""Every EngineConfig field is reachable from StarPOConfig.inference(), with EngineConfig's default,
+and the settings reach vLLM as vLLM names them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from rllib_ragen.algorithm import StarPOConfig
+from rllib_ragen.inference.factory import EngineConfig
+from rllib_ragen.inference.vllm_actor import llm_kwargs
+
+# A value different from the default for every field .inference() sets (the seed comes from .debugging()).
+NON_DEFAULTS = {
+    "engine": ("kind", "hf"),
+    "num_engines": ("num_engines", 3),
+    "kv_cache_gb": ("kv_cache_gb", 0.5),
+    "engine_dtype": ("dtype", "bfloat16"),
+    "max_model_len": ("max_model_len", 1000),
+    "enable_prefix_caching": ("enable_prefix_caching", True),
+    "num_gpus_per_engine": ("num_gpus_per_engine", 2.0),
+    "gpu_memory_utilization": ("gpu_memory_utilization", 0.4),
+    "tensor_parallel_size": ("tensor_parallel_size", 2),
+    "engine_threads": ("num_threads", 3),
+    "num_cpus_per_engine": ("num_cpus_per_engine", 0.5),
+    "max_batch_size": ("max_batch_size", 7),
+    "enforce_eager": ("enforce_eager", False),
+    "max_engine_restarts_per_call": ("max_restarts_per_call", 5),
+    "engine_start_timeout_s": ("start_timeout_s", 11.0),
+    "engine_call_timeout_s": ("call_timeout_s", 12.0),
+    "weight_sync": ("weight_sync", "collective"),
+    "weight_sync_timeout_s": ("weight_sync_timeout_s", 13.0),
+}
+
+
+def test_starpo_defaults_are_engine_config_defaults():
+    assert StarPOConfig().engine_config == EngineConfig(seed=0)
+
+
+def test_every_engine_field_is_settable_from_inference():
+    fields = {f.name for f in dataclasses.fields(EngineConfig)} - {"seed"}
+    assert {field for field, _ in NON_DEFAULTS.values()} == fields
+    config = StarPOConfig().inference(**{attribute: value for attribute, (_, value) in NON_DEFAULTS.items()})
+    engine = config.engine_config
+    for attribute, (field, value) in NON_DEFAULTS.items():
+        assert getattr(engine, field) == value != getattr(EngineConfig(), field), attribute
+    assert StarPOConfig().debugging(seed=5).engine_config.seed == 5
+
+
+def test_settings_reach_vllm_under_its_names():
+    cpu = llm_kwargs(EngineConfig(kv_cache_gb=0.25, enforce_eager=False, seed=3), "/m", rank=1)
+    assert (cpu["kv_cache_memory_bytes"], cpu["enforce_eager"], cpu["seed"]) == (2**28, False, 4)
+    assert "gpu_memory_utilization" not in cpu
+    gpu = llm_kwargs(EngineConfig(num_gpus_per_engine=1, kv_cache_gb=None, gpu_memory_utilization=0.3), "/m", 0)
+    assert gpu["gpu_memory_utilization"] == 0.3 and "kv_cache_memory_bytes" not in gpu
+    both = llm_kwargs(EngineConfig(num_gpus_per_engine=1, kv_cache_gb=2.0, gpu_memory_utilization=0.3), "/m", 0)
+    assert (both["kv_cache_memory_bytes"], both["gpu_memory_utilization"]) == (2 * 2**30, 0.3)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"gpu_memory_utilization": 0.5}, "num_gpus_per_engine=0 .a CPU engine"),
+        ({"kv_cache_gb": None}, "CPU engine .* needs kv_cache_gb"),
+        ({"num_gpus_per_engine": 1, "gpu_memory_utilization": 1.5}, r"gpu_memory_utilization must be in \(0, 1\]"),
+        ({"weight_sync": "nccl"}, "weight_sync must be one of"),
+        ({"call_timeout_s": 0}, "call_timeout_s must be > 0"),
+        ({"weight_sync_timeout_s": -1}, "weight_sync_timeout_s must be > 0"),
+        ({"start_timeout_s": 0}, "start_timeout_s must be > 0"),
+        ({"max_restarts_per_call": -1}, "max_restarts_per_call must be >= 0"),
+    ],
+)
+def test_engine_config_rejects_bad_settings(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**overrides)
+
+
+def test_float16_weights_are_rejected_before_any_update(tiny_model_path):
+    config = StarPOConfig().environment("bandit").llm(model=str(tiny_model_path), critic="none", dtype="float16")
+    config.training(advantage_estimator="grpo")
+    with pytest.raises(ValueError, match="dtype='float16' runs AdamW in float16.*inf/NaN"):
+        config.validate_starpo()
+
+
+def test_small_learning_rate_on_bfloat16_weights_warns(tiny_model_path, caplog):
+    config = StarPOConfig().environment("bandit").llm(model=str(tiny_model_path), critic="none", dtype="bfloat16")
+    config.training(advantage_estimator="grpo", actor_lr=1e-6)
+    config.validate_starpo()
+    assert "most weights never move" in caplog.text
+    caplog.clear()
+    config.training(actor_lr=1e-3).validate_starpo()
+    assert "most weights never move" not in caplog.text
+
+
+def test_collective_sync_cannot_reach_an_hf_engine_in_the_driver_from_remote_learners(tiny_model_path):
+    config = StarPOConfig().environment("bandit").llm(model=str(tiny_model_path), critic="none")
+    config.training(advantage_estimator="grpo").inference(engine="hf", weight_sync="collective")
+    config.learners(num_learners=1)
+    with pytest.raises(ValueError, match="cannot reach engine='hf' in the driver"):
+        config.validate_starpo()

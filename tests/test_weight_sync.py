@@ -1,0 +1,203 @@
+"""StarPO's weight sync, end to end: after every sync the engines score a probe exactly as the
+learner does (and a stale engine is caught), with the collective broadcast on gloo (the code
+NCCL runs on GPU) and the object store, from the local or a remote learner, into the local
+runner's engines or a remote runner's, and into an engine actor that was replaced."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+import torch
+from ray.rllib.core import DEFAULT_MODULE_ID
+
+from rllib_ragen.algorithm import StarPOConfig
+from rllib_ragen.inference.collective import GroupHost, TensorLayout, receive, send
+
+GAP = "engine_logp_max_abs_diff"
+# fp32 engines against a bf16 learner: the learner's bf16 arithmetic is the only difference, about
+# 2e-3 after one `perturb_policy` and 2e-2 after two (measured); a stale engine is off by 0.8 and more.
+TOLERANCE = 0.05
+STALE = 0.3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def vllm_config(model_path, **inference) -> StarPOConfig:
+    """Tiny StarPO with a bf16 policy and one vLLM-CPU engine (settings its attention kernels accept)."""
+    settings = dict(engine="vllm", weight_sync="collective", kv_cache_gb=0.05, max_model_len=1024,
+                    engine_threads=1, num_cpus_per_engine=0, weight_sync_timeout_s=60)
+    settings.update(inference)
+    return (
+        StarPOConfig()
+        .environment("sokoban")
+        .llm(model=str(model_path), critic="head", dtype="bfloat16")
+        .rollouts(n_groups=2, group_size=2, max_turns=2, max_actions_per_turn=2, response_length=12)
+        .inference(**settings)
+        .training(mini_batch_size=2, micro_batch_size=2, rollout_filter_ratio=1.0, actor_lr=1e-3, critic_lr=1e-3)
+        .starpo_evaluation(eval_interval=0)
+        .debugging(seed=0)
+    )
+
+
+def perturb_policy(learner) -> None:
+    """Moves only the tied embedding (also the LM head) and one norm: the tied-head trap, and a layer.
+
+    Moderate moves (2.5x the embedding's init std): larger logits would make the bf16
+    learner's own rounding, which the probe also sees, dwarf the tolerance.
+    """
+    policy = learner.module[DEFAULT_MODULE_ID].unwrapped().policy
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        embedding = policy.get_input_embeddings().weight
+        embedding.add_(0.05 * torch.randn_like(embedding))
+        policy.model.norm.weight.mul_(1.2)
+
+
+def local_learner(algo):
+    return algo.learner_group._learner
+
+
+# ---------------------------------------------------------------------- the transport alone
+def test_layout_groups_tensors_by_dtype_within_the_bucket_size():
+    pairs = [("a", torch.zeros(10)), ("b", torch.zeros(10, dtype=torch.bfloat16)),
+             ("c", torch.zeros(4, 5)), ("d", torch.zeros(100))]
+    layout = TensorLayout.of(pairs, bucket_bytes=128)
+    # a (40 B) and c (80 B) share a float32 bucket; d (400 B) exceeds it alone; b is another dtype.
+    assert layout.buckets == ((0, 2), (1,), (3,))
+    assert layout.shapes == ((10,), (10,), (4, 5), (100,))
+    assert layout.dtypes == ("float32", "bfloat16", "float32", "float32")
+    assert layout.nbytes == 40 + 20 + 80 + 400
+
+
+def test_gloo_broadcast_reaches_every_receiver_bit_exact_in_each_dtype():
+    generator = torch.Generator().manual_seed(0)
+    tensors = {
+        "w.bf16": torch.randn(3, 5, generator=generator).to(torch.bfloat16),
+        "w.fp16": torch.randn(7, generator=generator).to(torch.float16),
+        "w.fp32": torch.randn(2, 2, generator=generator),
+        "w.bf16.big": torch.randn(300, generator=generator).to(torch.bfloat16),
+    }
+    pairs = list(tensors.items())
+    layout = TensorLayout.of(pairs, bucket_bytes=64)  # several buckets per dtype
+    host = GroupHost(host="127.0.0.1", timeout_s=60)
+    remote_receive = ray.remote(num_cpus=0)(receive)
+    for round_ in range(2):  # the second round reuses each member's group
+        spec = host.spec(("two receivers",), world_size=3, backend="gloo")
+        refs = [remote_receive.remote(spec, rank, layout) for rank in (1, 2)]
+        send(spec, [tensor for _, tensor in pairs], layout)
+        for received in ray.get(refs, timeout=60):
+            received = dict(received)
+            assert list(sorted(received)) == sorted(tensors)
+            for name, tensor in tensors.items():
+                assert received[name].dtype == tensor.dtype and torch.equal(received[name], tensor), name
+        assert spec.generation == 1
+        tensors = {name: tensor * 2 for name, tensor in tensors.items()}
+        pairs = list(tensors.items())
+
+
+def test_a_member_that_never_joins_fails_the_send_within_the_timeout():
+    host = GroupHost(host="127.0.0.1", timeout_s=2)
+    spec = host.spec(("nobody",), world_size=2, backend="gloo")
+    layout = TensorLayout.of([("w", torch.zeros(4))])
+    start = time.monotonic()
+    with pytest.raises((TimeoutError, RuntimeError)):
+        send(spec, [torch.zeros(4)], layout)
+    assert time.monotonic() - start < 2 + 5
+
+
+# ---------------------------------------------------------------------- StarPO, local learner and runner
+@pytest.fixture(scope="module")
+def local_algo(tiny_model_path):
+    pytest.importorskip("vllm")
+    algo = vllm_config(tiny_model_path).build_algo()
+    yield algo
+    algo.stop()
+
+
+@pytest.mark.vllm
+def test_bf16_policy_synced_by_broadcast_scores_like_the_learner_and_a_stale_engine_shows(local_algo):
+    assert local_algo.metrics.peek(("weight_sync", GAP)) < TOLERANCE  # the sync at start
+    perturb_policy(local_learner(local_algo))
+    assert local_algo.weight_sync.check() > STALE  # engines not synced yet: the probe sees it
+    local_algo.sync_engine_weights()
+    assert local_algo.weight_sync.check() < TOLERANCE
+
+    policy = local_learner(local_algo).module[DEFAULT_MODULE_ID].unwrapped().policy
+    before = {name: tensor.clone() for name, tensor in policy.state_dict().items()}
+    result = local_algo.train()
+    assert any(not torch.equal(before[n], t) for n, t in policy.state_dict().items())  # the update moved it
+    assert all(t.dtype == torch.bfloat16 for t in policy.state_dict().values())
+    assert result["weight_sync"][GAP] < TOLERANCE
+    assert result["weight_sync"]["megabytes"] == pytest.approx(
+        sum(p.numel() * 2 for p in policy.parameters()) / 2**20
+    )  # bf16 on the wire, the tied head once
+
+
+@pytest.mark.vllm
+def test_an_engine_killed_between_syncs_is_restored_from_the_learner_before_it_serves(local_algo):
+    pool = local_algo.env_runner.engine
+    perturb_policy(local_learner(local_algo))
+    local_algo.sync_engine_weights()
+    restarts = pool.restarts
+    ray.kill(pool.actors[0])
+    local_algo.env_runner.sample()  # the dead engine is replaced mid-call and gets a resync
+    assert pool.restarts == restarts + 1
+    assert local_algo.weight_sync.check() < TOLERANCE
+
+
+# ---------------------------------------------------------------------- remote runners, remote learners
+@pytest.mark.vllm
+def test_remote_runner_engines_get_the_broadcast_and_a_replaced_one_joins_the_next(tiny_model_path):
+    pytest.importorskip("vllm")
+    algo = vllm_config(tiny_model_path).env_runners(num_env_runners=1).build_algo()
+    try:
+        assert algo.env_runner is None
+        assert algo.train()["weight_sync"][GAP] < TOLERANCE
+        algo.env_runner_group.foreach_env_runner(lambda r: ray.kill(r.engine.actors[0]), local_env_runner=False)
+        perturb_policy(local_learner(algo))
+        algo.sync_engine_weights()  # replaces the dead engine, forms a new group, broadcasts
+        assert algo.weight_sync.check() < TOLERANCE
+        assert algo.env_runner_group.foreach_env_runner(lambda r: r.engine.restarts, local_env_runner=False) == [1]
+    finally:
+        algo.stop()
+
+
+@pytest.mark.vllm
+def test_a_remote_learner_sends_the_broadcast(tiny_model_path):
+    pytest.importorskip("vllm")
+    algo = vllm_config(tiny_model_path).learners(num_learners=1).build_algo()
+    try:
+        assert algo.learner_group.is_remote
+        result = algo.train()
+        assert result["weight_sync"][GAP] < TOLERANCE
+    finally:
+        algo.stop()
+
+
+def test_object_store_from_a_remote_learner_into_a_remote_runner_engine(tiny_model_path):
+    config = (
+        vllm_config(tiny_model_path, engine="hf", weight_sync="object_store")
+        .env_runners(num_env_runners=1)
+        .learners(num_learners=1)
+    )
+    algo = config.build_algo()
+    try:
+        result = algo.train()
+        assert result["weight_sync"][GAP] < TOLERANCE
+        engine_state = algo.env_runner_group.foreach_env_runner(
+            lambda r: r.engine.model.state_dict(), local_env_runner=False
+        )[0]
+        learner_state = algo.learner_group.foreach_learner(
+            lambda learner: learner.module[DEFAULT_MODULE_ID].unwrapped().policy_state_dict()
+        )
+        for name, value in next(iter(learner_state)).get().items():
+            torch.testing.assert_close(engine_state[name], value.float(), rtol=0, atol=0, msg=name)
+    finally:
+        algo.stop()
