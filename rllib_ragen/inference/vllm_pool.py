@@ -47,8 +47,8 @@ class VLLMEnginePool(InferenceEngine):
 
     Attributes:
         resync: Set by the weight sync when it can bring the whole pool up to date
-            from this process (collective transport, learner in this process); an
-            actor replaced after a broadcast is restored through it.
+            from this process (collective transport, pool in the driver); an actor
+            replaced after a broadcast is restored through it.
     """
 
     in_process = False
@@ -137,7 +137,8 @@ class VLLMEnginePool(InferenceEngine):
         An actor that dies or fails meanwhile fails the sync: the group is broken
         for everyone, and the next sync replaces the actor and forms a new group.
         """
-        check_weights({n: torch.empty(s, device="meta") for n, s in zip(layout.names, layout.shapes)}, self._weight_shapes)
+        shapes_only = {name: torch.empty(shape, device="meta") for name, shape in zip(layout.names, layout.shapes)}
+        check_weights(shapes_only, self._weight_shapes)
         self._latest_packed, self._broadcast_received = None, True
         start = time.perf_counter()
         deadline = time.monotonic() + self.config.weight_sync_timeout_s

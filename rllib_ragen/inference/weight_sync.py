@@ -81,8 +81,8 @@ class PolicyWeightSync:
         if config.weight_sync == "collective":
             self._host = GroupHost(host=ray.util.get_node_ip_address(), timeout_s=config.weight_sync_timeout_s)
             engine = self._local_engine
-            if engine is not None and not engine.in_process and learner_group.is_local:
-                # The learner is in this process: a pool actor replaced mid-call gets a resync.
+            if engine is not None and not engine.in_process:
+                # The pool is in the driver, which can run a sync: a replaced actor gets one.
                 engine.resync = self.sync
         self._syncs = itertools.count()
         self._probe: tuple[list[int], list[int]] | None = None
@@ -253,7 +253,9 @@ class PolicyWeightSync:
         )
         missing = sorted(set(ids) - {index for index, _ in answers})
         if missing:
-            raise EngineTimeoutError(f"the engines of env runner(s) {missing} did not finish {step} within {setting}={timeout_s} s")
+            raise EngineTimeoutError(
+                f"the engines of env runner(s) {missing} did not finish {step} within {setting}={timeout_s} s"
+            )
         return sorted(answers, key=lambda answer: answer[0])
 
 
