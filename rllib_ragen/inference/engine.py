@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import os
 from collections.abc import Callable, Mapping, Sequence
 
 import ray
@@ -110,8 +111,11 @@ class InferenceEngine(abc.ABC):
         return lambda: None
 
     def weight_receivers(self) -> tuple[int, int]:
-        """(processes that join a weight broadcast, a count that changes whenever one is replaced)."""
-        return 1, 0
+        """(processes that join a weight broadcast, a number that changes whenever one is replaced).
+
+        A new number makes the next broadcast form a new group, which a new process must join.
+        """
+        return 1, os.getpid()
 
     def score_each(self, prompt: Sequence[int], continuation: Sequence[int]) -> list[list[float]]:
         """`score` of one continuation on every model copy this engine holds (one list per copy)."""

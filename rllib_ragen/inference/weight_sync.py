@@ -174,7 +174,7 @@ class PolicyWeightSync:
             else:
                 self._on_learner(functools.partial(_send_from_learner, spec=spec, layout=layout), "sending weights")
             send_error = None
-        except (TimeoutError, RuntimeError) as error:
+        except Exception as error:  # raised after the receivers' own errors, which name the engine
             send_error = error
         if wait_local is not None:
             wait_local()
@@ -184,7 +184,7 @@ class PolicyWeightSync:
             raise send_error
 
     def _members(self) -> list[tuple[int, int, int]]:
-        """(runner index, engine processes, replacements) per runner (0 = local), dead engines replaced."""
+        """(runner index, engine processes, their identity) per runner (0 = local), dead engines replaced."""
         engine = self._local_engine
         members = [] if engine is None else [(0, *engine.weight_receivers())]
         members += [
