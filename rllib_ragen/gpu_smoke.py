@@ -31,6 +31,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_ragen.algorithm import StarPO, StarPOConfig
 from rllib_ragen.checkpoints import save_checkpoint
+from rllib_ragen.inference.factory import WEIGHT_SYNC_KINDS
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.presets import ragen_preset
 from rllib_ragen.ray_session import init_ray
@@ -46,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--env", default="sokoban", help="registered env")
     parser.add_argument("--model", help="model to train (default: the preset's, or tiny-random with --cpu-tiny)")
     parser.add_argument("--engine", choices=("vllm", "hf"), default="vllm", help="rollout engine")
+    parser.add_argument("--weight-sync", choices=WEIGHT_SYNC_KINDS, default="object_store",
+                        help="the preset's object_store, or collective (NCCL: the learner needs a GPU of its own)")
     parser.add_argument("--iters", type=int, default=2, help="iterations before the checkpoint")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3,
                         help="the engine's share of the GPU (the learner uses the rest)")
@@ -176,7 +179,7 @@ def run(config: StarPOConfig, *, iters: int, max_logp_gap: float, workdir: Path)
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # Evaluation is the preset's, but would blur the breakdown of the timed iterations.
-    config = ragen_preset(args.env).starpo_evaluation(eval_interval=0)
+    config = ragen_preset(args.env).starpo_evaluation(eval_interval=0).inference(weight_sync=args.weight_sync)
     if args.cpu_tiny:
         config = on_cpu_tiny(config, model=args.model or "tiny-random", engine=args.engine)
     else:
