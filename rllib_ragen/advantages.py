@@ -312,6 +312,45 @@ def arpo(scores: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return advantages, advantages
 
 
+def restrict_to_selected(
+    rewards: Tensor, mask: Tensor, selected: Tensor, turn_ends: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The token MDP seen only at ``selected`` positions (VAGEN's advantage mask M_adv).
+
+    GAE on the result has values and advantages at the selected tokens only,
+    and credit passes over the others: the "next" token of a selected token is
+    the next selected one of its row. So that no reward is skipped with them,
+    each reward moves to the last selected token at or before it (it follows
+    that token's action); a reward before a row's first selected token has no
+    state to follow and is dropped. A turn's last selected token becomes its
+    end; a turn with none selected merges into the turn before it.
+
+    Args:
+        rewards: [B, T], zero on padding.
+        mask: [B, T] 0/1, the response tokens.
+        selected: [B, T] 0/1, the tokens that take part in advantage estimation.
+        turn_ends: [B, T] 0/1, inside ``mask``, or None.
+
+    Returns:
+        rewards [B, T] (on selected tokens only), mask & selected [B, T] bool,
+        turn ends [B, T] bool of the selected tokens (None if not given).
+    """
+    kept = to_bool_mask(mask, shape=rewards.shape) & to_bool_mask(selected, shape=rewards.shape, name="selected")
+    positions = torch.arange(rewards.shape[1], device=rewards.device).expand_as(kept)
+    last_kept = torch.where(kept, positions, -1).cummax(dim=1).values
+    credited = torch.where(last_kept >= 0, rewards, torch.zeros_like(rewards))
+    moved = torch.zeros_like(rewards).scatter_add_(1, last_kept.clamp(min=0), credited)
+    if turn_ends is None:
+        return moved, kept, None
+    ends = to_bool_mask(turn_ends, shape=rewards.shape, name="turn_ends")
+    turn_of = ends.long().cumsum(dim=1) - ends.long()
+    width = rewards.shape[1]
+    next_kept = torch.where(kept, positions, width).flip(1).cummin(dim=1).values.flip(1)
+    after = torch.cat([next_kept[:, 1:], torch.full_like(next_kept[:, :1], width)], dim=1)
+    next_turn = torch.cat([turn_of, torch.full_like(turn_of[:, :1], -1)], dim=1).gather(1, after)
+    return moved, kept, kept & (next_turn != turn_of)
+
+
 def _broadcast_over_tokens(per_traj: Tensor, mask: Tensor) -> Tensor:
     if mask.dim() != 2 or mask.shape[0] != per_traj.shape[0]:
         raise ValueError(f"mask must have shape [{per_traj.shape[0]}, T], got {tuple(mask.shape)}")
@@ -356,7 +395,10 @@ class AdvantageInputs:
     """The tensors any estimator may need (see the module docstring for layout).
 
     ``values`` are required by the critic-based estimators, ``turn_ends`` by
-    ``bi_level_gae`` and ``group_ids`` by ``grpo``.
+    ``bi_level_gae`` and ``group_ids`` by ``grpo``. ``adv_mask`` [B, T] 0/1
+    selects the tokens that get advantages (VAGEN's M_adv; None = all of
+    ``mask``): GAE estimators run on :meth:`selected`, and
+    :func:`compute_advantages` zeroes every estimator's output elsewhere.
     """
 
     rewards: Tensor
@@ -364,12 +406,13 @@ class AdvantageInputs:
     values: Tensor | None = None
     turn_ends: Tensor | None = None
     group_ids: Tensor | None = None
+    adv_mask: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.rewards.dim() != 2:
             raise ValueError(f"rewards must be [B, T], got shape {tuple(self.rewards.shape)}")
         to_bool_mask(self.mask, shape=self.rewards.shape)
-        for name in ("values", "turn_ends"):
+        for name in ("values", "turn_ends", "adv_mask"):
             tensor = getattr(self, name)
             if tensor is not None and tensor.shape != self.rewards.shape:
                 raise ValueError(f"{name} must have shape {tuple(self.rewards.shape)}, got {tuple(tensor.shape)}")
@@ -381,6 +424,19 @@ class AdvantageInputs:
         """[B] trajectory scores: the sum of each row's rewards over its response tokens."""
         return masked_sum(self.rewards.float(), self.mask, dim=1)
 
+    def selected(self) -> AdvantageInputs:
+        """These inputs restricted to ``adv_mask`` (:func:`restrict_to_selected`); themselves without one."""
+        if self.adv_mask is None:
+            return self
+        rewards, mask, turn_ends = restrict_to_selected(self.rewards, self.mask, self.adv_mask, self.turn_ends)
+        return dataclasses.replace(self, rewards=rewards, mask=mask, turn_ends=turn_ends, adv_mask=None)
+
+    @property
+    def advantage_mask(self) -> Tensor:
+        """[B, T] bool: the tokens that get advantages."""
+        mask = to_bool_mask(self.mask, shape=self.rewards.shape)
+        return mask if self.adv_mask is None else mask & to_bool_mask(self.adv_mask, shape=mask.shape)
+
     def require(self, name: str, estimator: str) -> Tensor:
         """Returns the field ``name``, or raises if the estimator needs it and it is None."""
         tensor = getattr(self, name)
@@ -390,12 +446,14 @@ class AdvantageInputs:
 
 
 def _gae_estimator(inputs: AdvantageInputs, *, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    inputs = inputs.selected()
     return gae(inputs.rewards, inputs.require("values", "gae"), inputs.mask, gamma=gamma, lam=lam)
 
 
 def _bi_level_gae_estimator(
     inputs: AdvantageInputs, *, gamma: float, lam: float, high_level_gamma: float, high_level_lam: float | None = None
 ) -> tuple[Tensor, Tensor]:
+    inputs = inputs.selected()
     return bi_level_gae(
         inputs.rewards,
         inputs.require("values", "bi_level_gae"),
@@ -487,20 +545,25 @@ def compute_advantages(
     Args:
         name: A key of :data:`ADVANTAGE_ESTIMATORS`.
         inputs: The batch tensors.
-        whiten: Whiten the advantages over ``inputs.mask`` afterwards (RAGEN does
-            for ``gae`` and ``bi_level_gae``). ``returns`` are not changed.
+        whiten: Whiten the advantages over ``inputs.advantage_mask`` afterwards
+            (RAGEN does for ``gae`` and ``bi_level_gae``). ``returns`` are not changed.
         **hparams: The estimator's keyword arguments, e.g. ``gamma=1.0, lam=1.0``.
 
     Returns:
-        advantages [B, T], returns [B, T], both without gradient.
+        advantages [B, T], returns [B, T], both without gradient and 0 outside
+        ``inputs.advantage_mask``.
     """
     estimator = get_advantage_estimator(name)
     _check_hparams(name, estimator, hparams)
     # Advantages and critic targets are constants of the loss: never backpropagate into them.
     with torch.no_grad():
         advantages, returns = estimator(inputs, **hparams)
+        if inputs.adv_mask is not None:
+            # Critic-free estimators broadcast over every token: M_adv keeps the selected ones.
+            selected = inputs.advantage_mask
+            advantages, returns = (torch.where(selected, x, torch.zeros_like(x)) for x in (advantages, returns))
         if whiten:
-            advantages = masked_whiten(advantages, inputs.mask)
+            advantages = masked_whiten(advantages, inputs.advantage_mask)
     return advantages, returns
 
 

@@ -12,6 +12,7 @@ One iteration (`StarPO.training_step`):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -53,6 +54,8 @@ from rllib_ragen.learner import StarPOTorchLearner
 from rllib_ragen.losses import KL_KINDS, LOSS_AGGREGATIONS
 from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model, resolves_locally
 from rllib_ragen.module import CRITIC_KINDS, LLMModuleConfig, LLMRLModule, ScoringConfig
+from rllib_ragen.reward_shaping import RewardShaping
+from rllib_ragen.token_masks import ALL_TOKENS, TOKEN_MASKS, ResponseSpanLabeller
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +126,8 @@ class StarPOConfig(AlgorithmConfig):
         self.high_level_gamma = 0.95
         self.whiten_advantages = True
         self.grpo_norm_by_std = True
+        self.loss_token_mask = ALL_TOKENS
+        self.adv_token_mask = ALL_TOKENS
         self.clip_ratio_low = 0.2
         self.clip_ratio_high = 0.28
         self.clip_ratio_dual = 3.0
@@ -146,6 +151,9 @@ class StarPOConfig(AlgorithmConfig):
         self.weight_decay = 0.01
         self.echo_trap_window = 10
         self.echo_trap_ratio = 0.1
+        # .reward_shaping(): every term defaults to RewardShaping's (off).
+        for field in dataclasses.fields(RewardShaping):
+            setattr(self, field.name, field.default)
         # .starpo_evaluation()
         self.eval_interval = 10
         self.eval_size = 256
@@ -304,6 +312,8 @@ class StarPOConfig(AlgorithmConfig):
         high_level_gamma: float | None = NotProvided,
         whiten_advantages: bool | None = NotProvided,
         grpo_norm_by_std: bool | None = NotProvided,
+        loss_token_mask: str | None = NotProvided,
+        adv_token_mask: str | None = NotProvided,
         clip_ratio_low: float | None = NotProvided,
         clip_ratio_high: float | None = NotProvided,
         clip_ratio_dual: float | None = NotProvided,
@@ -338,8 +348,15 @@ class StarPOConfig(AlgorithmConfig):
             gamma: Token-level discount.
             lambda_: Token-level GAE lambda.
             high_level_gamma: Turn-level discount of bi-level GAE.
-            whiten_advantages: Whiten GAE advantages over the loss mask.
+            whiten_advantages: Whiten GAE advantages over the tokens that have them (M_adv).
             grpo_norm_by_std: Divide grpo/brpo advantages by the std.
+            loss_token_mask: Which generated tokens enter the policy loss (VAGEN's
+                M_loss), a token mask policy of `rllib_ragen.token_masks`: "all",
+                "think_and_answer" (no template tokens such as end-of-turn) or
+                "answer_only"; `register_token_mask` adds more.
+            adv_token_mask: Which generated tokens get values and advantages (VAGEN's
+                M_adv), a token mask policy as above: GAE runs over them only, credit
+                passing over the others; other estimators' advantages are zeroed off them.
             clip_ratio_low: PPO lower clip (ratio >= 1 - low).
             clip_ratio_high: PPO upper clip (ratio <= 1 + high); decoupled from low.
             clip_ratio_dual: Dual-clip bound for negative advantages (> 1), or None.
@@ -381,7 +398,8 @@ class StarPOConfig(AlgorithmConfig):
         return self._set(
             advantage_estimator=advantage_estimator, gamma=gamma, lambda_=lambda_,
             high_level_gamma=high_level_gamma, whiten_advantages=whiten_advantages,
-            grpo_norm_by_std=grpo_norm_by_std, clip_ratio_low=clip_ratio_low,
+            grpo_norm_by_std=grpo_norm_by_std, loss_token_mask=loss_token_mask, adv_token_mask=adv_token_mask,
+            clip_ratio_low=clip_ratio_low,
             clip_ratio_high=clip_ratio_high, clip_ratio_dual=clip_ratio_dual,
             entropy_coeff=entropy_coeff, kl_coeff=kl_coeff, kl_type=kl_type, value_clip=value_clip,
             vf_loss_coeff=vf_loss_coeff, loss_agg_mode=loss_agg_mode,
@@ -391,6 +409,38 @@ class StarPOConfig(AlgorithmConfig):
             autocast_dtype=autocast_dtype, logit_chunk_size=logit_chunk_size, actor_lr=actor_lr, critic_lr=critic_lr,
             adam_betas=adam_betas, weight_decay=weight_decay, echo_trap_window=echo_trap_window,
             echo_trap_ratio=echo_trap_ratio,
+        )
+
+    def reward_shaping(
+        self,
+        *,
+        think_length_coeff: float | None = NotProvided,
+        think_min_words: int | None = NotProvided,
+        think_max_words: int | None = NotProvided,
+        think_names_action_coeff: float | None = NotProvided,
+        advantage_length_weight: float | None = NotProvided,
+    ) -> StarPOConfig:
+        """Reasoning-aware reward terms (`rllib_ragen.reward_shaping`), each off at 0.
+
+        A turn's reward becomes the task reward plus each coefficient times its
+        term; the rollout metrics keep the task reward (`task_return_mean`) and
+        every term (`think_length_mean`, `think_names_action_mean`, ...) apart.
+
+        Args:
+            think_length_coeff: Reward for a thought of `think_min_words` to
+                `think_max_words` words (the term is 1 inside the band, else 0).
+            think_min_words: Fewest words of a thought inside the band.
+            think_max_words: Most words of a thought inside the band.
+            think_names_action_coeff: Reward times the share of the turn's actions
+                its thought names.
+            advantage_length_weight: Exponent alpha >= 0: each trajectory's
+                advantages are divided by (its generated tokens / the batch mean)
+                ** alpha; 1 is RAGEN-2's `grpo_advantage_length_weight`.
+        """
+        return self._set(
+            think_length_coeff=think_length_coeff, think_min_words=think_min_words,
+            think_max_words=think_max_words, think_names_action_coeff=think_names_action_coeff,
+            advantage_length_weight=advantage_length_weight,
         )
 
     def starpo_evaluation(
@@ -478,6 +528,15 @@ class StarPOConfig(AlgorithmConfig):
         )
 
     @property
+    def reward_shaping_config(self) -> RewardShaping:
+        return RewardShaping(**{field.name: getattr(self, field.name) for field in dataclasses.fields(RewardShaping)})
+
+    @property
+    def needs_token_spans(self) -> bool:
+        """A token mask policy other than "all" is set: the learner labels tokens with protocol spans."""
+        return (self.loss_token_mask, self.adv_token_mask) != (ALL_TOKENS, ALL_TOKENS)
+
+    @property
     def llm_module_config(self) -> LLMModuleConfig:
         return LLMModuleConfig(
             model=self.llm_model, critic=self.critic, dtype=self.dtype,
@@ -503,11 +562,18 @@ class StarPOConfig(AlgorithmConfig):
                     history_window=self.history_window,
                     micro_batch_size=self.micro_batch_size,
                     score_old_logp=not self.update_is_one_on_policy_step,
+                    loss_token_mask=self.loss_token_mask,
+                    adv_token_mask=self.adv_token_mask,
+                    span_labeller=self._span_labeller() if self.needs_token_spans else None,
+                    advantage_length_weight=self.advantage_length_weight,
                 )
             ],
             input_observation_space=input_observation_space,
             input_action_space=input_action_space,
         )
+
+    def _span_labeller(self) -> ResponseSpanLabeller:
+        return ResponseSpanLabeller(load_tokenizer(resolve_model(self.llm_model)), self.protocol_config)
 
     @override(AlgorithmConfig)
     def validate(self) -> None:
@@ -523,6 +589,8 @@ class StarPOConfig(AlgorithmConfig):
         _choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGGREGATIONS)
         _choice("kl_type", self.kl_type, KL_KINDS)
         _choice("rollout_filter_metric", self.rollout_filter_metric, FILTER_METRICS)
+        _choice("loss_token_mask", self.loss_token_mask, sorted(TOKEN_MASKS))
+        _choice("adv_token_mask", self.adv_token_mask, sorted(TOKEN_MASKS))
         if self.advantage_estimator in CRITIC_ESTIMATORS and self.critic == "none":
             raise ValueError(
                 f"advantage_estimator={self.advantage_estimator!r} needs a critic; set "
@@ -551,7 +619,7 @@ class StarPOConfig(AlgorithmConfig):
                 "rllib_ragen.offline.offline_config(config, OfflineSettings(...))"
             )
         # Building these runs their own validation with clear messages.
-        self.turn_budget, self.protocol_config, self.engine_config, self.llm_module_config
+        self.turn_budget, self.protocol_config, self.engine_config, self.llm_module_config, self.reward_shaping_config
         self._validate_rollout_inputs()
 
     def _validate_scale_out(self) -> None:

@@ -9,6 +9,11 @@ token ids (action), their sampling log-probs, the prompt piece the model saw
 (`user_ids`) and the tokens that closed its message (`close_ids`), so the
 learner rebuilds the very token sequence that was sampled.
 
+Each turn's reward is the env's (the task reward) plus the configured
+reasoning-aware shaping (`rllib_ragen.reward_shaping`, off by default); the
+turn's info keeps the task reward and every shaping term, and the prompt of the
+next turn shows the task reward.
+
 Robustness: a faulty env (raises, hangs past `env_step_timeout_s`, returns
 garbage) ends only its own trajectory (`EnvGroup`), counted in the `env_errors`
 metric. A trajectory whose next prompt would leave less than `response_length`
@@ -44,6 +49,7 @@ from rllib_ragen.env_group import EnvGroup
 from rllib_ragen.inference.engine import InferenceEngine, SamplingParams
 from rllib_ragen.inference.factory import make_engine
 from rllib_ragen.models import load_tokenizer, resolve_model
+from rllib_ragen.reward_shaping import TASK_REWARD, shaping_statistics
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +102,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             action_vocabulary=self.template_env.action_vocabulary,
             config=config.protocol_config,
         )
+        self.reward_shaping = config.reward_shaping_config
         self._check_first_prompt_fits(probe)
 
     def _check_first_prompt_fits(self, probe: EnvGroup) -> None:
@@ -355,6 +362,8 @@ class _GroupRollout:
                 ):
                     truncateds[agent] = True
                     group.end(agent)
+                rewards[agent], shaping = self.runner.reward_shaping.shape(rewards[agent], parsed)
+                infos[agent].update(shaping)
         terminateds["__all__"] = truncateds["__all__"] = group.all_done
         episode.add_env_step(
             observations=observations,
@@ -395,7 +404,7 @@ def think_text(response: str) -> str | None:
 def rollout_statistics(episodes: list[MultiAgentEpisode]) -> dict[str, float]:
     """Success, reward and in-group spread of a list of finished group episodes."""
     returns, successes, in_group_std, lengths, turns, valid_turns, well_formed = [], [], [], [], [], [], []
-    thoughts = []
+    thoughts, task_returns, turn_infos = [], [], []
     for episode in episodes:
         group_returns = []
         for agent_episode in episode.agent_episodes.values():
@@ -407,6 +416,9 @@ def rollout_statistics(episodes: list[MultiAgentEpisode]) -> dict[str, float]:
             valid_turns.extend(float(i.get("num_valid_actions", 0) > 0) for i in infos[1:])
             well_formed.extend(float(bool(i.get("format_ok", False))) for i in infos[1:])
             thoughts.extend(t for t in (think_text(i.get(RESPONSE_TEXT, "")) for i in infos[1:]) if t is not None)
+            # Episodes from before reward shaping (e.g. offline data) carry only task rewards.
+            task_returns.append(sum(i.get(TASK_REWARD, r) for i, r in zip(infos[1:], agent_episode.get_rewards())))
+            turn_infos.extend(infos[1:])
         returns.extend(group_returns)
         in_group_std.append(float(np.std(group_returns, ddof=1)) if len(group_returns) > 1 else 0.0)
     return {
@@ -422,4 +434,7 @@ def rollout_statistics(episodes: list[MultiAgentEpisode]) -> dict[str, float]:
         # Distinct thoughts among all turns' thoughts: near 0 when reasoning collapsed to one template.
         "distinct_thought_ratio": len(set(thoughts)) / len(thoughts) if thoughts else 0.0,
         "num_trajectories": float(len(returns)),
+        # The env's reward alone; episode_return_mean includes the reasoning-aware shaping.
+        "task_return_mean": float(np.mean(task_returns)),
+        **shaping_statistics(turn_infos),
     }

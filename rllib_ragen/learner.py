@@ -1,6 +1,7 @@
 """`StarPOTorchLearner`: the trajectory-level StarPO update on token rows.
 
-Loss per mini-batch (all [rows, L] and masked to generated tokens):
+Loss per mini-batch (all [rows, L]; policy terms masked to M_loss, the value
+loss to M_adv, see `rllib_ragen.token_masks`; both default to every generated token):
     policy  PPO with decoupled clip (low/high) and dual clip     losses.policy_loss
     value   clipped value loss (critic-based estimators only)    losses.value_loss
     entropy bonus  - entropy_coeff * mean entropy
@@ -8,8 +9,9 @@ Loss per mini-batch (all [rows, L] and masked to generated tokens):
 Mini-batches are split into micro-batches whose gradients are accumulated
 before one optimiser step, so memory is bounded by `micro_batch_size` rows or,
 with `micro_batch_tokens`, by a padded-token budget over length-sorted rows.
-Each micro-batch's loss is weighted by its share of the mini-batch, so the
-accumulated gradient is the whole mini-batch's whatever the split.
+Each micro-batch's loss is weighted by its share of the mini-batch (of its
+M_loss tokens or rows), so the accumulated gradient is the whole mini-batch's
+whatever the split (for the value loss only approximately when M_adv differs).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
 from rllib_ragen.advantages import masked_mean
-from rllib_ragen.connectors.learner_connector import SAMPLING_LOGP
+from rllib_ragen.connectors.learner_connector import POLICY_MASK, SAMPLING_LOGP, VALUE_MASK
 from rllib_ragen.distributed import all_reduce_gradients, all_reduce_sum, global_share
 from rllib_ragen.losses import aggregate_loss, kl_penalty, policy_loss, value_loss
 from rllib_ragen.module import (
@@ -98,7 +100,7 @@ class StarPOTorchLearner(TorchLearner):
         # would need equal micro-batch counts on every learner): each loss is weighted by
         # its share of the global mini-batch and the gradients are summed over learners once.
         module = self.module[DEFAULT_MODULE_ID].unwrapped()
-        share = global_share(module_batch[Columns.LOSS_MASK], self.config.loss_agg_mode)
+        share = global_share(mask_or_generated(module_batch, POLICY_MASK), self.config.loss_agg_mode)
         total_loss, fwd_out = 0.0, None
         for micro, weight in weights:
             fwd_out = {DEFAULT_MODULE_ID: module.forward_train(micro)}
@@ -113,7 +115,7 @@ class StarPOTorchLearner(TorchLearner):
 
     @override(TorchLearner)
     def compute_loss_for_module(self, *, module_id, config, batch: dict[str, Any], fwd_out: dict[str, Any]):
-        mask = batch[Columns.LOSS_MASK]
+        mask = mask_or_generated(batch, POLICY_MASK)
         agg = config.loss_agg_mode
         # No scored old log-probs: the update is one on-policy step, so the old policy is this one.
         old_logp = batch[Columns.ACTION_LOGP] if Columns.ACTION_LOGP in batch else fwd_out[TOKEN_LOGP].detach()
@@ -135,7 +137,7 @@ class StarPOTorchLearner(TorchLearner):
                 fwd_out[Columns.VF_PREDS],
                 batch[Columns.VF_PREDS],
                 batch[Columns.VALUE_TARGETS],
-                mask,
+                mask_or_generated(batch, VALUE_MASK),
                 clip=config.value_clip,
                 agg=agg,
             )
@@ -147,13 +149,14 @@ class StarPOTorchLearner(TorchLearner):
             )
             total = total + config.kl_coeff * kl
             stats["kl"] = kl
-        # Train/inference mismatch: the learner's log-probs vs the engine's sampling ones.
+        # Train/inference mismatch: the learner's log-probs vs the engine's sampling ones, on every generated token.
+        generated = batch[Columns.LOSS_MASK]
         gap = (old_logp.detach() - batch[SAMPLING_LOGP]).abs()
-        stats["ratio_to_sampling_mean"] = masked_mean(torch.exp(fwd_out[TOKEN_LOGP] - batch[SAMPLING_LOGP]), mask)
-        stats["train_inference_logp_gap_mean"] = masked_mean(gap, mask)
+        stats["ratio_to_sampling_mean"] = masked_mean(torch.exp(fwd_out[TOKEN_LOGP] - batch[SAMPLING_LOGP]), generated)
+        stats["train_inference_logp_gap_mean"] = masked_mean(gap, generated)
         for key, value in stats.items():
             self.metrics.log_value((module_id, key), float(value.detach()), reduce="mean")
-        gap_max = gap[mask.bool()].max() if mask.any() else gap.new_zeros(())
+        gap_max = gap[generated.bool()].max() if generated.any() else gap.new_zeros(())
         self.metrics.log_value((module_id, "train_inference_logp_gap_max"), float(gap_max), reduce="max")
         return total
 
@@ -162,6 +165,12 @@ class StarPOTorchLearner(TorchLearner):
         """Log-probs of the generated tokens under the frozen reference policy, [rows, L]."""
         module = self.module[DEFAULT_MODULE_ID].unwrapped()
         return module.score_with(self._reference, batch, with_entropy=False)[TOKEN_LOGP]
+
+
+def mask_or_generated(batch: dict[str, torch.Tensor], column: str) -> torch.Tensor:
+    """The [rows, L] mask ``column``, or every generated token (`Columns.LOSS_MASK`) when the
+    batch has no such column (batches not made by `StarPOLearnerConnector`, e.g. behaviour cloning)."""
+    return batch[column] if column in batch else batch[Columns.LOSS_MASK]
 
 
 def _micro_batch_weights(
@@ -175,7 +184,7 @@ def _micro_batch_weights(
     rows, so the accumulated gradient equals that of the whole mini-batch
     for any split. Each micro-batch is cut to its longest row.
     """
-    mask = batch[Columns.LOSS_MASK]
+    mask = mask_or_generated(batch, POLICY_MASK)
     n_rows = mask.shape[0]
     lengths = batch[ATTENTION_MASK].sum(dim=1)
     if token_budget is None:
@@ -188,10 +197,11 @@ def _micro_batch_weights(
     for rows in groups:
         length = int(lengths[rows].max())
         micro = {k: v[rows, :length] if v.dim() == 2 else v[rows] for k, v in batch.items()}
+        micro_mask = mask_or_generated(micro, POLICY_MASK)
         if agg == "token-mean":
-            weight = micro[Columns.LOSS_MASK].sum() / total_tokens
+            weight = micro_mask.sum() / total_tokens
         else:
-            weight = micro[Columns.LOSS_MASK].any(dim=1).sum() / total_rows
+            weight = micro_mask.any(dim=1).sum() / total_rows
         out.append((micro, weight))
     return out
 

@@ -84,6 +84,27 @@ def parse_answer(
     )
 
 
+def answer_spans(text: str, *, think: bool = True) -> dict[str, tuple[int, int]]:
+    """Character spans of the `<think>` and `<answer>` blocks, tags included.
+
+    Uses the same matching as `parse_answer`, so a malformed answer (which
+    `parse_answer` executes nothing from) has no spans at all.
+
+    Args:
+        text: The decoded model turn, including any prefilled tags.
+        think: Whether a `<think>` block is required before the answer.
+
+    Returns:
+        {"think": (start, end), "answer": (start, end)} with end exclusive;
+        no "think" key in no-think mode, an empty dict when malformed.
+    """
+    match = (_THINK_ANSWER if think else _ANSWER_ONLY).match(text)
+    if match is None:
+        return {}
+    blocks = ("think", "answer") if think else ("answer",)
+    return {name: (match.start(name) - len(f"<{name}>"), match.end(name) + len(f"</{name}>")) for name in blocks}
+
+
 def _match_vocabulary(
     actions: Sequence[str], vocabulary: Sequence[str] | None
 ) -> tuple[list[str], list[str]]:

@@ -5,8 +5,10 @@ Runs once per `learner_group.update(...)` call, before any mini-batch:
 2. score the rows with the current weights (no grad): the old log-probs of
    the PPO ratio (unless the update is a single on-policy step) and, with a
    critic, the old values;
-3. compute advantages and value targets per trajectory (the estimator registry);
-4. emit one RLlib column dict of [rows, L] tensors for the default module.
+3. compute advantages and value targets per trajectory (the estimator registry),
+   on the tokens the advantage mask selects (`rllib_ragen.token_masks`);
+4. emit one RLlib column dict of [rows, L] tensors for the default module, with
+   the policy-loss and value-loss masks beside the generated-token mask.
 """
 
 from __future__ import annotations
@@ -28,10 +30,15 @@ from rllib_ragen.advantages import (
     masked_mean,
 )
 from rllib_ragen.connectors.token_batch import TokenBatch, build_token_batch, trajectories_from_episodes
-from rllib_ragen.distributed import whiten_across_learners
+from rllib_ragen.distributed import is_distributed, whiten_across_learners
 from rllib_ragen.module import ATTENTION_MASK, INPUT_IDS, TOKEN_LOGP
+from rllib_ragen.reward_shaping import RewardShaping, length_weighted_advantages
+from rllib_ragen.token_masks import ALL_TOKENS, ResponseSpanLabeller, TokenSpans, build_token_mask
 
 SAMPLING_LOGP = "sampling_logp"
+# [rows, L] 0/1 masks inside `Columns.LOSS_MASK` (the generated tokens, which the module scores):
+POLICY_MASK = "policy_mask"  # M_loss: tokens in the policy, entropy and KL terms
+VALUE_MASK = "value_mask"  # M_adv: tokens with values, hence value targets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +75,12 @@ class StarPOLearnerConnector(ConnectorV2):
         score_old_logp: Score the old log-probs of the PPO ratio. False when
             each update is one optimiser step on fresh samples: the old policy
             is then the current one, and the loss uses its own log-probs, detached.
+        loss_token_mask: Token mask policy of the policy loss (M_loss).
+        adv_token_mask: Token mask policy of advantage estimation (M_adv).
+        span_labeller: Labels tokens with protocol spans; needed by every
+            mask policy but "all".
+        advantage_length_weight: Exponent of the length weighting of advantages
+            (`rllib_ragen.reward_shaping`); 0 = off.
     """
 
     def __init__(
@@ -79,6 +92,10 @@ class StarPOLearnerConnector(ConnectorV2):
         history_window: int | None,
         micro_batch_size: int,
         score_old_logp: bool = True,
+        loss_token_mask: str = ALL_TOKENS,
+        adv_token_mask: str = ALL_TOKENS,
+        span_labeller: ResponseSpanLabeller | None = None,
+        advantage_length_weight: float = RewardShaping.advantage_length_weight,
         **kwargs,
     ) -> None:
         super().__init__(input_observation_space, input_action_space, **kwargs)
@@ -86,6 +103,10 @@ class StarPOLearnerConnector(ConnectorV2):
         self.history_window = history_window
         self.micro_batch_size = micro_batch_size
         self.score_old_logp = score_old_logp
+        self.loss_token_mask = loss_token_mask
+        self.adv_token_mask = adv_token_mask
+        self.span_labeller = span_labeller
+        self.advantage_length_weight = advantage_length_weight
 
     @override(ConnectorV2)
     def __call__(self, *, rl_module, batch, episodes, metrics=None, **kwargs) -> dict[str, Any]:
@@ -97,20 +118,29 @@ class StarPOLearnerConnector(ConnectorV2):
         old_logp, old_values = score_rows(
             module, tokens, self.micro_batch_size, with_logp=self.score_old_logp, with_values=self.advantages.needs_critic
         )
+        spans = self.token_spans(tokens)
         inputs = AdvantageInputs(
             rewards=tokens.turn_rewards,
             mask=tokens.traj_mask,
             values=tokens.to_trajectories(old_values) if old_values is not None else None,
             turn_ends=tokens.turn_ends,
             group_ids=tokens.group_ids,
+            adv_mask=None if self.adv_token_mask == ALL_TOKENS else build_token_mask(self.adv_token_mask, spans),
         )
         advantages, returns = compute_advantages(self.advantages.estimator, inputs, **self.advantages.hparams())
-        if self.advantages.whiten and self.advantages.needs_critic:
-            advantages = whiten_across_learners(advantages, tokens.traj_mask)
+        if self.advantages.whiten and self.advantages.needs_critic and _can_whiten(inputs.advantage_mask):
+            advantages = whiten_across_learners(advantages, inputs.advantage_mask)
+        if self.advantage_length_weight > 0:
+            advantages, length_weights = length_weighted_advantages(
+                advantages, tokens.traj_mask, alpha=self.advantage_length_weight
+            )
+            if metrics is not None:
+                _log_length_weights(metrics, length_weights)
         columns = {
             INPUT_IDS: tokens.input_ids,
             ATTENTION_MASK: tokens.attention_mask,
             Columns.LOSS_MASK: tokens.loss_mask,
+            POLICY_MASK: _row_mask(tokens, build_token_mask(self.loss_token_mask, spans)),
             SAMPLING_LOGP: tokens.sampling_logp,
             Columns.ADVANTAGES: tokens.to_rows(advantages),
         }
@@ -119,10 +149,30 @@ class StarPOLearnerConnector(ConnectorV2):
         if old_values is not None:
             columns[Columns.VF_PREDS] = old_values
             columns[Columns.VALUE_TARGETS] = tokens.to_rows(returns)
+            columns[VALUE_MASK] = _row_mask(tokens, inputs.advantage_mask)
         if metrics is not None:
-            _log_batch_metrics(metrics, tokens, advantages)
+            _log_batch_metrics(metrics, tokens, advantages, columns[POLICY_MASK])
         batch[DEFAULT_MODULE_ID] = {k: v.to(module.policy.device) for k, v in columns.items()}
         return batch
+
+    def token_spans(self, tokens: TokenBatch) -> TokenSpans:
+        """What the mask policies select by; span labels only with a labeller (a policy other than "all")."""
+        spans = TokenSpans(mask=tokens.traj_mask, turn_ends=tokens.turn_ends)
+        if self.span_labeller is None:
+            return spans
+        return self.span_labeller(tokens.to_trajectories(tokens.input_ids), spans.mask, spans.turn_ends)
+
+
+def _can_whiten(selected: torch.Tensor) -> bool:
+    """A selective M_adv (say "answer_only" before the model writes well-formed answers) may
+    leave fewer than 2 tokens, whose zero advantages stay as they are. Several learners
+    always whiten together (each takes part in the all-reduce; too few tokens overall is an error)."""
+    return is_distributed() or int(selected.sum()) >= 2
+
+
+def _row_mask(tokens: TokenBatch, traj_mask: torch.Tensor) -> torch.Tensor:
+    """A [B, T] mask of generated tokens as [R, L] rows, in the dtype of the generated-token mask."""
+    return tokens.to_rows(traj_mask).to(tokens.loss_mask.dtype)
 
 
 @torch.no_grad()
@@ -149,12 +199,16 @@ def score_rows(
     return (torch.cat(logps) if with_logp else None), (torch.cat(values) if with_values else None)
 
 
-def _log_batch_metrics(metrics, tokens: TokenBatch, advantages: torch.Tensor) -> None:
-    mask = tokens.loss_mask.bool()
+def _log_batch_metrics(metrics, tokens: TokenBatch, advantages: torch.Tensor, policy_mask: torch.Tensor) -> None:
     values = {
         "advantage_mean": masked_mean(advantages, tokens.traj_mask).item(),
-        "num_trained_tokens": float(mask.sum()),
+        "num_trained_tokens": float(policy_mask.bool().sum()),
         "num_trained_trajectories": float(tokens.traj_mask.shape[0]),
     }
     for key, value in values.items():
         metrics.log_value((DEFAULT_MODULE_ID, key), value, window=1)
+
+
+def _log_length_weights(metrics, weights: torch.Tensor) -> None:
+    for key, value in (("advantage_length_weight_min", weights.min()), ("advantage_length_weight_max", weights.max())):
+        metrics.log_value((DEFAULT_MODULE_ID, key), float(value), window=1)

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from rllib_ragen.connectors.answer_parser import ACTION_SEPARATOR, ParsedAnswer, parse_answer
+from rllib_ragen.connectors.answer_parser import ACTION_SEPARATOR, ParsedAnswer, answer_spans, parse_answer
 from rllib_ragen.connectors.chat_template import ChatTemplate
 
 
@@ -127,6 +127,42 @@ class PromptProtocol:
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
         return (self.template.eos_token_id,)
+
+
+# What part of a response a generated token belongs to (see `response_token_spans`).
+SPAN_OTHER = 0  # template and stray tokens: end-of-turn, whitespace between blocks, text after the answer
+SPAN_THINK = 1  # `<think>...</think>`, tags included
+SPAN_ANSWER = 2  # `<answer>...</answer>`, tags included
+
+
+def response_token_spans(token_texts: Sequence[str], *, config: ProtocolConfig) -> list[int]:
+    """The span (`SPAN_*`) of each token of one sampled response.
+
+    The tokens' texts are joined (after the prefill, which has no tokens) and
+    the blocks found as `parse_answer` finds them. A token belongs to the
+    answer if any of its characters does (the tokens that decide the action),
+    else to the thought if any of its characters does; a malformed response
+    has only `SPAN_OTHER` tokens.
+
+    Args:
+        token_texts: Each generated token decoded on its own (special tokens as "").
+        config: The protocol that sampled the response (think mode, prefill).
+
+    Returns:
+        One `SPAN_*` per token.
+    """
+    prefill = config.prefill_text
+    spans = answer_spans(prefill + "".join(token_texts), think=config.think)
+    labels, start = [], len(prefill)
+    for text in token_texts:
+        end = start + len(text)
+        label = SPAN_OTHER
+        for name, span_label in (("think", SPAN_THINK), ("answer", SPAN_ANSWER)):
+            if name in spans and start < spans[name][1] and spans[name][0] < end:
+                label = span_label
+        labels.append(label)
+        start = end
+    return labels
 
 
 def feedback_for(parsed: ParsedAnswer) -> str | None:
