@@ -149,9 +149,24 @@ class MLflowTracker:
 
 
 def experiment_id_of(client: MlflowClient, name: str) -> str:
-    """The id of experiment `name`, created when missing."""
+    """The id of experiment `name`, created when missing (artifacts beside a SQLite store)."""
     experiment = client.get_experiment_by_name(name)
-    return experiment.experiment_id if experiment else client.create_experiment(name)
+    if experiment:
+        return experiment.experiment_id
+    return client.create_experiment(name, artifact_location=artifact_location_for(client.tracking_uri))
+
+
+def artifact_location_for(tracking_uri: str) -> str | None:
+    """`<database dir>/mlruns` for a SQLite store; None (the server's choice) otherwise.
+
+    MLflow's default artifact root for a database store is `./mlruns` of the
+    process's working directory, so a run tracked in `/tmp/x/mlflow.db` would
+    scatter its artifacts into whatever directory the job started in.
+    """
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix):
+        return None
+    return (Path(tracking_uri[len(prefix):]).resolve().parent / "mlruns").as_uri()
 
 
 def find_run(client: MlflowClient, experiment: str, *, tag: str, value: str) -> str | None:

@@ -49,7 +49,8 @@ from rllib_ragen.offline import OfflineSettings, offline_config
 from rllib_ragen.ray_session import init_ray
 
 
-# Part of the cache key: a change to how the warm start trains must not reuse old results.
+# Part of the cache key: a change to how the warm start trains, or to the text of the
+# demonstrations it trains on (e.g. an expert's thought), must bump it so old results are not reused.
 WARM_START_METHOD = "bc-5"
 WARM_START_PLAYERS = ("random", "expert")
 

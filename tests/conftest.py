@@ -3,13 +3,51 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
+import hypothesis
 import pytest
 
 # Nothing in the test suite may reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Hypothesis keeps no example database in the checkout (the suite must leave it as it found it).
+hypothesis.settings.register_profile("hermetic", database=None)
+hypothesis.settings.load_profile("hermetic")
+
+REPO = Path(__file__).resolve().parents[1]
+# Left by any Python run, and ignored for that reason.
+_CACHE_PARTS = ("__pycache__", ".pytest_cache")
+_BEFORE = pytest.StashKey[set | None]()
+
+
+def _untracked_and_ignored() -> set[str] | None:
+    """`git status --porcelain --ignored` entries of the checkout, without caches; None outside git."""
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--ignored"],
+                             check=True, capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {line for line in out.splitlines() if not any(part in line for part in _CACHE_PARTS)}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_BEFORE] = _untracked_and_ignored()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The suite is hermetic: it fails if it left files in the checkout (git status, ignored ones too)."""
+    before, after = session.config.stash.get(_BEFORE, None), _untracked_and_ignored()
+    if before is None or after is None or session.config.option.collectonly:
+        return
+    left = sorted(after - before)
+    if left:
+        print("\nthe test suite left files in the checkout:\n  " + "\n  ".join(left), file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
 
 
 @pytest.fixture(scope="session")

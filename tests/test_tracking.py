@@ -50,6 +50,17 @@ def test_default_store_is_mlflow_db_in_the_working_directory(tmp_path, monkeypat
     assert MLflowSettings().tracking_uri == f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
+def test_artifacts_of_a_sqlite_store_go_beside_its_database(tmp_path, monkeypatch):
+    job_dir, store_dir = tmp_path / "job", tmp_path / "store"
+    job_dir.mkdir(), store_dir.mkdir()
+    monkeypatch.chdir(job_dir)  # MLflow's own default would be job_dir/mlruns
+    tracker = MLflowTracker(tracking_uri=f"sqlite:///{store_dir / 'mlflow.db'}", experiment="e")
+    tracker.log_text("hello", "page.html")
+    tracker.end()
+    assert list(job_dir.iterdir()) == []
+    assert list((store_dir / "mlruns").rglob("page.html"))
+
+
 @pytest.mark.parametrize(
     "kwargs,message",
     [
