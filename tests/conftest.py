@@ -5,18 +5,22 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import hypothesis
+import hypothesis.configuration
 import pytest
 
 # Nothing in the test suite may reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-# Hypothesis keeps no example database in the checkout (the suite must leave it as it found it).
+# Hypothesis keeps its example database and caches out of the checkout (the suite must leave it
+# as it found it): no database, and its storage directory (constants, unicode data) in a temp dir.
 hypothesis.settings.register_profile("hermetic", database=None)
 hypothesis.settings.load_profile("hermetic")
+hypothesis.configuration.set_hypothesis_home_dir(tempfile.mkdtemp(prefix="hypothesis-"))
 
 REPO = Path(__file__).resolve().parents[1]
 # Left by any Python run, and ignored for that reason.
