@@ -76,6 +76,15 @@ def test_layout_groups_tensors_by_dtype_within_the_bucket_size():
     assert layout.nbytes == 40 + 20 + 80 + 400
 
 
+@ray.remote(num_cpus=0)
+class _Receiver:
+    """A fixed process, as an engine is: it keeps its group membership from one sync to the next
+    (tasks could land on each other's worker process and drop the group the sender still uses)."""
+
+    def receive(self, spec, rank, layout):
+        return receive(spec, rank, layout)
+
+
 def test_gloo_broadcast_reaches_every_receiver_bit_exact_in_each_dtype():
     generator = torch.Generator().manual_seed(0)
     tensors = {
@@ -87,10 +96,10 @@ def test_gloo_broadcast_reaches_every_receiver_bit_exact_in_each_dtype():
     pairs = list(tensors.items())
     layout = TensorLayout.of(pairs, bucket_bytes=64)  # several buckets per dtype
     host = GroupHost(host="127.0.0.1", timeout_s=60)
-    remote_receive = ray.remote(num_cpus=0)(receive)
+    receivers = {rank: _Receiver.remote() for rank in (1, 2)}
     for round_ in range(2):  # the second round reuses each member's group
         spec = host.spec(("two receivers",), world_size=3, backend="gloo")
-        refs = [remote_receive.remote(spec, rank, layout) for rank in (1, 2)]
+        refs = [receiver.receive.remote(spec, rank, layout) for rank, receiver in receivers.items()]
         send(spec, [tensor for _, tensor in pairs], layout)
         for received in ray.get(refs, timeout=60):
             received = dict(received)
