@@ -28,6 +28,8 @@ from collections.abc import Callable
 
 import torch
 
+from rllib_ragen.registry import add_to_registry
+
 Tensor = torch.Tensor
 Estimator = Callable[..., tuple[Tensor, Tensor]]
 
@@ -507,11 +509,7 @@ def register_advantage_estimator(
         needs_critic: It reads ``inputs.values``, so the module needs a critic.
         overwrite: Replace an estimator of the same name.
     """
-    if name in ADVANTAGE_ESTIMATORS and not overwrite:
-        raise ValueError(f"advantage estimator {name!r} already exists; pass overwrite=True to replace it")
-    if not callable(estimator):
-        raise TypeError(f"advantage estimator {name!r} must be callable, got {type(estimator).__name__}")
-    ADVANTAGE_ESTIMATORS[name] = estimator
+    add_to_registry(ADVANTAGE_ESTIMATORS, "advantage estimator", name, estimator, overwrite=overwrite)
     (CRITIC_ESTIMATORS.add if needs_critic else CRITIC_ESTIMATORS.discard)(name)
 
 

@@ -30,6 +30,7 @@ from rllib_ragen.connectors.protocol import (
     ProtocolConfig,
     response_token_spans,
 )
+from rllib_ragen.registry import add_to_registry
 
 Tensor = torch.Tensor
 TokenMaskPolicy = Callable[["TokenSpans"], Tensor]
@@ -91,11 +92,7 @@ def register_token_mask(name: str, policy: TokenMaskPolicy, *, overwrite: bool =
         policy: The function.
         overwrite: Replace a policy of the same name.
     """
-    if name in TOKEN_MASKS and not overwrite:
-        raise ValueError(f"token mask policy {name!r} already exists; pass overwrite=True to replace it")
-    if not callable(policy):
-        raise TypeError(f"token mask policy {name!r} must be callable, got {type(policy).__name__}")
-    TOKEN_MASKS[name] = policy
+    add_to_registry(TOKEN_MASKS, "token mask policy", name, policy, overwrite=overwrite)
 
 
 def unregister_token_mask(name: str) -> None:
