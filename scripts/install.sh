@@ -37,6 +37,10 @@ else
   fi
   mapfile -t arguments < <(python scripts/install_plan.py install "$extras")
   python -m pip install --progress-bar off "${arguments[@]}"
+  if [ "${#no_deps[@]}" -gt 0 ]; then
+    echo "install.sh: ${no_deps[*]} is installed without torchvision, torchaudio and torchcodec on purpose" \
+         "(they cannot load beside the CPU torch); pip's note that they are missing is expected"
+  fi
 fi
 
 python -c "import transformers, ray.rllib, rllib_ragen, envs; from transformers import LlamaForCausalLM" \
