@@ -39,15 +39,27 @@ class Evaluation:
     successes: list[float]
 
 
-def evaluate_on_seeds(sample: Callable[..., list], *, seeds: Sequence[int], temperature: float) -> Evaluation:
+def evaluate_on_seeds(
+    sample: Callable[..., list], *, seeds: Sequence[int], temperature: float
+) -> Evaluation:
     """Samples one trajectory per seed with `sample` (an `LLMEnvRunner.sample`-like
     callable taking seeds, group_size, temperature and evaluation) and summarises them."""
-    episodes = sample(seeds=list(seeds), group_size=1, temperature=temperature, evaluation=True)
-    successes = [float(succeeded(t)) for episode in episodes for t in episode.agent_episodes.values()]
-    return Evaluation(episodes=episodes, stats=rollout_statistics(episodes), successes=successes)
+    episodes = sample(
+        seeds=list(seeds), group_size=1, temperature=temperature, evaluation=True
+    )
+    successes = [
+        float(succeeded(t))
+        for episode in episodes
+        for t in episode.agent_episodes.values()
+    ]
+    return Evaluation(
+        episodes=episodes, stats=rollout_statistics(episodes), successes=successes
+    )
 
 
-def table_row(label: str, stats: Mapping[str, float], successes: Sequence[float]) -> str:
+def table_row(
+    label: str, stats: Mapping[str, float], successes: Sequence[float]
+) -> str:
     """One `TABLE_HEADER` row: success with its Wilson interval, then the means.
 
     "valid answers" is the share of turns whose answer held at least one valid
@@ -65,7 +77,9 @@ def evaluation_table(evaluations: Mapping[str, Evaluation]) -> str:
     return "\n".join([TABLE_HEADER, *rows])
 
 
-def evaluation_page(config: Any, episodes: Iterable[Any], *, title: str, limit: int, **settings: Any) -> str:
+def evaluation_page(
+    config: Any, episodes: Iterable[Any], *, title: str, limit: int, **settings: Any
+) -> str:
     """The trajectory page of an evaluation under `config` (a `StarPOConfig`), with
     the run's settings on top (the config's that shape a rollout, plus `settings`)."""
     shown = {
@@ -79,4 +93,6 @@ def evaluation_page(config: Any, episodes: Iterable[Any], *, title: str, limit: 
         **settings,
     }
     legend = grid_legend(make_env(config.env, **config.env_config).instructions)
-    return trajectories_html(episodes, title=title, settings=shown, legend=legend, limit=limit)
+    return trajectories_html(
+        episodes, title=title, settings=shown, legend=legend, limit=limit
+    )

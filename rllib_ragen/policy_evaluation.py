@@ -17,7 +17,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.core import (
+    COMPONENT_LEARNER,
+    COMPONENT_LEARNER_GROUP,
+    COMPONENT_RL_MODULE,
+    DEFAULT_MODULE_ID,
+)
 from ray.rllib.core.rl_module.rl_module import RLModule
 from ray.rllib.utils.checkpoints import Checkpointable
 
@@ -59,7 +64,11 @@ def load_policy(source: str, *, scratch: Path) -> Policy:
     """
     path = Path(source).expanduser()
     if path.is_dir() and not (path / "config.json").is_file():
-        checkpoint = path if (path / RLLIB_CHECKPOINT_FILE).is_file() else latest_checkpoint(path)
+        checkpoint = (
+            path
+            if (path / RLLIB_CHECKPOINT_FILE).is_file()
+            else latest_checkpoint(path)
+        )
         if checkpoint is None:
             raise ValueError(
                 f"{path} is neither a Hugging Face model directory (config.json), an RLlib checkpoint "
@@ -67,7 +76,11 @@ def load_policy(source: str, *, scratch: Path) -> Policy:
             )
         config = checkpoint_config(checkpoint)
         print(f"exporting the policy of checkpoint {checkpoint}", flush=True)
-        return Policy(source, export_checkpoint_policy(checkpoint, config, scratch / "policy"), config)
+        return Policy(
+            source,
+            export_checkpoint_policy(checkpoint, config, scratch / "policy"),
+            config,
+        )
     return Policy(source, resolve_model(source, progress=True), None)
 
 
@@ -75,20 +88,38 @@ def checkpoint_config(checkpoint: Path) -> StarPOConfig:
     """The `StarPOConfig` a StarPO checkpoint was saved with."""
     with open(checkpoint / Checkpointable.CLASS_AND_CTOR_ARGS_FILE_NAME, "rb") as file:
         (config,), _ = pickle.load(file)["ctor_args_and_kwargs"]
-    return config if isinstance(config, StarPOConfig) else StarPOConfig.from_dict(config)
+    return (
+        config if isinstance(config, StarPOConfig) else StarPOConfig.from_dict(config)
+    )
 
 
-def export_checkpoint_policy(checkpoint: Path, config: StarPOConfig, directory: Path) -> Path:
+def export_checkpoint_policy(
+    checkpoint: Path, config: StarPOConfig, directory: Path
+) -> Path:
     """Writes the policy of a StarPO checkpoint as a Hugging Face model directory."""
-    module_dir = checkpoint / COMPONENT_LEARNER_GROUP / COMPONENT_LEARNER / COMPONENT_RL_MODULE / DEFAULT_MODULE_ID
+    module_dir = (
+        checkpoint
+        / COMPONENT_LEARNER_GROUP
+        / COMPONENT_LEARNER
+        / COMPONENT_RL_MODULE
+        / DEFAULT_MODULE_ID
+    )
     module = RLModule.from_checkpoint(module_dir)
     return save_policy(
-        module.get_state(inference_only=True), base_model=config.llm_model, dtype=config.dtype, directory=directory
+        module.get_state(inference_only=True),
+        base_model=config.llm_model,
+        dtype=config.dtype,
+        directory=directory,
     )
 
 
 def env_config(
-    policy: Policy, env: str, *, preset_name: str, settings: Mapping[str, Any], assignments: Sequence[str] = ()
+    policy: Policy,
+    env: str,
+    *,
+    preset_name: str,
+    settings: Mapping[str, Any],
+    assignments: Sequence[str] = (),
 ) -> StarPOConfig:
     """The rollout settings of `policy` on `env`: its run's (a checkpoint) or the preset's,
     with `settings` (config attribute -> value) and `assignments` (`--set KEY=VALUE`)
@@ -113,50 +144,91 @@ def evaluate_env(config: StarPOConfig, *, seeds: Sequence[int]) -> Evaluation:
         init_ray()  # vLLM engines are Ray actors
     runner = LLMEnvRunner(config=config)
     try:
-        return evaluate_on_seeds(runner.sample, seeds=seeds, temperature=config.eval_temperature)
+        return evaluate_on_seeds(
+            runner.sample, seeds=seeds, temperature=config.eval_temperature
+        )
     finally:
         runner.stop()
 
 
 def evaluate_policy(
-    policy: Policy, envs: Sequence[str], *, preset_name: str, settings: Mapping[str, Any],
-    assignments: Sequence[str] = (), output_dir: Path,
+    policy: Policy,
+    envs: Sequence[str],
+    *,
+    preset_name: str,
+    settings: Mapping[str, Any],
+    assignments: Sequence[str] = (),
+    output_dir: Path,
 ) -> dict[str, Evaluation]:
     """Evaluates `policy` on each env; writes `<output_dir>/<env>.html` and `summary.json`."""
     output_dir.mkdir(parents=True, exist_ok=True)
     evaluations: dict[str, Evaluation] = {}
-    summary = {"policy": policy.source, "settings": {**settings, "set": list(assignments)}, "envs": {}}
+    summary = {
+        "policy": policy.source,
+        "settings": {**settings, "set": list(assignments)},
+        "envs": {},
+    }
     for env in envs:
-        config = env_config(policy, env, preset_name=preset_name, settings=settings, assignments=assignments)
+        config = env_config(
+            policy,
+            env,
+            preset_name=preset_name,
+            settings=settings,
+            assignments=assignments,
+        )
         seeds = range(config.eval_seed, config.eval_seed + config.eval_size)
-        print(f"{env}: {len(seeds)} episodes (seeds {seeds[0]}..{seeds[-1]}, temperature "
-              f"{config.eval_temperature}) ...", flush=True)
+        print(
+            f"{env}: {len(seeds)} episodes (seeds {seeds[0]}..{seeds[-1]}, temperature "
+            f"{config.eval_temperature}) ...",
+            flush=True,
+        )
         began = time.perf_counter()
         evaluations[env] = evaluation = evaluate_env(config, seeds=seeds)
         page = evaluation_page(
-            config, evaluation.episodes, title=f"{policy.source} on {env}", limit=len(seeds),
-            seeds=f"{seeds[0]}..{seeds[-1]}", policy=policy.source,
+            config,
+            evaluation.episodes,
+            title=f"{policy.source} on {env}",
+            limit=len(seeds),
+            seeds=f"{seeds[0]}..{seeds[-1]}",
+            policy=policy.source,
         )
         (output_dir / f"{env}.html").write_text(page)
-        summary["envs"][env] = {"seeds": [seeds[0], seeds[-1]], "stats": evaluation.stats,
-                                "successes": evaluation.successes}
-        print(f"{env}: done in {time.perf_counter() - began:.0f} s; page {output_dir / f'{env}.html'}", flush=True)
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+        summary["envs"][env] = {
+            "seeds": [seeds[0], seeds[-1]],
+            "stats": evaluation.stats,
+            "successes": evaluation.successes,
+        }
+        print(
+            f"{env}: done in {time.perf_counter() - began:.0f} s; page {output_dir / f'{env}.html'}",
+            flush=True,
+        )
+    (output_dir / "summary.json").write_text(
+        json.dumps(summary, indent=1, default=float)
+    )
     return evaluations
 
 
 def log_to_mlflow(
-    policy: Policy, evaluations: Mapping[str, Evaluation], *, output_dir: Path, tracking_uri: str | None,
-    experiment: str, settings: Mapping[str, Any],
+    policy: Policy,
+    evaluations: Mapping[str, Evaluation],
+    *,
+    output_dir: Path,
+    tracking_uri: str | None,
+    experiment: str,
+    settings: Mapping[str, Any],
 ) -> str:
     """One MLflow run with the settings, `evaluation/<env>/<stat>` metrics and the pages; returns its URL."""
     tracker = MLflowTracker(
-        tracking_uri=tracking_uri, experiment=experiment, run_name=f"evaluate {Path(policy.source).name}",
+        tracking_uri=tracking_uri,
+        experiment=experiment,
+        run_name=f"evaluate {Path(policy.source).name}",
         tags={"policy": policy.source, "envs": ",".join(evaluations)},
     )
     tracker.log_params({"policy": policy.source, **settings})
     for env, evaluation in evaluations.items():
-        tracker.log_metrics({f"evaluation/{env}/{k}": v for k, v in evaluation.stats.items()}, step=0)
+        tracker.log_metrics(
+            {f"evaluation/{env}/{k}": v for k, v in evaluation.stats.items()}, step=0
+        )
     tracker.log_artifacts(output_dir, "evaluation")
     tracker.end()
     return tracker.run_url

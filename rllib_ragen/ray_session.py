@@ -37,7 +37,10 @@ def init_ray(*, log_to_driver: bool = False) -> None:
     """
     if ray.is_initialized():
         return
-    paths = [str(PROJECT_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    paths = [
+        str(PROJECT_ROOT),
+        *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)),
+    ]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     # The address ray.init would attach to (None: it starts a local Ray), found the way ray.init finds it.
     address = canonicalize_bootstrap_address(None)
@@ -45,7 +48,12 @@ def init_ray(*, log_to_driver: bool = False) -> None:
     if address is not None:
         check_cluster_answers(address, timeout_s=CLUSTER_CONNECT_TIMEOUT_S)
         runtime_env = {"py_executable": sys.executable}
-    ray.init(include_dashboard=False, log_to_driver=log_to_driver, configure_logging=False, runtime_env=runtime_env)
+    ray.init(
+        include_dashboard=False,
+        log_to_driver=log_to_driver,
+        configure_logging=False,
+        runtime_env=runtime_env,
+    )
 
 
 def check_cluster_answers(address: str, *, timeout_s: float) -> None:
@@ -59,7 +67,10 @@ def check_cluster_answers(address: str, *, timeout_s: float) -> None:
             source, forget = "RAY_ADDRESS", "unset RAY_ADDRESS"
         else:
             stale = get_ray_address_file(None)
-            source, forget = f"written to {stale} by the last `ray start`", f"delete {stale}"
+            source, forget = (
+                f"written to {stale} by the last `ray start`",
+                f"delete {stale}",
+            )
         raise ClusterUnreachableError(
             f"Ray would attach to the cluster at {address} ({source}), but it does not answer within "
             f"{timeout_s:.0f} s ({error}): the cluster is gone, e.g. its head was killed instead of stopped "

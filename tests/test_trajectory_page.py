@@ -21,19 +21,30 @@ SOKOBAN_LEGEND = grid_legend(make_env("sokoban").instructions)
 REQUIRE_CHROMIUM = os.environ.get("RLLIB_RAGEN_REQUIRE_CHROMIUM") == "1"
 
 
-def _episode(seed: int, rewards: list[float], *, success: bool, valid: list[int]) -> MultiAgentEpisode:
+def _episode(
+    seed: int, rewards: list[float], *, success: bool, valid: list[int]
+) -> MultiAgentEpisode:
     """One trajectory on a 3x4 Sokoban-like grid, one turn per reward."""
     states = ["####\n#PX#\n####", "####\n#_P#\n####"]
     episode = MultiAgentEpisode()
-    episode.add_env_reset(observations={"traj_0": states[0]}, infos={"traj_0": {"seed": seed}})
+    episode.add_env_reset(
+        observations={"traj_0": states[0]}, infos={"traj_0": {"seed": seed}}
+    )
     for turn, (reward, valid_actions) in enumerate(zip(rewards, valid)):
         last = turn == len(rewards) - 1
-        info = {"response_text": f"<think>push {seed}</think><answer>Right</answer>", "parsed_actions": ["Right"],
-                "num_valid_actions": valid_actions, "success": success and last}
+        info = {
+            "response_text": f"<think>push {seed}</think><answer>Right</answer>",
+            "parsed_actions": ["Right"],
+            "num_valid_actions": valid_actions,
+            "success": success and last,
+        }
         episode.add_env_step(
-            observations={"traj_0": states[(turn + 1) % 2]}, actions={"traj_0": np.array([5, 6])},
-            rewards={"traj_0": reward}, infos={"traj_0": info},
-            terminateds={"traj_0": last, "__all__": last}, truncateds={"traj_0": False, "__all__": False},
+            observations={"traj_0": states[(turn + 1) % 2]},
+            actions={"traj_0": np.array([5, 6])},
+            rewards={"traj_0": reward},
+            infos={"traj_0": info},
+            terminateds={"traj_0": last, "__all__": last},
+            truncateds={"traj_0": False, "__all__": False},
         )
     return episode
 
@@ -47,20 +58,34 @@ EPISODES = [
 
 def test_legend_is_read_from_the_env_instructions_and_coloured_by_meaning():
     assert SOKOBAN_LEGEND == {
-        "#": "wall", "_": "empty floor", "O": "target", "X": "box", "√": "box on a target",
-        "P": "you (the player)", "S": "you standing on a target",
+        "#": "wall",
+        "_": "empty floor",
+        "O": "target",
+        "X": "box",
+        "√": "box on a target",
+        "P": "you (the player)",
+        "S": "you standing on a target",
     }
     lake = grid_legend(make_env("frozenlake").instructions)
     assert (lake["O"], lake["X"]) == ("hole", "you fell into a hole")
     # The same symbol gets the colour of its meaning in each env.
-    assert cell_colour(SOKOBAN_LEGEND["O"]) == cell_colour(lake["G"]) != cell_colour(lake["O"])
+    assert (
+        cell_colour(SOKOBAN_LEGEND["O"])
+        == cell_colour(lake["G"])
+        != cell_colour(lake["O"])
+    )
     assert cell_colour(SOKOBAN_LEGEND["√"]) != cell_colour(SOKOBAN_LEGEND["X"])
     assert cell_colour(SOKOBAN_LEGEND["S"]) == cell_colour(SOKOBAN_LEGEND["P"])
     assert grid_legend(make_env("bandit").instructions) == {}
 
 
 def test_page_markup_escapes_text_and_draws_only_grids():
-    page = trajectories_html(EPISODES[:1], title="eval <1>", settings={"env": "sokoban"}, legend=SOKOBAN_LEGEND)
+    page = trajectories_html(
+        EPISODES[:1],
+        title="eval <1>",
+        settings={"env": "sokoban"},
+        legend=SOKOBAN_LEGEND,
+    )
     assert "<h1>eval &lt;1&gt;</h1>" in page and "<th>env</th><td>sokoban</td>" in page
     assert "<b>thought</b><pre>push 123</pre>" in page
     assert "reward 0.50, actions [&#x27;Right&#x27;]" in page
@@ -76,7 +101,9 @@ class _Dom(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
         self.summary_rows: list[list[str]] = []
-        self.grid_cells: list[tuple[str, str]] = []  # (symbol, background) of the trajectories' grids
+        self.grid_cells: list[
+            tuple[str, str]
+        ] = []  # (symbol, background) of the trajectories' grids
         self.details = 0
         self._in, self._cell, self._style = None, None, ""
 
@@ -110,20 +137,35 @@ def _chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found is None:
         if REQUIRE_CHROMIUM:
-            pytest.fail("RLLIB_RAGEN_REQUIRE_CHROMIUM=1 but chromium is not on PATH (.ci/run installs it)")
-        pytest.skip("chromium is not installed (Debian: apt-get install chromium; .ci/run installs it)")
+            pytest.fail(
+                "RLLIB_RAGEN_REQUIRE_CHROMIUM=1 but chromium is not on PATH (.ci/run installs it)"
+            )
+        pytest.skip(
+            "chromium is not installed (Debian: apt-get install chromium; .ci/run installs it)"
+        )
     return found
 
 
 def test_page_renders_in_headless_chromium_sorted_with_coloured_grids(tmp_path):
     chromium = _chromium()
     page = tmp_path / "page.html"
-    page.write_text(trajectories_html(EPISODES, title="eval", settings={"env": "sokoban"}, legend=SOKOBAN_LEGEND))
+    page.write_text(
+        trajectories_html(
+            EPISODES, title="eval", settings={"env": "sokoban"}, legend=SOKOBAN_LEGEND
+        )
+    )
     command = [
-        chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
-        "--dump-dom", f"{page.as_uri()}#sort=-return",
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--dump-dom",
+        f"{page.as_uri()}#sort=-return",
     ]
-    dom = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
+    dom = subprocess.run(
+        command, capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     parsed = _Dom()
     parsed.feed(dom)
 
@@ -142,4 +184,6 @@ def test_page_renders_in_headless_chromium_sorted_with_coloured_grids(tmp_path):
     assert len(parsed.grid_cells) == states * 12
     assert ("X", f"background:{cell_colour('box')}") in parsed.grid_cells
     assert ("#", f"background:{cell_colour('wall')}") in parsed.grid_cells
-    assert {style for symbol, style in parsed.grid_cells if symbol == "P"} == {f"background:{cell_colour('you')}"}
+    assert {style for symbol, style in parsed.grid_cells if symbol == "P"} == {
+        f"background:{cell_colour('you')}"
+    }
