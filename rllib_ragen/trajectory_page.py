@@ -3,7 +3,7 @@
 At the top the run's settings and a summary table (success, return, turns and
 valid-answer ratio per trajectory; click a heading to sort, or open the page
 as `page.html#sort=-return` for a sorted view); below, each trajectory as a
-collapsible `<details>` block with its turns: thought, response, actions,
+collapsible `<details>` block (the first one open; a summary link opens its own) with its turns: thought, response, actions,
 reward and the state after. Grid states (Sokoban, FrozenLake) are drawn as
 coloured cells beside their text, the colours taken from the meaning of each
 symbol in the env's legend (`grid_legend`).
@@ -78,6 +78,13 @@ if (asked) {
   const column = heads.findIndex(h => h.dataset.key === asked[2]);
   if (column >= 0) sortBy(column, asked[1] === '-');
 }
+// A summary link (#t3) opens the trajectory it points to.
+function openTarget() {
+  const target = location.hash && document.getElementById(location.hash.slice(1));
+  if (target && target.tagName === 'DETAILS') target.open = true;
+}
+window.addEventListener('hashchange', openTarget);
+openTarget();
 """
 
 
@@ -238,7 +245,9 @@ def _trajectory_html(
         else "<span class='bad'>no success</span>"
     )
     heading = (
-        f"<details id='t{index}'><summary>#{index}: group {group_index} / {html.escape(agent)} "
+        # The first trajectory is open as an example; the rest are collapsed.
+        f"<details id='t{index}'{' open' if index == 0 else ''}><summary>#{index}: group {group_index} / "
+        f"{html.escape(agent)} "
         f"(seed {infos[0].get('seed')}): return {sum(rewards):.2f}, {len(rewards)} turns, {status}</summary>"
     )
     rows = [heading, f"<b>initial state</b>{_state_html(str(observations[0]), legend)}"]

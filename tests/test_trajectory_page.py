@@ -146,6 +146,22 @@ def _chromium() -> str:
     return found
 
 
+def _dump_dom(chromium: str, url: str, profile) -> str:
+    """The DOM of `url` after its scripts ran, as headless Chromium serialises it."""
+    command = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        f"--user-data-dir={profile}",
+        "--dump-dom",
+        url,
+    ]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+
+
 def test_page_renders_in_headless_chromium_sorted_with_coloured_grids(tmp_path):
     chromium = _chromium()
     page = tmp_path / "page.html"
@@ -154,18 +170,7 @@ def test_page_renders_in_headless_chromium_sorted_with_coloured_grids(tmp_path):
             EPISODES, title="eval", settings={"env": "sokoban"}, legend=SOKOBAN_LEGEND
         )
     )
-    command = [
-        chromium,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        f"--user-data-dir={tmp_path / 'profile'}",
-        "--dump-dom",
-        f"{page.as_uri()}#sort=-return",
-    ]
-    dom = subprocess.run(
-        command, capture_output=True, text=True, timeout=120, check=True
-    ).stdout
+    dom = _dump_dom(chromium, f"{page.as_uri()}#sort=-return", tmp_path / "profile")
     parsed = _Dom()
     parsed.feed(dom)
 
@@ -178,7 +183,11 @@ def test_page_renders_in_headless_chromium_sorted_with_coloured_grids(tmp_path):
         ["0", "123", "no", "0.40", "2", "0.50"],
         ["2", "125", "no", "-1.75", "3", "0.33"],
     ]
-    assert parsed.details == 3 and not re.search(r"<details[^>]* open", dom)
+    # Collapsible; only the first is open, and the one a link's #t2 names is opened too.
+    opened = re.compile(r'<details id="(t\d)" open')
+    assert parsed.details == 3 and opened.findall(dom) == ["t0"]
+    linked = _dump_dom(chromium, f"{page.as_uri()}#t2", tmp_path / "profile")
+    assert opened.findall(linked) == ["t0", "t2"]
     # Every state (initial + one per turn) is drawn as 3 x 4 cells coloured by their symbol's meaning.
     states = sum(len(e.agent_episodes["traj_0"]) + 1 for e in EPISODES)
     assert len(parsed.grid_cells) == states * 12
