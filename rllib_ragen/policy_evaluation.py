@@ -198,13 +198,14 @@ def evaluate_policy(
             "stats": evaluation.stats,
             "successes": evaluation.successes,
         }
+        # After each env, so that the envs done so far survive a failure in the next one.
+        (output_dir / "summary.json").write_text(
+            json.dumps(summary, indent=1, default=float)
+        )
         print(
             f"{env}: done in {time.perf_counter() - began:.0f} s; page {output_dir / f'{env}.html'}",
             flush=True,
         )
-    (output_dir / "summary.json").write_text(
-        json.dumps(summary, indent=1, default=float)
-    )
     return evaluations
 
 
