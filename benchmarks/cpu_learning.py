@@ -6,8 +6,10 @@ the env's tuned example (`tuned_examples/<env>_starpo.py`: CPU preset,
 SmolLM2-135M-Instruct, vLLM on CPU) with a training time budget, in a fresh
 process, exactly as a user would. The example evaluates the warm-started
 policy on the fixed evaluation seeds before RL and the trained one on the same
-seeds after; this collects both into a table with Wilson intervals and the
-paired interval of the change, and writes it to `--output`.
+seeds after (`rllib_ragen.evaluation`, the code `python -m rllib_ragen.evaluate`
+runs too); this prints each evaluation's table row, collects both into a table
+with Wilson intervals and the paired interval of the change, and writes it to
+`--output`.
 
     python benchmarks/cpu_learning.py --envs frozenlake,sokoban --minutes 30
     python benchmarks/cpu_learning.py --envs sokoban --starts expert --minutes 60 --eval-size 128
@@ -27,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rllib_ragen.intervals import paired_difference_interval, wilson_interval  # noqa: E402
+from rllib_ragen.evaluation import TABLE_HEADER, table_row  # noqa: E402
+from rllib_ragen.intervals import format_rate, paired_difference_interval  # noqa: E402
 
 HEADER = (
     "| env | start | valid answers | distinct thoughts | success before RL [95%] | success after RL [95%] | "
@@ -68,16 +71,11 @@ def run_one(env: str, start: str, args: argparse.Namespace, workdir: Path) -> di
             "minutes_total": (time.perf_counter() - began) / 60}
 
 
-def rate(outcomes: list[float]) -> str:
-    low, high = wilson_interval(sum(outcomes), len(outcomes))
-    return f"{sum(outcomes) / len(outcomes):.3f} [{low:.3f}, {high:.3f}]"
-
-
 def row(result: dict) -> str:
     difference, low, high = paired_difference_interval(result["before"], result["after"])
     start = result["stats_before"]  # the warm-started policy: does it leave room to learn?
     return (f"| {result['env']} | {result['start']} | {start['well_formed_ratio']:.2f} | "
-            f"{start['distinct_thought_ratio']:.2f} | {rate(result['before'])} | {rate(result['after'])} | "
+            f"{start['distinct_thought_ratio']:.2f} | {format_rate(result['before'])} | {format_rate(result['after'])} | "
             f"{difference:+.3f} [{low:+.3f}, {high:+.3f}] | {result['minutes']:.1f} | {result['iterations']} |")
 
 
@@ -88,7 +86,13 @@ def main(argv: list[str] | None = None) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="cpu-learning-") as tmp:
         for env in args.envs.split(","):
             for start in args.starts.split(","):
-                rows.append(row(run_one(env.strip(), start.strip(), args, Path(tmp))))
+                result = run_one(env.strip(), start.strip(), args, Path(tmp))
+                print("\n".join([
+                    TABLE_HEADER,
+                    table_row(f"{env} ({start}) before RL", result["stats_before"], result["before"]),
+                    table_row(f"{env} ({start}) after RL", result["stats_after"], result["after"]),
+                ]), flush=True)
+                rows.append(row(result))
                 print(HEADER + "\n" + rows[-1], flush=True)
     table = "\n".join([HEADER, *rows])
     print("\n" + table)

@@ -47,6 +47,7 @@ from rllib_ragen.distributed import count_training_rows, learner_minibatch_sizes
 from rllib_ragen.echo_trap import EchoTrapMonitor
 from rllib_ragen.env_group import TurnBudget
 from rllib_ragen.env_runner import LLMEnvRunner, policy_weights, rollout_statistics
+from rllib_ragen.evaluation import evaluate_on_seeds
 from rllib_ragen.filtering import FILTER_METRICS, select_groups_by_variance
 from rllib_ragen.inference.factory import EngineConfig, resolve_kind
 from rllib_ragen.inference.weight_sync import PolicyWeightSync
@@ -977,21 +978,14 @@ class StarPO(Algorithm):
         """Success and reward on the fixed evaluation instances (group size 1)."""
         config = self.config
         seeds = list(range(config.eval_seed, config.eval_seed + config.eval_size))
+        sample = self.env_runner.sample if self.env_runner is not None else self._sample_on_remote_runners
         with self.metrics.log_time((TIMERS, EVAL_TIMER)):
-            sample_kwargs = dict(group_size=1, temperature=config.eval_temperature, evaluation=True)
-            if self.env_runner is not None:
-                episodes = self.env_runner.sample(seeds=seeds, **sample_kwargs)
-            else:
-                episodes = self._sample_on_remote_runners(seeds, **sample_kwargs)
-        stats = rollout_statistics(episodes)
-        for key, value in stats.items():
+            evaluation = evaluate_on_seeds(sample, seeds=seeds, temperature=config.eval_temperature)
+        for key, value in evaluation.stats.items():
             self.metrics.log_value((EVALUATION_RESULTS, key), value, window=1)
-        self._evaluation_episodes = episodes
-        self.last_evaluation_successes = [
-            float(bool(agent.get_infos()[-1].get("success", False)))
-            for episode in episodes for agent in episode.agent_episodes.values()
-        ]
-        return stats
+        self._evaluation_episodes = evaluation.episodes
+        self.last_evaluation_successes = evaluation.successes
+        return evaluation.stats
 
     @override(Algorithm)
     def cleanup(self) -> None:
@@ -1010,10 +1004,16 @@ class StarPO(Algorithm):
         component = f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}"
         state = self.learner_group.get_state(components=component, inference_only=True)
         module_state = state[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
-        model_path = resolve_model(self.config.llm_model)
-        policy = load_causal_lm(model_path, dtype=getattr(torch, self.config.dtype))
-        policy.load_state_dict(policy_weights(module_state))
-        directory = Path(directory)
-        policy.save_pretrained(directory, safe_serialization=True)
-        load_tokenizer(model_path).save_pretrained(directory)
-        return directory
+        return save_policy(module_state, base_model=self.config.llm_model, dtype=self.config.dtype, directory=directory)
+
+
+def save_policy(module_state: dict[str, Any], *, base_model: str, dtype: str, directory: str | Path) -> Path:
+    """Writes the policy of an `LLMRLModule` state (critic dropped) as a plain Hugging Face
+    model directory, with the tokenizer of `base_model`, the model the module was built on."""
+    model_path = resolve_model(base_model)
+    policy = load_causal_lm(model_path, dtype=getattr(torch, dtype))
+    policy.load_state_dict(policy_weights(module_state))
+    directory = Path(directory)
+    policy.save_pretrained(directory, safe_serialization=True)
+    load_tokenizer(model_path).save_pretrained(directory)
+    return directory

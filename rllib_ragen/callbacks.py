@@ -5,8 +5,9 @@ share this one path, so every run looks the same in MLflow:
 
 - params: every plain `StarPOConfig` setting (logged once, at algorithm init);
 - metrics: every numeric leaf of each iteration's result, step = iteration;
-- `trajectories/eval_iter_NNNN.html`: one page per evaluation (states,
-  thoughts, actions, rewards);
+- `trajectories/eval_iter_NNNN.html`: one page per evaluation (summary
+  table, settings, then states, thoughts, actions, rewards; see
+  `rllib_ragen.trajectory_page`);
 - `checkpoints/iter_NNNN`: an RLlib checkpoint every `log_checkpoint_every`
   iterations and at the last one;
 - `final_policy`: the trained policy as a Hugging Face model directory.
@@ -43,6 +44,7 @@ from ray.rllib.utils import force_list
 from ray.rllib.utils.metrics import EVALUATION_RESULTS
 
 from rllib_ragen.checkpoints import save_checkpoint, tracking_state
+from rllib_ragen.evaluation import evaluation_page
 from rllib_ragen.tracking import (
     DEFAULT_EXPERIMENT,
     TRIAL_TAG,
@@ -54,7 +56,6 @@ from rllib_ragen.tracking import (
     metric_entities,
     metrics_from_json,
     metrics_to_json,
-    trajectories_html,
 )
 
 FINAL_POLICY = "final_policy"
@@ -212,8 +213,12 @@ class MLflowCallback(RLlibCallback):
         # Logged at once: a redone iteration overwrites its page, so each step keeps one.
         episodes = algorithm.pop_evaluation_episodes()
         if episodes:
-            title = f"{algorithm.config.env} evaluation at iteration {step}"
-            page = trajectories_html(episodes, title=title, limit=self.settings.trajectory_limit)
+            config = algorithm.config
+            page = evaluation_page(
+                config, episodes, title=f"{config.env} evaluation at iteration {step}",
+                limit=self.settings.trajectory_limit, iteration=step,
+                seeds=f"{config.eval_seed}..{config.eval_seed + config.eval_size - 1}",
+            )
             self._tracker().log_text(page, f"trajectories/eval_iter_{step:04d}.html")
 
     def _tracker(self) -> MLflowTracker:

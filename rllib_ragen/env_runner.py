@@ -401,6 +401,16 @@ def think_text(response: str) -> str | None:
     return response[start + len("<think>") : end].strip()
 
 
+def succeeded(trajectory: Any) -> bool:
+    """Whether a finished trajectory (one agent's `SingleAgentEpisode`) solved its task."""
+    return bool(trajectory.get_infos()[-1].get("success", False))
+
+
+def turn_validity(trajectory: Any) -> list[float]:
+    """Per turn of a trajectory: 1.0 if its answer held at least one valid action, else 0.0."""
+    return [float(i.get("num_valid_actions", 0) > 0) for i in trajectory.get_infos()[1:]]
+
+
 def rollout_statistics(episodes: list[MultiAgentEpisode]) -> dict[str, float]:
     """Success, reward and in-group spread of a list of finished group episodes."""
     returns, successes, in_group_std, lengths, turns, valid_turns, well_formed = [], [], [], [], [], [], []
@@ -410,10 +420,10 @@ def rollout_statistics(episodes: list[MultiAgentEpisode]) -> dict[str, float]:
         for agent_episode in episode.agent_episodes.values():
             infos = agent_episode.get_infos()
             group_returns.append(float(sum(agent_episode.get_rewards())))
-            successes.append(float(bool(infos[-1].get("success", False))))
+            successes.append(float(succeeded(agent_episode)))
             lengths.extend(len(a) for a in agent_episode.get_actions())
             turns.append(len(agent_episode))
-            valid_turns.extend(float(i.get("num_valid_actions", 0) > 0) for i in infos[1:])
+            valid_turns.extend(turn_validity(agent_episode))
             well_formed.extend(float(bool(i.get("format_ok", False))) for i in infos[1:])
             thoughts.extend(t for t in (think_text(i.get(RESPONSE_TEXT, "")) for i in infos[1:]) if t is not None)
             # Episodes from before reward shaping (e.g. offline data) carry only task rewards.

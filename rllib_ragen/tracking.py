@@ -1,4 +1,4 @@
-"""MLflow tracking of StarPO runs: params, per-iteration metrics, trajectories, models.
+"""MLflow tracking of StarPO runs: params, per-iteration metrics, artifacts (trajectory pages, models).
 
 The default store is `sqlite:///<working dir>/mlflow.db` (MLflow's own default
 location, made explicit); `--tracking-uri http://host:5000` points at a server.
@@ -7,7 +7,6 @@ Look at runs with `mlflow ui --backend-store-uri sqlite:///mlflow.db`.
 
 from __future__ import annotations
 
-import html
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -17,8 +16,6 @@ from typing import Any
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from rllib_ragen.connectors.answer_parser import parse_answer
-from rllib_ragen.connectors.token_batch import RESPONSE_TEXT
 
 DEFAULT_EXPERIMENT = "rllib-ragen"
 TRIAL_TAG = "rllib_ragen.trial_dir"  # the algorithm's log dir name (Tune: the trial dir)
@@ -199,53 +196,3 @@ def metrics_from_json(rows: Iterable[Sequence[Any]]) -> list[Metric]:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def trajectories_html(episodes: Iterable[Any], *, title: str, limit: int = 16) -> str:
-    """A readable HTML page of trajectories: states, thoughts, actions, rewards.
-
-    Args:
-        episodes: Group episodes (`MultiAgentEpisode`) from `LLMEnvRunner.sample`.
-        title: Page heading.
-        limit: Most trajectories shown.
-    """
-    parts = [
-        "<!doctype html><meta charset='utf-8'>",
-        f"<title>{html.escape(title)}</title>",
-        "<style>body{font-family:sans-serif;max-width:60em;margin:auto}"
-        "pre{background:#f4f4f4;padding:.4em;white-space:pre-wrap}.ok{color:green}.bad{color:#b00}"
-        ".turn{border-left:3px solid #ccc;padding-left:.6em;margin:.6em 0}</style>",
-        f"<h1>{html.escape(title)}</h1>",
-    ]
-    trajectories = [
-        (group_index, agent, trajectory)
-        for group_index, episode in enumerate(episodes)
-        for agent, trajectory in episode.agent_episodes.items()
-    ]
-    parts.extend(_trajectory_html(*item) for item in trajectories[:limit])
-    return "\n".join(parts)
-
-
-def _trajectory_html(group_index: int, agent: str, trajectory: Any) -> str:
-    observations, infos, rewards = trajectory.get_observations(), trajectory.get_infos(), trajectory.get_rewards()
-    success = bool(infos[-1].get("success", False))
-    status = "<span class='ok'>success</span>" if success else "<span class='bad'>no success</span>"
-    rows = [
-        f"<h2>group {group_index} / {html.escape(agent)} (seed {infos[0].get('seed')}): "
-        f"return {sum(rewards):.2f}, {status}</h2>",
-        f"<b>initial state</b><pre>{html.escape(str(observations[0]))}</pre>",
-    ]
-    for t, reward in enumerate(rewards):
-        info = infos[t + 1]
-        response = str(info.get(RESPONSE_TEXT, ""))
-        # The thought is shown on its own so a reader sees at a glance whether
-        # reasoning collapsed while the answers still parse.
-        thought = parse_answer(response, max_actions_per_turn=1, think=True).think
-        rows.append(
-            f"<div class='turn'><b>turn {t + 1}</b> &mdash; reward {reward:.2f}, "
-            f"actions {html.escape(str(info.get('parsed_actions', [])))}"
-            f"<br><b>thought</b><pre>{html.escape(thought) if thought is not None else '(none)'}</pre>"
-            f"<b>response</b><pre>{html.escape(response)}</pre>"
-            f"<b>state after</b><pre>{html.escape(str(observations[t + 1]))}</pre></div>"
-        )
-    return "\n".join(rows)

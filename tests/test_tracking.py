@@ -7,18 +7,16 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
-from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from run_helpers import driver_args, mlflow_server, tiny_config
 
 from rllib_ragen.callbacks import MLflowSettings, with_mlflow
 from rllib_ragen.checkpoints import latest_checkpoint, tracking_state
 from rllib_ragen.experiment import run
 from rllib_ragen.models import load_causal_lm
-from rllib_ragen.tracking import MLflowTracker, find_run, flatten_metrics, trajectories_html
+from rllib_ragen.tracking import MLflowTracker, find_run, flatten_metrics
 
 
 @pytest.fixture(scope="module")
@@ -84,39 +82,6 @@ def test_with_mlflow_replaces_an_earlier_mlflow_callback(tiny_model_path):
     assert callback().settings.tracking_uri == "sqlite:///b.db"
 
 
-def _one_turn_episode(response: str, *, success: bool) -> MultiAgentEpisode:
-    episode = MultiAgentEpisode()
-    episode.add_env_reset(observations={"traj_0": "#P<O>#"}, infos={"traj_0": {"seed": 7}})
-    episode.add_env_step(
-        observations={"traj_0": "#_P_#"},
-        actions={"traj_0": np.array([5, 6])},
-        rewards={"traj_0": 1.5},
-        infos={"traj_0": {"response_text": response, "parsed_actions": ["Right"], "success": success}},
-        terminateds={"traj_0": True, "__all__": True},
-        truncateds={"traj_0": False, "__all__": False},
-    )
-    return episode
-
-
-def test_trajectory_page_shows_escaped_states_thought_actions_and_rewards():
-    page = trajectories_html(
-        [_one_turn_episode("<think>box is left</think><answer>Right</answer>", success=True)], title="eval <1>"
-    )
-    assert "<h1>eval &lt;1&gt;</h1>" in page
-    assert "(seed 7): return 1.50, <span class='ok'>success</span>" in page
-    assert "<b>initial state</b><pre>#P&lt;O&gt;#</pre>" in page
-    assert "<b>thought</b><pre>box is left</pre>" in page
-    assert "reward 1.50, actions [&#x27;Right&#x27;]" in page
-    assert "<b>state after</b><pre>#_P_#</pre>" in page
-
-
-def test_trajectory_page_limit_and_missing_thought():
-    episodes = [_one_turn_episode("<answer>Right</answer>", success=False) for _ in range(3)]
-    page = trajectories_html(episodes, title="t", limit=2)
-    assert page.count("<h2>") == 2
-    assert "<b>thought</b><pre>(none)</pre>" in page and "no success" in page
-
-
 def test_find_run_returns_the_newest_run_with_the_tag(tracking_uri):
     client = MlflowClient(tracking_uri)
     older = MLflowTracker(tracking_uri=tracking_uri, experiment="find-run", tags={"k": "a"}).run_id
@@ -169,8 +134,8 @@ def test_run_logs_params_metrics_pages_checkpoints_and_policy_then_resumes(
     assert pages == [f"trajectories/eval_iter_000{i}.html" for i in range(3)]
     page = Path(client.download_artifacts(run_id, pages[-1], str(tmp_path / "dl"))).read_text()
     # eval_size=2 instances (seeds 123, 124), 2 turns each.
-    assert page.count("<h2>") == 2 and "(seed 123)" in page and "(seed 124)" in page
-    assert page.count("<b>turn 2</b>") == 2 and "<b>initial state</b><pre>#" in page
+    assert page.count("<details") == 2 and "(seed 123)" in page and "(seed 124)" in page
+    assert page.count("<b>turn 2</b>") == 2 and "<b>initial state</b><div class='state'><table class='grid'>" in page
 
     # The logged checkpoint is the local one of iteration 2, file for file.
     checkpoint = Path(client.download_artifacts(run_id, "checkpoints/iter_0002", str(tmp_path / "dl")))
