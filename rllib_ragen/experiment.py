@@ -13,6 +13,7 @@ import ast
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import signal
 import sys
@@ -223,10 +224,10 @@ def setting_value(config: StarPOConfig, key: str, raw: str, *, flag: str) -> Any
         ValueError: naming the flag, the setting, the type it takes and the value given.
     """
     current, value = getattr(config, key), parse_literal(raw)
-    if isinstance(current, str):
-        return raw
     if current is None or value is None:
         return value
+    if isinstance(current, str):
+        return raw
     for kind, accepts, example in _SETTING_KINDS:
         if isinstance(current, kind):
             if not accepts(value):
@@ -479,8 +480,9 @@ def progress_line(iteration: int, total: int, result: dict[str, Any], seconds: f
         f"entropy {learner.get('entropy', float('nan')):.3f}",
         f"valid {runners.get('valid_action_ratio', float('nan')):.2f}",
     ]
-    if "success_rate" in evaluation:
-        parts.append(f"eval success {evaluation['success_rate']:.3f}")
+    eval_success = evaluation.get("success_rate", math.nan)
+    if not math.isnan(eval_success):  # NaN in an iteration that did not evaluate
+        parts.append(f"eval success {eval_success:.3f}")
     parts.append(f"{seconds:.1f}s")
     return " | ".join(parts)
 

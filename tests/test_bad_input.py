@@ -93,10 +93,11 @@ def test_set_value_of_the_wrong_type_names_the_setting_and_its_type(assignment, 
 def test_set_values_take_the_settings_types():
     config = config_from_args(driver_args(
         "--set", "actor_lr=1", "--set", "history_window=2", "--set", "engine_dtype=bfloat16", "--set", "kl_type=k1",
-        "--set", "micro_batch_tokens=None",
+        "--set", "micro_batch_tokens=None", "--set", "autocast_dtype=None",
     ))
     assert config.actor_lr == 1.0 and isinstance(config.actor_lr, float) and config.history_window == 2
     assert (config.engine_dtype, config.kl_type, config.micro_batch_tokens) == ("bfloat16", "k1", None)
+    assert config.autocast_dtype is None
 
 
 def test_model_dir_without_tokenizer_or_chat_template(tiny_model_path, tmp_path):

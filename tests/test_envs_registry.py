@@ -6,11 +6,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from run_helpers import README_ENV, write_readme_env
 
 import envs
 from envs import registry
 from envs.base import TextEnv
-from run_helpers import README_ENV, write_readme_env
 
 
 class CoinGuessEnv(TextEnv):
