@@ -19,7 +19,10 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 OWN_LOGGER = "rllib_ragen"
 # Read at import by huggingface_hub/transformers (weight-loading bars) and Ray Data
 # (its progress bars), in this process and in the Ray workers it starts.
-_QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
+_QUIET_ENV = {
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
+}
 
 
 def quiet_progress_bars() -> None:
@@ -42,7 +45,9 @@ def route_library_logs(log_file: Path, *, verbose: bool = False) -> None:
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     root.addHandler(file_handler)
-    logging.captureWarnings(True)  # warnings.warn -> the "py.warnings" logger -> the file
+    logging.captureWarnings(
+        True
+    )  # warnings.warn -> the "py.warnings" logger -> the file
     if verbose:
         console = logging.StreamHandler(sys.stderr)
         console.setFormatter(logging.Formatter(LOG_FORMAT))
@@ -62,13 +67,16 @@ def route_library_logs(log_file: Path, *, verbose: bool = False) -> None:
 
 def _all_loggers() -> list[logging.Logger]:
     return [
-        logger for logger in logging.root.manager.loggerDict.values()
+        logger
+        for logger in logging.root.manager.loggerDict.values()
         if isinstance(logger, logging.Logger) and not logger.name.startswith(OWN_LOGGER)
     ]
 
 
 def _writes_to_console(handler: logging.Handler) -> bool:
-    return isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
+    return isinstance(handler, logging.StreamHandler) and not isinstance(
+        handler, logging.FileHandler
+    )
 
 
 class IterationProgress:
@@ -84,7 +92,14 @@ class IterationProgress:
         if sys.stdout.isatty():
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, initial=done, unit="iter", desc="training", file=sys.stdout, leave=False)
+            self._bar = tqdm(
+                total=total,
+                initial=done,
+                unit="iter",
+                desc="training",
+                file=sys.stdout,
+                leave=False,
+            )
 
     def line(self, text: str) -> None:
         """Prints `text` above the bar (or as a plain line without one)."""

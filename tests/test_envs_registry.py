@@ -160,7 +160,7 @@ def test_readme_env_takes_only_the_actions_its_rule_names(tmp_path, monkeypatch)
     env = envs.make_env(write_readme_env(tmp_path), secret=4)
     env.reset(seed=0)
     for action in ("7", "four", "0", "", "1 2"):
-        state, reward, terminated, truncated, info = env.step(action)
+        state, reward, terminated, _, info = env.step(action)
         assert (state, reward, terminated, info["action_is_valid"]) == ("Pick a number.", 0.0, False, False), action
     assert env.step(" 2 ")[1:4] == (0.0, True, False)  # valid, wrong: the episode ends
     env.reset(seed=0)
