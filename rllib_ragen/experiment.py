@@ -354,7 +354,11 @@ def evaluate_before_training(algo: Algorithm, callback: MLflowCallback) -> tuple
 
     Returns the evaluation's statistics and the 0/1 success of each evaluation seed.
     """
+    from ray.rllib.utils.metrics import EVALUATION_RESULTS
+
     stats = algo.evaluate_fixed_seeds()
+    # Logged as step 0 here, so not also into iteration 1's result (as if iteration 1 had evaluated).
+    algo.metrics.delete(EVALUATION_RESULTS, key_error=False)
     successes = list(algo.last_evaluation_successes)
     callback.log_initial_evaluation(algo, stats)
     print(f"[0] before RL, on the {algo.config.eval_size} evaluation seeds: success {format_rate(successes)} | "

@@ -154,7 +154,9 @@ def test_readme_env_on_a_remote_runner_with_a_clean_console_and_bounded_checkpoi
         tags["preset"],
     ) == (env, str(tiny_model_path), "none", "cpu")
     assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", tags["git_commit"])
-    # The preset evaluates every 5 iterations and at the last; step 0 is before RL.
+    # The preset evaluates every 5 iterations and at the last; step 0 is before RL, logged once.
+    iterations = [line for line in lines if re.match(r"\[\d+/", line)]
+    assert ["eval success" in line for line in iterations] == [False, False, True]
     assert sorted(
         m.step
         for m in client.get_metric_history(run.info.run_id, "evaluation/success_rate")
