@@ -1,6 +1,7 @@
 """Text environments for LLM agents: Sokoban, FrozenLake, Bandit, Countdown, Corridor.
 
-`make_env(name, **config)` builds a registered env; `register_env` adds yours.
+`make_env(name, **config)` builds a registered env (or one given as
+`"module:Class"`); `register_env` adds yours.
 """
 
 from envs.bandit import BanditConfig, BanditEnv
@@ -8,7 +9,7 @@ from envs.base import TextEnv
 from envs.corridor import CorridorConfig, CorridorEnv
 from envs.countdown import CountdownConfig, CountdownEnv, score_equation
 from envs.frozenlake import FrozenLakeConfig, FrozenLakeEnv
-from envs.registry import list_envs, make_env, register_env
+from envs.registry import check_env, list_envs, make_env, register_env
 from envs.sokoban import SokobanConfig, SokobanEnv
 from envs.sokoban_room import Room, parse_room, render_room
 from envs.sokoban_solver import solve
@@ -26,6 +27,7 @@ __all__ = [
     "SokobanConfig",
     "SokobanEnv",
     "TextEnv",
+    "check_env",
     "list_envs",
     "make_env",
     "parse_room",

@@ -1,18 +1,25 @@
-"""Env registry: names -> factories with default config.
+"""Env registry: names -> factories with default config, and import paths.
 
-Adding an env is one call:
+An env is named in one of two ways wherever a config takes an env:
 
-    register_env("my_env", MyTextEnv, max_steps=20)
-    env = make_env("my_env", max_steps=30)
+- a registered name: `register_env("my_env", MyTextEnv, max_steps=20)`, then
+  `make_env("my_env", max_steps=30)`. The registry lives in the process that
+  registered it, so a name registered by user code exists there only;
+- an import path `"module:Attribute"` (e.g. `"my_envs:MyTextEnv"`): any
+  process imports `module` and calls `Attribute` (a TextEnv subclass or a
+  factory) with the env config. This is how a custom env reaches remote env
+  runners, Tune trials and Ray Jobs: the name is a plain string that travels
+  in the config (and in MLflow params and checkpoints), and every Ray worker
+  can import what the driver can (Ray puts the driver's working directory, and
+  a job's `working_dir`, on the workers' `sys.path`).
 
-The registry lives in the process that imports it: register custom envs in a
-module that every Ray worker imports too (or at the top of the driver script
-that the workers re-import), not interactively.
+The built-in names are registered when `envs` is imported, in every process.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +42,7 @@ class _Entry:
 
 
 _REGISTRY: dict[str, _Entry] = {}
+_IMPORT_SEPARATOR = ":"
 
 
 def register_env(
@@ -51,6 +59,8 @@ def register_env(
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"env name must be a non-empty string, got {name!r}")
+    if is_import_path(name):
+        raise ValueError(f"env name {name!r} contains {_IMPORT_SEPARATOR!r}, which marks import paths (module:Class)")
     if not callable(factory):
         raise TypeError(f"factory for {name!r} must be a TextEnv subclass or a callable")
     if name in _REGISTRY and not overwrite:
@@ -61,19 +71,72 @@ def register_env(
 
 
 def make_env(name: str, **config: Any) -> TextEnv:
-    """A new env registered as `name`, with `config` overriding its defaults.
+    """A new env named `name` (registered, or `"module:Attribute"`), with `config` overriding its defaults.
 
-    Raises KeyError for an unknown name (listing the known ones) and TypeError
-    for a config key the env does not accept (listing the accepted ones).
+    Raises KeyError for an unknown name or an import path that does not
+    import (naming what is missing) and TypeError for a config key the env
+    does not accept (listing the accepted ones).
     """
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown env {name!r}; registered envs: {list_envs()}")
-    entry = _REGISTRY[name]
+    entry = _entry(name)
     _check_keys(name, config, entry.accepted_keys)
     env = entry.factory(**{**entry.default_config, **config})
     if not isinstance(env, TextEnv):
         raise TypeError(f"factory for {name!r} returned {type(env).__name__}, not a TextEnv")
     return env
+
+
+def check_env(name: str, *, in_other_processes: bool = False) -> None:
+    """Raises ValueError unless `name` is an env `make_env` can build here
+    and, with `in_other_processes`, also in a fresh Ray worker process.
+
+    A name registered by user code (not a built-in) exists only in the process
+    that registered it: remote env runners and Tune trials would not know it.
+    """
+    try:
+        _entry(name)
+    except KeyError as error:
+        raise ValueError(error.args[0]) from None
+    if in_other_processes and not (is_import_path(name) or name in _BUILTINS):
+        raise ValueError(
+            f"env {name!r} is registered in this process only, so remote env runners and Tune trials, which "
+            "start without it, cannot build it: name it by import path instead, e.g. "
+            "environment('my_module:MyEnv') (my_module.py on the workers' path: the working directory or "
+            "PYTHONPATH)"
+        )
+
+
+def is_import_path(name: str) -> bool:
+    """`name` is a `"module:Attribute"` import path rather than a registered name."""
+    return _IMPORT_SEPARATOR in name
+
+
+def _entry(name: str) -> _Entry:
+    if not isinstance(name, str) or not name:
+        raise KeyError(f"env name must be a non-empty string, got {name!r}")
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if not is_import_path(name):
+        raise KeyError(
+            f"unknown env {name!r}; registered envs: {list_envs()} (or give an import path, module:Class)"
+        )
+    return _import_entry(name)
+
+
+def _import_entry(path: str) -> _Entry:
+    """The factory at `"module:Attribute"` (dots allowed in both), imported now."""
+    module_name, _, attribute = path.partition(_IMPORT_SEPARATOR)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise KeyError(f"unknown env {path!r}: cannot import module {module_name!r} ({error})") from None
+    factory: Any = module
+    for part in attribute.split("."):
+        if not hasattr(factory, part):
+            raise KeyError(f"unknown env {path!r}: module {module_name!r} has no attribute {attribute!r}")
+        factory = getattr(factory, part)
+    if not callable(factory):
+        raise KeyError(f"unknown env {path!r}: {attribute!r} is a {type(factory).__name__}, not an env class")
+    return _Entry(factory, {}, accepted_config_keys(factory))
 
 
 def list_envs() -> list[str]:
@@ -117,3 +180,4 @@ def _register_builtins() -> None:
 
 
 _register_builtins()
+_BUILTINS = frozenset(_REGISTRY)

@@ -38,7 +38,7 @@ from ray.rllib.utils.metrics import (
 )
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
-from envs import list_envs, make_env
+from envs import check_env, make_env
 from rllib_ragen.advantages import ADVANTAGE_ESTIMATORS, CRITIC_ESTIMATORS
 from rllib_ragen.connectors.learner_connector import AdvantageSettings, StarPOLearnerConnector
 from rllib_ragen.connectors.protocol import ProtocolConfig
@@ -583,8 +583,8 @@ class StarPOConfig(AlgorithmConfig):
 
     def validate_starpo(self) -> None:
         """Checks every StarPO knob; raises ValueError naming the bad one."""
-        if self.env not in list_envs():
-            raise ValueError(f"unknown env {self.env!r}; registered envs: {sorted(list_envs())}")
+        # On the driver, at build time: a remote runner would fail on it with the cause in its own log.
+        check_env(self.env, in_other_processes=self.num_env_runners > 0)
         _choice("advantage_estimator", self.advantage_estimator, sorted(ADVANTAGE_ESTIMATORS))
         _choice("critic", self.critic, CRITIC_KINDS)
         _choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGGREGATIONS)
@@ -768,19 +768,18 @@ _SUMMED_RUNNER_METRICS = ("env_errors", "truncated_prompt_trajectories", "rollou
 _WALL_TIME_METRIC = "rollout_time_s"
 
 
-def _merge_runner_metrics(per_runner: list[dict], episodes: list, *, prefix: str) -> list[dict]:
+def _merge_runner_metrics(per_runner: list[dict], episodes: list) -> list[dict]:
     """The remote runners' reduced metrics, with the rollout's own numbers made exact.
 
     RLlib averages the runners' window-1 values, right for e.g. the engine overhead
     but not for statistics of all groups (recomputed here from `episodes`), counts and
     throughputs (summed) or the rollout's wall time (the slowest runner's).
     """
-    exact = {prefix + key: value for key, value in rollout_statistics(episodes).items()}
+    exact = dict(rollout_statistics(episodes))
     for key in _SUMMED_RUNNER_METRICS:
-        exact[prefix + key] = sum(float(m[prefix + key].peek()) for m in per_runner if prefix + key in m)
-    exact[prefix + _WALL_TIME_METRIC] = max(
-        (float(m[prefix + _WALL_TIME_METRIC].peek()) for m in per_runner if prefix + _WALL_TIME_METRIC in m),
-        default=0.0,
+        exact[key] = sum(float(m[key].peek()) for m in per_runner if key in m)
+    exact[_WALL_TIME_METRIC] = max(
+        (float(m[_WALL_TIME_METRIC].peek()) for m in per_runner if _WALL_TIME_METRIC in m), default=0.0
     )
     merged = MetricsLogger()
     for key, value in exact.items():
@@ -917,11 +916,10 @@ class StarPO(Algorithm):
             logger.warning("%d of %d env runners failed this call; their groups are missing",
                            len(shards) - len(results), len(shards))
         episodes = [episode for _, shard, _ in results for episode in shard]
-        prefix = "eval_" if sample_kwargs.get("evaluation") else ""
-        self.metrics.aggregate(
-            _merge_runner_metrics([metrics for _, _, metrics in results], episodes, prefix=prefix),
-            key=ENV_RUNNER_RESULTS,
-        )
+        if not sample_kwargs.get("evaluation"):  # evaluate_fixed_seeds reports its own rollouts
+            self.metrics.aggregate(
+                _merge_runner_metrics([metrics for _, _, metrics in results], episodes), key=ENV_RUNNER_RESULTS
+            )
         return episodes
 
     def update_learners(self, kept: list) -> list[dict]:
@@ -975,7 +973,7 @@ class StarPO(Algorithm):
         return [episodes[g] for g in kept]
 
     def evaluate_fixed_seeds(self) -> dict[str, float]:
-        """Success and reward on the fixed evaluation instances (group size 1)."""
+        """Success (with its 95% interval) and reward on the fixed evaluation instances (group size 1)."""
         config = self.config
         seeds = list(range(config.eval_seed, config.eval_seed + config.eval_size))
         sample = self.env_runner.sample if self.env_runner is not None else self._sample_on_remote_runners

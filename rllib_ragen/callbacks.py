@@ -8,9 +8,10 @@ share this one path, so every run looks the same in MLflow:
 - `trajectories/eval_iter_NNNN.html`: one page per evaluation (summary
   table, settings, then states, thoughts, actions, rewards; see
   `rllib_ragen.trajectory_page`);
-- `checkpoints/iter_NNNN`: an RLlib checkpoint every `log_checkpoint_every`
-  iterations and at the last one;
-- `final_policy`: the trained policy as a Hugging Face model directory.
+- `checkpoints/iter_NNNN`: only when asked (`log_checkpoint_every` > 0): an
+  RLlib checkpoint every that many iterations and at the last one (each is
+  gigabytes for a 135M model: local checkpoints are the ones to resume from);
+- `final_policy`: the trained policy as a Hugging Face model directory, once.
 
 Exactly one value per metric and step, even across crashes: with a local
 `checkpoint_dir`, an iteration's metrics are held back until a checkpoint
@@ -31,7 +32,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +48,7 @@ from ray.rllib.utils.metrics import EVALUATION_RESULTS
 
 from rllib_ragen.checkpoints import save_checkpoint, tracking_state
 from rllib_ragen.evaluation import evaluation_page
+from rllib_ragen.ray_session import PROJECT_ROOT
 from rllib_ragen.tracking import (
     DEFAULT_EXPERIMENT,
     TRIAL_TAG,
@@ -78,9 +82,14 @@ class MLflowSettings:
             `<dir>/final_policy`); None keeps nothing locally.
         checkpoint_every: Save a local checkpoint every N iterations (and at
             the last one); metrics reach MLflow with the checkpoint.
+        keep_checkpoints: Local checkpoints kept: the newest N complete ones
+            (older ones are removed after each save).
         log_checkpoint_every: Also log a checkpoint to MLflow every N
-            iterations (0: only the last one).
+            iterations and at the last one (0: never).
         trajectory_limit: Most trajectories on a trajectory page.
+        tags: Tags of a new run, beside (or replacing) the callback's own:
+            `env`, `base_model` (default: the model RL starts from) and
+            `git_commit` (of this checkout, `-dirty` with local changes).
     """
 
     tracking_uri: str = dataclasses.field(default_factory=default_tracking_uri)
@@ -90,8 +99,10 @@ class MLflowSettings:
     stop_iters: int | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: int = 1
+    keep_checkpoints: int = 2
     log_checkpoint_every: int = 0
     trajectory_limit: int = 16
+    tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.tracking_uri:
@@ -102,10 +113,10 @@ class MLflowSettings:
             raise ValueError(f"stop_iters must be >= 1 (or None), got {self.stop_iters}")
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1 (the newest is always kept), got {self.keep_checkpoints}")
         if self.log_checkpoint_every < 0:
-            raise ValueError(
-                f"log_checkpoint_every must be >= 0 (0 = last iteration only), got {self.log_checkpoint_every}"
-            )
+            raise ValueError(f"log_checkpoint_every must be >= 0 (0 = never), got {self.log_checkpoint_every}")
         if self.trajectory_limit < 1:
             raise ValueError(f"trajectory_limit must be >= 1, got {self.trajectory_limit}")
 
@@ -163,15 +174,15 @@ class MLflowCallback(RLlibCallback):
     def checkpoint(self, algorithm: Algorithm) -> Path | None:
         """Call between iterations only: saves the local checkpoint of the
         current iteration, then logs the metrics it covers; logs the checkpoint
-        to MLflow too when `log_checkpoint_every` (or the last iteration) asks.
+        to MLflow too when `log_checkpoint_every` asks (every N iterations and the last).
 
         Returns:
             The local checkpoint, or None without a `checkpoint_dir`.
         """
         settings, step = self.settings, algorithm.iteration
         tracker = self.start(algorithm)
-        log = step == settings.stop_iters or (
-            settings.log_checkpoint_every > 0 and step % settings.log_checkpoint_every == 0
+        log = settings.log_checkpoint_every > 0 and (
+            step == settings.stop_iters or step % settings.log_checkpoint_every == 0
         )
         if settings.checkpoint_dir is None:
             if log:
@@ -180,7 +191,7 @@ class MLflowCallback(RLlibCallback):
                     tracker.log_artifacts(scratch, f"checkpoints/iter_{step:04d}")
             return None
         tracking = {"run_id": tracker.run_id, "metrics": metrics_to_json(self._pending)}
-        saved = save_checkpoint(algorithm, settings.checkpoint_dir, tracking=tracking)
+        saved = save_checkpoint(algorithm, settings.checkpoint_dir, tracking=tracking, keep=settings.keep_checkpoints)
         tracker.log_metric_entities(self._pending)
         self._pending = []
         if log:
@@ -247,11 +258,26 @@ def _open_run(settings: MLflowSettings, algorithm: Algorithm) -> MLflowTracker:
     run_id = settings.run_id
     if run_id is None:
         run_id = find_run(MlflowClient(settings.tracking_uri), settings.experiment, tag=TRIAL_TAG, value=trial_key)
-    tags = {"env": str(algorithm.config.env), "model": str(algorithm.config.llm_model), TRIAL_TAG: trial_key}
+    tags = {
+        "env": str(algorithm.config.env), "base_model": str(algorithm.config.llm_model), "git_commit": git_commit(),
+        **settings.tags, TRIAL_TAG: trial_key,
+    }
     return MLflowTracker(
         tracking_uri=settings.tracking_uri, experiment=settings.experiment, run_name=settings.run_name or trial_key,
         run_id=run_id, tags=tags,
     )
+
+
+def git_commit() -> str:
+    """This checkout's commit, `<sha>-dirty` with uncommitted changes; "unknown" outside git."""
+    try:
+        described = subprocess.run(
+            ["git", "-C", str(PROJECT_ROOT), "describe", "--always", "--dirty", "--abbrev=40"],
+            capture_output=True, text=True, timeout=30, check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return described.stdout.strip() or "unknown"
 
 
 def with_mlflow(config: AlgorithmConfig, settings: MLflowSettings) -> AlgorithmConfig:

@@ -6,8 +6,9 @@ and only then renamed into place. A process killed at any point leaves either
 the previous checkpoints untouched plus a `.partial-*` directory, or the new
 checkpoint whole. `latest_checkpoint` only takes marked `iter_*` directories,
 so a half-written one (a `.partial-*` directory, or an `iter_*` copied without
-its marker) is never resumed from; the next save removes the leftovers and
-older checkpoints, keeping the newest complete one.
+its marker) is never resumed from; the next save removes the leftovers and all
+but the newest `keep` complete checkpoints (the one it just wrote among them),
+which bounds a run's disk use at `keep` checkpoints.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ray.rllib.algorithms.algorithm import Algorithm
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm import Algorithm
 
 COMPLETE_MARKER = "COMPLETE"
 TRACKING_FILE = "tracking.json"
@@ -33,7 +35,9 @@ def checkpoint_name(iteration: int) -> str:
     return f"iter_{iteration:06d}"
 
 
-def save_checkpoint(algo: Algorithm, checkpoint_dir: str | Path, *, tracking: Mapping[str, Any]) -> Path:
+def save_checkpoint(
+    algo: Algorithm, checkpoint_dir: str | Path, *, tracking: Mapping[str, Any], keep: int = 1
+) -> Path:
     """Saves `algo` (between iterations) as `<dir>/iter_NNNNNN`, complete or not at all.
 
     Args:
@@ -41,11 +45,15 @@ def save_checkpoint(algo: Algorithm, checkpoint_dir: str | Path, *, tracking: Ma
         checkpoint_dir: Parent directory of the checkpoints (created when missing).
         tracking: JSON-serialisable data saved with the state (the MLflow run
             and the metrics this checkpoint covers), read by `tracking_state`.
+        keep: Complete checkpoints left in `checkpoint_dir` afterwards: this
+            one and the `keep - 1` newest before it (older ones are removed).
 
     Returns:
         The checkpoint directory. An existing complete checkpoint of the same
         iteration is kept as it is: the state of an iteration does not change.
     """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1 (the newest checkpoint is never removed), got {keep}")
     checkpoint_dir = Path(checkpoint_dir)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     final = checkpoint_dir / checkpoint_name(algo.iteration)
@@ -60,7 +68,7 @@ def save_checkpoint(algo: Algorithm, checkpoint_dir: str | Path, *, tracking: Ma
     shutil.rmtree(final, ignore_errors=True)  # an unmarked leftover of the same name
     os.rename(partial, final)
     _fsync_dir(checkpoint_dir)
-    _remove_all_but(checkpoint_dir, keep=final)
+    _remove_older(checkpoint_dir, newest=final, keep=keep)
     return final
 
 
@@ -92,10 +100,16 @@ def _is_complete(path: Path) -> bool:
     return (path / COMPLETE_MARKER).is_file()
 
 
-def _remove_all_but(checkpoint_dir: Path, *, keep: Path) -> None:
-    """Removes older checkpoints and half-written leftovers (run only after `keep` is complete)."""
+def _remove_older(checkpoint_dir: Path, *, newest: Path, keep: int) -> None:
+    """Removes half-written leftovers and all complete checkpoints but the `keep`
+    newest (run only after `newest` is complete; it is always among those kept)."""
+    complete = sorted(
+        (p for p in checkpoint_dir.iterdir() if _NAME.fullmatch(p.name) and _is_complete(p) and p != newest),
+        key=checkpoint_iteration, reverse=True,
+    )
+    kept = {newest, *complete[: keep - 1]}
     for path in checkpoint_dir.iterdir():
-        if path != keep and path.is_dir() and (_NAME.fullmatch(path.name) or path.name.startswith(_PARTIAL_PREFIX)):
+        if path not in kept and path.is_dir() and (_NAME.fullmatch(path.name) or path.name.startswith(_PARTIAL_PREFIX)):
             # Unmarked first: a kill mid-removal must not leave a marked, gutted checkpoint.
             (path / COMPLETE_MARKER).unlink(missing_ok=True)
             shutil.rmtree(path, ignore_errors=True)

@@ -154,7 +154,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
                 `n_groups` training seeds.
             group_size: Trajectories per group (default: the config's).
             temperature: Sampling temperature (default: the config's).
-            evaluation: Log metrics under `evaluation/` names instead of training ones.
+            evaluation: An evaluation rollout: logs none of the runner's
+                (training) metrics; the caller reports it (StarPO under `evaluation/`).
         """
         if seeds is None:
             seeds = list(range(self._next_train_seed, self._next_train_seed + self.config.n_groups))
@@ -170,10 +171,11 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         generated_tokens = rollout.run(params)
         # env_step_s: inside env reset/step; prompt_build_s: prompt tokens, parsing, histories.
         self.last_rollout_timing = {"total_s": time.perf_counter() - start, **rollout.timing}
-        self._log_rollout_metrics(rollout, generated_tokens, evaluation)
+        if not evaluation:
+            self._log_rollout_metrics(rollout, generated_tokens)
         return rollout.episodes
 
-    def _log_rollout_metrics(self, rollout: _GroupRollout, generated_tokens: int, evaluation: bool) -> None:
+    def _log_rollout_metrics(self, rollout: _GroupRollout, generated_tokens: int) -> None:
         stats = rollout_statistics(rollout.episodes)
         stats.update(env_errors=rollout.env_errors, truncated_prompt_trajectories=rollout.truncated_prompts)
         seconds, engine_seconds = self.last_rollout_timing["total_s"], self.last_rollout_timing["engine_s"]
@@ -183,9 +185,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             # Time outside engine calls: prompt building, parsing, env steps, episodes.
             rollout_framework_overhead=1.0 - engine_seconds / max(seconds, 1e-9),
         )
-        prefix = "eval_" if evaluation else ""
         for key, value in stats.items():
-            self.metrics.log_value(prefix + key, value, window=1)
+            self.metrics.log_value(key, value, window=1)
 
     @override(EnvRunner)
     def get_metrics(self) -> dict:

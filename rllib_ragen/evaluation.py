@@ -15,7 +15,7 @@ from typing import Any
 
 from envs import make_env
 from rllib_ragen.env_runner import rollout_statistics, succeeded
-from rllib_ragen.intervals import format_rate
+from rllib_ragen.intervals import format_rate, wilson_interval
 from rllib_ragen.trajectory_page import grid_legend, trajectories_html
 
 TABLE_HEADER = (
@@ -52,9 +52,10 @@ def evaluate_on_seeds(
         for episode in episodes
         for t in episode.agent_episodes.values()
     ]
-    return Evaluation(
-        episodes=episodes, stats=rollout_statistics(episodes), successes=successes
-    )
+    stats = rollout_statistics(episodes)
+    # The success rate's 95% Wilson interval: the evaluation seeds are a sample of the task.
+    stats["success_rate_low"], stats["success_rate_high"] = wilson_interval(sum(successes), len(successes))
+    return Evaluation(episodes=episodes, stats=stats, successes=successes)
 
 
 def table_row(

@@ -1,5 +1,10 @@
 """The driver behind every tuned example: flags -> config -> train loop with
-progress, MLflow tracking, checkpoints, resume and the `--as-test` check."""
+progress, MLflow tracking, checkpoints, resume and the `--as-test` check.
+
+Only light modules are imported at the top (`--help` must not wait for Ray or
+torch); the rest is imported where it is used. Flag and config errors end the
+job with one line, `error: ...`, and exit code 2, before Ray starts.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import ast
 import contextlib
 import dataclasses
 import json
-import logging
+import math
 import os
 import signal
 import sys
@@ -16,32 +21,71 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ray.rllib.algorithms.algorithm import Algorithm
-
-from rllib_ragen.algorithm import StarPOConfig
-from rllib_ragen.callbacks import FINAL_POLICY, MLflowCallback, MLflowSettings, mlflow_callback_of, with_mlflow
-from rllib_ragen.checkpoints import latest_checkpoint
-from rllib_ragen.models import resolve_model
-from rllib_ragen.presets import PRESETS, preset
-from rllib_ragen.ray_session import init_ray
-from rllib_ragen.tracking import DEFAULT_EXPERIMENT
-from rllib_ragen.data.experts import has_expert
+from envs import check_env
+from rllib_ragen.console import (
+    IterationProgress,
+    quiet_progress_bars,
+    route_library_logs,
+)
+from rllib_ragen.data.experts import WARM_START_PLAYERS, has_expert
 from rllib_ragen.intervals import format_rate, paired_difference_interval
-from rllib_ragen.warm_start import WARM_START_PLAYERS, WarmStartConfig, warm_start
+from rllib_ragen.presets import PRESETS, preset
 
-logger = logging.getLogger("rllib_ragen")
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm import Algorithm
+
+    from rllib_ragen.algorithm import StarPOConfig
+    from rllib_ragen.callbacks import MLflowCallback, MLflowSettings
+
+RUN_LOG = "run.log"
+# What a user's flags or settings can get wrong; reported as one line (exit code 2).
+USER_ERRORS = (ValueError, TypeError, FileNotFoundError)
+
+
+class CLIParser(argparse.ArgumentParser):
+    """argparse with its errors on one line: `error: ...`, exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    value = int(text) if text.lstrip("-").isdigit() else None
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    value = int(text) if text.lstrip("-").isdigit() else None
+    if value is None or value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
 
 
 def build_parser(
     *, env: str, description: str, success_threshold: float, stop_iters: int, time_budget_min: float | None = None
 ) -> argparse.ArgumentParser:
     """The flags every tuned example takes (RLlib's tuned-example style)."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = CLIParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_config_flags(parser, env=env, stop_iters=stop_iters)
     add_tracking_flags(parser)
-    parser.add_argument("--time-budget-min", type=float, default=time_budget_min,
+    parser.add_argument("--time-budget-min", type=positive_float, default=time_budget_min,
                         help="training time budget: the iteration expected to cross it is the last (it evaluates "
                              "and checkpoints); --stop-iters still applies")
     parser.add_argument("--summary-json", metavar="PATH",
@@ -49,26 +93,35 @@ def build_parser(
     parser.add_argument("--as-test", action="store_true", help="exit 1 unless the success threshold is reached")
     parser.add_argument("--success-threshold", type=float, default=success_threshold,
                         help="success rate --as-test requires (evaluation's if evaluated, else training's)")
-    parser.add_argument("--checkpoint-dir", help="where checkpoints go (default: ./checkpoints/<env>-starpo)")
-    parser.add_argument("--checkpoint-every", type=int, default=1,
+    parser.add_argument("--checkpoint-dir",
+                        help="where checkpoints, the final policy and the run's log file go "
+                             "(default: ./checkpoints/<env>-starpo)")
+    parser.add_argument("--checkpoint-every", type=positive_int, default=1,
                         help="save a local checkpoint every N iterations (and at the end, or on Ctrl-C); "
                              "metrics reach MLflow with the checkpoint")
+    parser.add_argument("--keep-checkpoints", type=positive_int, default=2,
+                        help="local checkpoints kept: the newest N complete ones (older ones are removed)")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest complete checkpoint in --checkpoint-dir, in its MLflow run")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show the libraries' logs and warnings (Ray, RLlib, vLLM, transformers) on the "
+                             "console too; by default they go to the run's log file only")
     return parser
 
 
 def add_config_flags(parser: argparse.ArgumentParser, *, env: str, stop_iters: int) -> None:
     """Flags that build the `StarPOConfig` (read by `config_from_args`)."""
-    parser.add_argument("--env", default=env, help="registered env name")
+    parser.add_argument("--env", default=env,
+                        help="registered env name, or an env class as an import path module:Class (module "
+                             "importable from the working directory or PYTHONPATH, e.g. my_envs:GuessEnv)")
     parser.add_argument("--preset", choices=PRESETS, default="cpu", help="cpu: SmolLM2-135M on CPU; gpu: RAGEN's defaults")
-    parser.add_argument("--stop-iters", type=int, default=stop_iters, help="training iterations")
+    parser.add_argument("--stop-iters", type=positive_int, default=stop_iters, help="training iterations")
     parser.add_argument("--model", help="model name, local HF dir or hub id (default: the preset's)")
     parser.add_argument("--engine", choices=("auto", "vllm", "hf"), help="rollout engine (default: the preset's)")
-    parser.add_argument("--num-engines", type=int, help="vLLM engine actors")
-    parser.add_argument("--n-groups", type=int, help="groups per iteration")
-    parser.add_argument("--group-size", type=int, help="trajectories per group")
-    parser.add_argument("--max-turns", type=int, help="turns per trajectory")
+    parser.add_argument("--num-engines", type=positive_int, help="vLLM engine actors")
+    parser.add_argument("--n-groups", type=positive_int, help="groups per iteration")
+    parser.add_argument("--group-size", type=positive_int, help="trajectories per group")
+    parser.add_argument("--max-turns", type=positive_int, help="turns per trajectory")
     parser.add_argument("--estimator", choices=("gae", "bi_level_gae", "grpo", "brpo", "arpo"), help="advantage estimator")
     parser.add_argument("--no-think", action="store_true", help="answer with <answer> only (no-think mode)")
     parser.add_argument("--no-warm-start", action="store_true", help="skip the supervised format warm start")
@@ -78,31 +131,42 @@ def add_config_flags(parser: argparse.ArgumentParser, *, env: str, stop_iters: i
     parser.add_argument("--warm-start", choices=WARM_START_PLAYERS, dest="warm_start_player",
                         help="who plays the warm start's demonstrations: random (the answer format only) or "
                              "expert (the env's solver: RAGEN's SFT start); default: expert where the env has one")
-    parser.add_argument("--warm-start-examples", type=int, default=16,
+    parser.add_argument("--warm-start-examples", type=positive_int, default=16,
                         help="initial states played in the warm start (random play: 2 trajectories each)")
-    parser.add_argument("--eval-size", type=int, help="fixed evaluation seeds (default: the preset's)")
+    parser.add_argument("--eval-size", type=positive_int, help="fixed evaluation seeds (default: the preset's)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="set any StarPOConfig attribute, e.g. --set actor_lr=1e-5 (repeatable)")
+                        help="set any StarPOConfig attribute, e.g. --set actor_lr=1e-5 (repeatable; the value "
+                             "must have the setting's type)")
     parser.add_argument("--seed", type=int, help="random seed")
 
 
 def add_tracking_flags(parser: argparse.ArgumentParser) -> None:
     """Flags of the MLflow tracking (read by `mlflow_settings`)."""
     parser.add_argument("--tracking-uri", help="MLflow tracking URI, e.g. http://127.0.0.1:5000 (default: sqlite:///./mlflow.db)")
-    parser.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment name")
-    parser.add_argument("--log-checkpoint-every", type=int, default=0,
-                        help="also log a checkpoint to MLflow every N iterations (0: only the last one)")
+    parser.add_argument("--experiment", help="MLflow experiment name (default: rllib-ragen)")
+    parser.add_argument("--log-checkpoint-every", type=non_negative_int, default=0,
+                        help="also log a checkpoint to MLflow every N iterations and at the last one "
+                             "(0: never; the final policy is logged either way)")
 
 
 def config_from_args(args: argparse.Namespace) -> StarPOConfig:
-    """The preset for the env, with the flags applied and validated."""
+    """The preset for the env, with the flags applied and validated.
+
+    Raises:
+        ValueError, TypeError: a flag or `--set` the config refuses (the message names it).
+    """
+    if ":" in args.env and os.getcwd() not in sys.path:
+        # `python tuned_examples/x.py` puts the script's folder on sys.path, not the working
+        # directory, which is where Ray's workers look (and where a user's my_envs.py is).
+        sys.path.insert(0, os.getcwd())
+    check_env(args.env)  # before the preset imports Ray and torch: a typo fails at once
     config = preset(args.preset, args.env)
-    config.llm(model=args.model or config.llm_model)
-    config.inference(engine=args.engine or config.engine, num_engines=args.num_engines or config.num_engines)
+    config.llm(model=_given(args.model, config.llm_model))
+    config.inference(engine=_given(args.engine, config.engine), num_engines=_given(args.num_engines, config.num_engines))
     config.rollouts(
-        n_groups=args.n_groups or config.n_groups,
-        group_size=args.group_size or config.group_size,
-        max_turns=args.max_turns or config.max_turns,
+        n_groups=_given(args.n_groups, config.n_groups),
+        group_size=_given(args.group_size, config.group_size),
+        max_turns=_given(args.max_turns, config.max_turns),
         think=False if args.no_think else config.think,
         prefill=True if args.no_think else config.prefill,
     )
@@ -120,10 +184,14 @@ def config_from_args(args: argparse.Namespace) -> StarPOConfig:
     return config
 
 
+def _given(flag: Any, default: Any) -> Any:
+    return default if flag is None else flag
+
+
 def apply_setting(config: StarPOConfig, assignment: str) -> None:
-    """Applies one `KEY=VALUE` (VALUE as a Python literal, else a string)."""
+    """Applies one `KEY=VALUE`, VALUE checked against the setting's type (see `setting_value`)."""
     key, raw = split_assignment(config, assignment, flag="--set")
-    setattr(config, key, parse_literal(raw))
+    setattr(config, key, setting_value(config, key, raw, flag="--set"))
 
 
 def split_assignment(config: StarPOConfig, assignment: str, *, flag: str) -> tuple[str, str]:
@@ -144,6 +212,44 @@ def parse_literal(raw: str) -> Any:
         return raw
 
 
+def setting_value(config: StarPOConfig, key: str, raw: str, *, flag: str) -> Any:
+    """The value `raw` gives setting `key`, of the type of the setting's current value.
+
+    A number setting takes a number (an int setting an integer), a flag
+    True/False, a text setting any text, a list or tuple setting a list or
+    tuple; a setting that is None now (optional) takes any literal. `None`
+    is accepted everywhere (`validate_starpo` refuses it where it is wrong).
+
+    Raises:
+        ValueError: naming the flag, the setting, the type it takes and the value given.
+    """
+    current, value = getattr(config, key), parse_literal(raw)
+    if current is None or value is None:
+        return value
+    if isinstance(current, str):
+        return raw
+    for kind, accepts, example in _SETTING_KINDS:
+        if isinstance(current, kind):
+            if not accepts(value):
+                raise ValueError(f"{flag} {key}={raw}: {key} takes {example}, got {raw!r}")
+            return float(value) if kind is float else value
+    return value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# (type of the current value, accepted given values, what to tell the user); bool before int (a subclass).
+_SETTING_KINDS = (
+    (bool, lambda v: isinstance(v, bool), "True or False"),
+    (int, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    (float, _is_number, "a number (e.g. 1e-5)"),
+    ((list, tuple), lambda v: isinstance(v, (list, tuple)), "a list or tuple (e.g. [1, 2])"),
+    (dict, lambda v: isinstance(v, dict), "a dict (e.g. {'key': 1})"),
+)
+
+
 def apply_warm_start(config: StarPOConfig, *, num_examples: int, player: str | None = None) -> None:
     """Replaces the model by its warm-started copy (built once, cached).
 
@@ -151,6 +257,8 @@ def apply_warm_start(config: StarPOConfig, *, num_examples: int, player: str | N
     solves part of the task: RL gains most there, see the README's CPU
     learning table), else random play (the answer format only).
     """
+    from rllib_ragen.warm_start import WarmStartConfig, warm_start
+
     player = player or ("expert" if has_expert(config.env) else "random")
     tiny = config.llm_model == "tiny-random"
     ws = WarmStartConfig(
@@ -167,33 +275,29 @@ def apply_warm_start(config: StarPOConfig, *, num_examples: int, player: str | N
         autocast_dtype=config.autocast_dtype,
     )
     print(f"{player}-play warm start of {config.llm_model} on {config.env} ({num_examples} states; "
-          "cached after the first run)")
+          "cached after the first run)", flush=True)
     config.llm(model=str(warm_start(config.llm_model, ws, progress=True)))
 
 
-def run(config: StarPOConfig, args: argparse.Namespace) -> dict[str, Any]:
-    """Trains until iteration `args.stop_iters`, logging to MLflow; returns the last result.
+def run(config: StarPOConfig, args: argparse.Namespace, *, tags: dict[str, str] | None = None) -> dict[str, Any]:
+    """Trains until iteration `args.stop_iters`, logging to MLflow (`tags` on a new run); returns the last result.
 
     Raises:
         ValueError: `--checkpoint-dir` holds a checkpoint and `--resume` is not given.
         KeyboardInterrupt: stopped by Ctrl-C (after checkpointing, see `_train`).
     """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from rllib_ragen.callbacks import FINAL_POLICY, mlflow_callback_of, with_mlflow
+    from rllib_ragen.ray_session import init_ray
+
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    checkpoint_dir = Path(args.checkpoint_dir or Path("checkpoints") / f"{config.env}-starpo").resolve()
-    resume_from = latest_checkpoint(checkpoint_dir)
-    if resume_from is not None and not args.resume:
-        # A fresh run would delete it at its first save; and a crash before its own
-        # iteration exceeded the old one's would make --resume pick the old run.
-        raise ValueError(
-            f"--checkpoint-dir {checkpoint_dir} holds a checkpoint of an earlier run ({resume_from.name}): "
-            "pass --resume to continue that run, or another --checkpoint-dir to start a new one"
-        )
+    checkpoint_dir = run_directory(config, args)
+    resume_from = checkpoint_to_resume(checkpoint_dir, resume=args.resume)
     if args.resume and resume_from is None:
         print(f"--resume: no complete checkpoint in {checkpoint_dir}; starting fresh")
     init_ray()
     settings = mlflow_settings(
-        args, run_name=f"{config.env}-starpo", checkpoint_dir=checkpoint_dir, checkpoint_every=args.checkpoint_every
+        args, run_name=f"{config.env}-starpo", checkpoint_dir=checkpoint_dir, checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints, tags=tags,
     )
     algo = with_mlflow(config, settings).build_algo()
     try:
@@ -202,7 +306,8 @@ def run(config: StarPOConfig, args: argparse.Namespace) -> dict[str, Any]:
             callback.restore(algo, resume_from)
             print(f"resumed from {resume_from} at iteration {algo.iteration}")
         tracker = callback.start(algo)
-        print(f"MLflow run: {tracker.run_url}\ncheckpoints: {checkpoint_dir}\n{algo.config.rollout_summary}")
+        print(f"MLflow run: {tracker.run_url}\ncheckpoints: {checkpoint_dir} (newest {args.keep_checkpoints} kept)\n"
+              f"{algo.config.rollout_summary}", flush=True)
         before = evaluate_before_training(algo, callback) if algo.iteration == 0 and algo.config.eval_interval else None
         began = time.perf_counter()
         result = _train(algo, callback, stop_iters=args.stop_iters, budget_s=_minutes(args.time_budget_min))
@@ -220,12 +325,40 @@ def run(config: StarPOConfig, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def run_directory(config: StarPOConfig, args: argparse.Namespace) -> Path:
+    """`--checkpoint-dir`, or ./checkpoints/<env>-starpo (an import path's module:Class as module.Class)."""
+    return Path(args.checkpoint_dir or Path("checkpoints") / f"{config.env.replace(':', '.')}-starpo").resolve()
+
+
+def checkpoint_to_resume(checkpoint_dir: Path, *, resume: bool) -> Path | None:
+    """The checkpoint `--resume` continues from (None: start fresh).
+
+    Raises:
+        ValueError: `checkpoint_dir` holds a checkpoint and `resume` is False.
+    """
+    from rllib_ragen.checkpoints import latest_checkpoint
+
+    resume_from = latest_checkpoint(checkpoint_dir)
+    if resume_from is not None and not resume:
+        # A fresh run would delete it at its first save; and a crash before its own
+        # iteration exceeded the old one's would make --resume pick the old run.
+        raise ValueError(
+            f"--checkpoint-dir {checkpoint_dir} holds a checkpoint of an earlier run ({resume_from.name}): "
+            "pass --resume to continue that run, or another --checkpoint-dir to start a new one"
+        )
+    return resume_from
+
+
 def evaluate_before_training(algo: Algorithm, callback: MLflowCallback) -> tuple[dict[str, float], list[float]]:
     """Evaluates the starting (e.g. warm-started) policy on the fixed evaluation seeds, logged as step 0.
 
     Returns the evaluation's statistics and the 0/1 success of each evaluation seed.
     """
+    from ray.rllib.utils.metrics import EVALUATION_RESULTS
+
     stats = algo.evaluate_fixed_seeds()
+    # Logged as step 0 here, so not also into iteration 1's result (as if iteration 1 had evaluated).
+    algo.metrics.delete(EVALUATION_RESULTS, key_error=False)
     successes = list(algo.last_evaluation_successes)
     callback.log_initial_evaluation(algo, stats)
     print(f"[0] before RL, on the {algo.config.eval_size} evaluation seeds: success {format_rate(successes)} | "
@@ -265,6 +398,7 @@ def _train(algo: Algorithm, callback: MLflowCallback, *, stop_iters: int, budget
         return result
     algo.final_iteration = stop_iters
     started, longest = time.perf_counter(), 0.0
+    progress = IterationProgress(done=algo.iteration, total=stop_iters)
     with stop_requests() as stop:
         try:
             while algo.iteration < stop_iters and not stop.is_set():
@@ -276,13 +410,16 @@ def _train(algo: Algorithm, callback: MLflowCallback, *, stop_iters: int, budget
                 began = time.perf_counter()
                 result = algo.train()
                 longest = max(longest, time.perf_counter() - began)
-                print(progress_line(algo.iteration, stop_iters, result, time.perf_counter() - began), flush=True)
+                progress.line(progress_line(algo.iteration, stop_iters, result, time.perf_counter() - began))
+                progress.advance(total=stop_iters)
         except KeyboardInterrupt:
             callback.end("KILLED")
             raise
         except Exception:
             callback.end("FAILED")
             raise
+        finally:
+            progress.close()
     if algo.iteration < stop_iters:
         callback.checkpoint(algo)
         callback.end("KILLED")
@@ -320,13 +457,18 @@ def mlflow_settings(
     run_name: str | None = None,
     checkpoint_dir: Path | None = None,
     checkpoint_every: int = 1,
+    keep_checkpoints: int = 2,
+    tags: dict[str, str] | None = None,
 ) -> MLflowSettings:
-    """The MLflow callback settings the tracking flags ask for."""
-    uri = {"tracking_uri": args.tracking_uri} if args.tracking_uri else {}
+    """The MLflow callback settings the tracking flags ask for (`tags`: the run's, beside the callback's own)."""
+    from rllib_ragen.callbacks import MLflowSettings
+
+    given = {"tracking_uri": args.tracking_uri, "experiment": args.experiment}
     return MLflowSettings(
-        **uri, experiment=args.experiment, run_name=run_name, stop_iters=args.stop_iters,
+        **{key: value for key, value in given.items() if value}, run_name=run_name, stop_iters=args.stop_iters,
         checkpoint_dir=str(checkpoint_dir) if checkpoint_dir is not None else None,
-        checkpoint_every=checkpoint_every, log_checkpoint_every=args.log_checkpoint_every,
+        checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
+        log_checkpoint_every=args.log_checkpoint_every, tags=dict(tags or {}),
     )
 
 
@@ -342,8 +484,9 @@ def progress_line(iteration: int, total: int, result: dict[str, Any], seconds: f
         f"entropy {learner.get('entropy', float('nan')):.3f}",
         f"valid {runners.get('valid_action_ratio', float('nan')):.2f}",
     ]
-    if "success_rate" in evaluation:
-        parts.append(f"eval success {evaluation['success_rate']:.3f}")
+    eval_success = evaluation.get("success_rate", math.nan)
+    if not math.isnan(eval_success):  # NaN in an iteration that did not evaluate
+        parts.append(f"eval success {eval_success:.3f}")
     parts.append(f"{seconds:.1f}s")
     return " | ".join(parts)
 
@@ -363,27 +506,58 @@ def main(
     *, env: str, description: str, success_threshold: float, stop_iters: int, time_budget_min: float | None = None,
     argv: list[str] | None = None,
 ) -> None:
-    """Entry point of a tuned example."""
-    args = build_parser(
+    """Entry point of a tuned example: a flag or config error ends it with one line and exit code 2."""
+    parser = build_parser(
         env=env, description=description, success_threshold=success_threshold, stop_iters=stop_iters,
         time_budget_min=time_budget_min,
-    ).parse_args(argv)
-    config = config_from_args(args)
-    choose_starting_model(config, args)
+    )
+    args = parser.parse_args(argv)
+    if not args.verbose:
+        quiet_progress_bars()  # before the libraries are imported: they read it then
     try:
-        run(config, args)
+        config = config_from_args(args)
+        check_starting_model(args)
+        checkpoint_to_resume(run_directory(config, args), resume=args.resume)
+    except USER_ERRORS as error:
+        parser.exit(2, f"error: {error}\n")
+    # Imported first: they attach the console handlers that route_library_logs takes away.
+    from rllib_ragen import callbacks, warm_start  # noqa: F401
+
+    log_file = run_directory(config, args) / RUN_LOG
+    route_library_logs(log_file, verbose=args.verbose)
+    print(f"library logs: {log_file}" + ("" if args.verbose else " (--verbose: on the console too)"), flush=True)
+    tags = choose_starting_model(config, args)
+    try:
+        run(config, args, tags={**tags, "preset": args.preset})
     except KeyboardInterrupt:
         print("stopped by Ctrl-C; --resume continues from the last checkpoint", file=sys.stderr)
         sys.exit(130)
 
 
-def choose_starting_model(config: StarPOConfig, args: argparse.Namespace) -> None:
-    """The model RL starts from: a given warm-started one, none, or the (cached) format warm start."""
+def check_starting_model(args: argparse.Namespace) -> None:
+    """Refuses contradicting warm-start flags and a `--warm-start-model` that is not a model directory."""
+    from rllib_ragen.models import resolve_model
+
     if args.warm_start_model and args.no_warm_start:
         raise ValueError("--warm-start-model and --no-warm-start contradict each other; pass one")
+    if args.warm_start_model:
+        resolve_model(args.warm_start_model)
+
+
+def choose_starting_model(config: StarPOConfig, args: argparse.Namespace) -> dict[str, str]:
+    """The model RL starts from: a given warm-started one, none, or the (cached) format warm start.
+
+    Returns:
+        The run's model tags: `base_model` and `warm_start_model` ("none" without a warm start).
+    """
+    from rllib_ragen.models import resolve_model
+    from rllib_ragen.ray_session import init_ray
+
+    check_starting_model(args)
+    base = str(config.llm_model)
     if args.warm_start_model:
         config.llm(model=str(resolve_model(args.warm_start_model)))
     elif not args.no_warm_start:  # cached: a resumed run gets the same warm-started model back
         init_ray()
         apply_warm_start(config, num_examples=args.warm_start_examples, player=args.warm_start_player)
-
+    return {"base_model": base, "warm_start_model": "none" if args.no_warm_start else str(config.llm_model)}

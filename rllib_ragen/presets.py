@@ -10,8 +10,10 @@
 
 from __future__ import annotations
 
-from rllib_ragen.algorithm import StarPOConfig
-from rllib_ragen.hardware import fast_bf16
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: the CLI reads PRESETS without importing Ray or torch
+    from rllib_ragen.algorithm import StarPOConfig
 
 PRESETS = ("cpu", "gpu")
 
@@ -28,6 +30,8 @@ ENV_BUDGETS = {
 
 def ragen_preset(env: str) -> StarPOConfig:
     """RAGEN's defaults on a GPU (vLLM engine, Qwen2.5-0.5B-Instruct)."""
+    from rllib_ragen.algorithm import StarPOConfig
+
     return (
         StarPOConfig()
         .environment(env)
@@ -51,6 +55,9 @@ def cpu_preset(env: str) -> StarPOConfig:
     The warm start (see `rllib_ragen.warm_start`) is applied by the
     tuned examples before training; the model here is the base name.
     """
+    from rllib_ragen.algorithm import StarPOConfig
+    from rllib_ragen.hardware import fast_bf16
+
     budget = dict(ENV_BUDGETS.get(env, {}))
     budget["max_turns"] = min(budget.get("max_turns", 3), 3)
     # RAGEN's -0.1 format penalty equals one Sokoban step penalty, so a small

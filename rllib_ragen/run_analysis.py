@@ -1,5 +1,6 @@
-"""Reading StarPO runs back from MLflow: run lists, metric curves, the echo-trap
-signals and the trajectory pages (used by notebooks/starpo_runs.ipynb).
+"""Reading StarPO runs back from MLflow: run lists, metric curves, evaluation
+success with its interval, the echo-trap signals and the trajectory pages (used
+by notebooks/starpo_runs.ipynb).
 
 RAGEN's Echo Trap shows first as falling in-group reward spread and policy
 entropy, with spiking gradient norms, while the success rate stalls; the
@@ -27,6 +28,8 @@ ECHO_TRAP_SIGNALS: dict[str, str] = {
     "policy grad norm": "learners/default_policy/gradients_policy_global_norm",
 }
 IN_GROUP_STD = ECHO_TRAP_SIGNALS["in-group reward std"]
+# Success on the fixed evaluation seeds (step 0: before RL) and its 95% Wilson interval.
+EVALUATION_SUCCESS = ("evaluation/success_rate", "evaluation/success_rate_low", "evaluation/success_rate_high")
 TRAJECTORY_DIR = "trajectories"
 RUN_PARAMS = ("env", "llm_model", "advantage_estimator", "n_groups", "group_size", "max_turns", "rollout_frequency")
 
@@ -96,6 +99,29 @@ def plot_signals(histories: Mapping[str, pd.DataFrame], signals: Mapping[str, st
     axes[0].legend(fontsize="small")
     for ax in axes[len(signals):]:
         ax.set_visible(False)
+    return figure
+
+
+def plot_evaluation(histories: Mapping[str, pd.DataFrame]) -> Figure:
+    """Evaluation success per iteration (0 = before RL), one line per run, each with
+    its 95% interval as a band (`histories`: run label -> `metric_histories` of
+    `EVALUATION_SUCCESS`)."""
+    success, low, high = EVALUATION_SUCCESS
+    figure = Figure(figsize=(8, 3.5), layout="constrained")
+    ax = figure.subplots()
+    for label, frame in histories.items():
+        if success not in frame or not frame[success].notna().any():
+            continue
+        evaluated = frame[frame[success].notna()]
+        (line,) = ax.plot(evaluated.index, evaluated[success], marker="o", markersize=3, label=label)
+        ax.fill_between(evaluated.index, evaluated[low], evaluated[high], color=line.get_color(), alpha=0.2)
+    ax.set_title("evaluation success (95% interval)")
+    ax.set_xlabel("iteration (0: before RL)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    if ax.get_lines():
+        ax.legend(fontsize="small")
     return figure
 
 

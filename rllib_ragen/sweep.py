@@ -20,9 +20,10 @@ from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
+from envs import check_env
 from rllib_ragen.algorithm import StarPO, StarPOConfig
 from rllib_ragen.callbacks import MLflowSettings, with_mlflow
-from rllib_ragen.experiment import parse_literal, progress_line, split_assignment
+from rllib_ragen.experiment import progress_line, setting_value, split_assignment
 from rllib_ragen.tracking import TRIAL_TAG, experiment_id_of, find_run
 
 SCHEDULERS = ("fifo", "asha")
@@ -91,14 +92,14 @@ class SweepConfig:
 def parse_grid(config: StarPOConfig, assignments: Sequence[str]) -> dict[str, list[Any]]:
     """`["group_size=4,8", "actor_lr=1e-5,3e-5"]` -> {"group_size": [4, 8], ...}.
 
-    Values are Python literals (else strings); keys must be config attributes.
+    Values are Python literals (else strings) of each setting's type; keys must be config attributes.
     """
     grid: dict[str, list[Any]] = {}
     for assignment in assignments:
         key, raw = split_assignment(config, assignment, flag="--grid")
         if key in grid:
             raise ValueError(f"--grid gives {key!r} twice; list all its values once: {key}=V1,V2")
-        values = [parse_literal(part.strip()) for part in raw.split(",") if part.strip()]
+        values = [setting_value(config, key, part.strip(), flag="--grid") for part in raw.split(",") if part.strip()]
         if not values:
             raise ValueError(f"--grid {assignment!r} has no values; expected {key}=V1,V2")
         grid[key] = values
@@ -106,13 +107,15 @@ def parse_grid(config: StarPOConfig, assignments: Sequence[str]) -> dict[str, li
 
 
 def check_grid(config: StarPOConfig, grid: Mapping[str, Sequence[Any]]) -> None:
-    """Validates every combination up front, so a bad value fails here, not in a trial."""
+    """Validates every combination up front, so a bad value fails here, not in a trial
+    (nor an env that the trials, in other processes, could not build)."""
     for combination in itertools.product(*grid.values()):
         trial_config = config.copy(copy_frozen=False)
         for key, value in zip(grid, combination):
             setattr(trial_config, key, value)
         try:
             trial_config.validate_starpo()
+            check_env(trial_config.env, in_other_processes=True)
         except ValueError as error:
             raise ValueError(f"grid point {dict(zip(grid, combination))} is invalid: {error}") from error
 

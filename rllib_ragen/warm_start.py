@@ -42,6 +42,7 @@ from rllib_ragen.data.demonstrations import (
     expert_demonstrations,
     random_demonstrations,
 )
+from rllib_ragen.data.experts import WARM_START_PLAYERS
 from rllib_ragen.data.parquet import write_trajectories
 from rllib_ragen.env_group import TurnBudget
 from rllib_ragen.models import BuiltinModel, default_cache_dir, load_tokenizer, prepare_builtin, resolve_model
@@ -52,7 +53,6 @@ from rllib_ragen.ray_session import init_ray
 # Part of the cache key: a change to how the warm start trains, or to the text of the
 # demonstrations it trains on (e.g. an expert's thought), must bump it so old results are not reused.
 WARM_START_METHOD = "bc-5"
-WARM_START_PLAYERS = ("random", "expert")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -124,6 +124,18 @@ def auth_headers(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+README_ENV = "guess_env:GuessEnv"
+
+
+def write_readme_env(directory: Path) -> str:
+    """Writes the README's example env (its "Adding an environment" code block) to
+    `directory/guess_env.py`, as a user would; returns its import path."""
+    section = (ROOT / "README.md").read_text().split("## Adding an environment", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    (directory / "guess_env.py").write_text(code)
+    return README_ENV
+
+
 def tiny_config(model_path: Path | str, *, env: str = "sokoban") -> StarPOConfig:
     """StarPO on the tiny random model: 2 groups x 2, short answers, HF engine, eval every iteration."""
     return (

@@ -25,6 +25,11 @@ from run_helpers import driver_args, tiny_config
     "change,message",
     [
         (lambda c: c.environment("sokobann"), "unknown env 'sokobann'"),
+        # Remote runners: the same message, on the driver, when the algorithm is built.
+        (lambda c: c.environment("sokobann").env_runners(num_env_runners=1, create_local_env_runner=False),
+         r"^unknown env 'sokobann'; registered envs"),
+        (lambda c: c.environment("mod_missing:Env").env_runners(num_env_runners=1, create_local_env_runner=False),
+         "cannot import module 'mod_missing'"),
         (lambda c: c.environment("sokoban", env_config={"dim_rom": (5, 5)}), r"rejects env_config .*'dim_rom'"),
         (lambda c: c.environment("countdown", env_config={"num_numbers": 9}), "num_numbers must be between 2 and 6"),
         (lambda c: c.rollouts(max_turns=0), "max_turns must be >= 1"),
@@ -69,6 +74,30 @@ def test_mini_batch_larger_than_an_update_warns(tiny_model_path, caplog, ratio, 
 def test_unknown_set_key_names_it():
     with pytest.raises(ValueError, match="unknown config key 'actor_lrr'"):
         config_from_args(driver_args("--set", "actor_lrr=1e-5"))
+
+
+@pytest.mark.parametrize(
+    "assignment,message",
+    [
+        ("actor_lr=abc", "--set actor_lr=abc: actor_lr takes a number"),
+        ("n_groups=2.5", "n_groups takes an integer"),
+        ("think=1", "think takes True or False"),
+        ("adam_betas=0.9", "adam_betas takes a list or tuple"),
+    ],
+)
+def test_set_value_of_the_wrong_type_names_the_setting_and_its_type(assignment, message):
+    with pytest.raises(ValueError, match=message):
+        config_from_args(driver_args("--set", assignment))
+
+
+def test_set_values_take_the_settings_types():
+    config = config_from_args(driver_args(
+        "--set", "actor_lr=1", "--set", "history_window=2", "--set", "engine_dtype=bfloat16", "--set", "kl_type=k1",
+        "--set", "micro_batch_tokens=None", "--set", "autocast_dtype=None",
+    ))
+    assert config.actor_lr == 1.0 and isinstance(config.actor_lr, float) and config.history_window == 2
+    assert (config.engine_dtype, config.kl_type, config.micro_batch_tokens) == ("bfloat16", "k1", None)
+    assert config.autocast_dtype is None
 
 
 def test_model_dir_without_tokenizer_or_chat_template(tiny_model_path, tmp_path):

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from run_helpers import README_ENV, write_readme_env
 
 import envs
 from envs import registry
@@ -115,3 +116,53 @@ def test_registration_errors_are_caught_early():
     envs.register_env("not_an_env", lambda: object())
     with pytest.raises(TypeError, match="not a TextEnv"):
         envs.make_env("not_an_env")
+
+
+def test_an_import_path_names_an_env_class_in_any_process(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env = envs.make_env(write_readme_env(tmp_path), secret=4)
+    assert type(env).__name__ == "GuessEnv" and env.config.secret == 4
+    envs.check_env(README_ENV, in_other_processes=True)
+    assert README_ENV not in envs.list_envs()  # imported, not registered
+    with pytest.raises(TypeError, match="'sekret'"):
+        envs.make_env(README_ENV, sekret=4)
+
+
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("no_such_module:Env", "unknown env 'no_such_module:Env': cannot import module 'no_such_module'"),
+        ("envs.bandit:NoSuchEnv", "module 'envs.bandit' has no attribute 'NoSuchEnv'"),
+        ("envs.bandit:BanditConfig.low_arm", "unknown env"),
+        ("sokobann", r"unknown env 'sokobann'; registered envs: \[.*'sokoban'"),
+    ],
+)
+def test_an_unknown_env_is_named(name, message):
+    with pytest.raises(ValueError, match=message):
+        envs.check_env(name)
+    with pytest.raises(KeyError):
+        envs.make_env(name)
+
+
+def test_a_name_registered_here_is_refused_for_other_processes():
+    envs.register_env("coin", CoinGuessEnv)
+    envs.check_env("coin")  # fine in this process
+    with pytest.raises(ValueError, match="'coin' is registered in this process only.*import path"):
+        envs.check_env("coin", in_other_processes=True)
+    envs.check_env("sokoban", in_other_processes=True)  # built-ins are registered in every process
+    with pytest.raises(ValueError, match="marks import paths"):
+        envs.register_env("a:b", CoinGuessEnv)
+
+
+def test_readme_env_takes_only_the_actions_its_rule_names(tmp_path, monkeypatch):
+    """"Guess the number between 1 and 5. Actions: 1, 2, 3, 4, 5.": anything else is invalid and changes nothing."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env = envs.make_env(write_readme_env(tmp_path), secret=4)
+    env.reset(seed=0)
+    for action in ("7", "four", "0", "", "1 2"):
+        state, reward, terminated, _, info = env.step(action)
+        assert (state, reward, terminated, info["action_is_valid"]) == ("Pick a number.", 0.0, False, False), action
+    assert env.step(" 2 ")[1:4] == (0.0, True, False)  # valid, wrong: the episode ends
+    env.reset(seed=0)
+    state, reward, terminated, _, info = env.step("4")
+    assert (state, reward, terminated, info["success"], info["action_is_valid"]) == ("Solved.", 1.0, True, True, True)

@@ -14,9 +14,11 @@ from run_helpers import ROOT, driver_args, tiny_config
 from rllib_ragen.experiment import run
 from rllib_ragen.run_analysis import (
     ECHO_TRAP_SIGNALS,
+    EVALUATION_SUCCESS,
     echo_trap_warnings,
     list_runs,
     metric_histories,
+    plot_evaluation,
     plot_signals,
     read_text_artifact,
     trajectory_pages,
@@ -71,6 +73,19 @@ def test_plot_signals_draws_one_line_per_run_per_signal(store):
         plot_signals({})
 
 
+def test_plot_evaluation_draws_success_and_its_interval_band(store):
+    tracker = MLflowTracker(tracking_uri=store, experiment="evaluation")
+    tracker.log_metrics(dict(zip(EVALUATION_SUCCESS, (0.25, 0.05, 0.6))), step=0)
+    tracker.log_metrics({"env_runners/success_rate": 0.5}, step=1)  # an iteration without evaluation
+    tracker.log_metrics(dict(zip(EVALUATION_SUCCESS, (0.75, 0.4, 0.95))), step=2)
+    history = metric_histories(MlflowClient(store), tracker.run_id, list(EVALUATION_SUCCESS))
+    (ax,) = plot_evaluation({"run A": history}).axes
+    (line,) = ax.get_lines()
+    assert list(line.get_xdata()) == [0, 2] and list(line.get_ydata()) == [0.25, 0.75]
+    (band,) = ax.collections
+    assert {tuple(xy) for xy in band.get_paths()[0].vertices} >= {(0, 0.05), (0, 0.6), (2, 0.4), (2, 0.95)}
+
+
 @pytest.mark.slow
 def test_notebook_runs_top_to_bottom_on_a_real_run(ray_session, tiny_model_path, tmp_path, monkeypatch):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -96,6 +111,6 @@ def test_notebook_runs_top_to_bottom_on_a_real_run(ray_session, tiny_model_path,
     html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
     text = "".join(o.get("text", "") for o in outputs if o["output_type"] == "stream")
     assert any(run_row.run_id in page for page in html), "the runs table is missing"
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == 1, "the echo-trap figure is missing"
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 2, "the evaluation or echo-trap figure is missing"
     assert f"sokoban-starpo ({run_row.run_id[:6]}): no echo-trap warning over 2 iterations" in text
     assert latest_page in html, "the latest trajectory page is not shown"

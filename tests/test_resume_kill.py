@@ -49,7 +49,7 @@ def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, flo
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
 
 
-def test_half_written_checkpoints_are_never_resumed_and_are_cleaned_up(ray_session, tiny_model_path, tmp_path):
+def test_half_written_checkpoints_are_never_resumed_and_older_ones_beyond_keep_are_removed(ray_session, tiny_model_path, tmp_path):
     algo = _bandit_config(tiny_model_path).build_algo()
     try:
         algo.train()
@@ -77,6 +77,14 @@ def test_half_written_checkpoints_are_never_resumed_and_are_cleaned_up(ray_sessi
         # An iteration's checkpoint is written once: saving it again keeps it.
         assert save_checkpoint(algo, tmp_path, tracking={"run_id": "other", "metrics": []}) == newer
         assert tracking_state(newer)["run_id"] == "r1"
+
+        # keep=2: the newest two complete checkpoints stay, older ones go; never the one just written.
+        for names in (["iter_000002", "iter_000003"], ["iter_000003", "iter_000004"]):
+            algo.train()
+            saved = save_checkpoint(algo, tmp_path, tracking={"run_id": "r1", "metrics": []}, keep=2)
+            assert sorted(p.name for p in tmp_path.iterdir()) == names and latest_checkpoint(tmp_path) == saved
+        with pytest.raises(ValueError, match="keep must be >= 1"):
+            save_checkpoint(algo, tmp_path, tracking={}, keep=0)
     finally:
         algo.stop()
 

@@ -1,17 +1,27 @@
 """Ray Tune sweeps: grid parsing and validation, and a real 2-trial ASHA sweep of
-the tiny model where every trial is an MLflow run and the results table is right."""
+the tiny model on the README's custom env where every trial is an MLflow run and
+the results table is right."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
+import ray
 from mlflow.tracking import MlflowClient
-from run_helpers import ROOT, tiny_config
+from run_helpers import ROOT, tiny_config, write_readme_env
 
+from envs import BanditEnv, register_env, registry
 from rllib_ragen.presets import PRESETS, preset
-from rllib_ragen.sweep import DEFAULT_GRID, STOPPED_EARLY_TAG, SweepConfig, check_grid, parse_grid
+from rllib_ragen.sweep import (
+    DEFAULT_GRID,
+    STOPPED_EARLY_TAG,
+    SweepConfig,
+    check_grid,
+    parse_grid,
+)
 from rllib_ragen.tracking import TRIAL_TAG
 
 
@@ -39,6 +49,18 @@ def test_parse_grid_reads_literals_per_key(tiny_model_path):
 def test_bad_grid_is_named(tiny_model_path, assignments, message):
     with pytest.raises(ValueError, match=message):
         parse_grid(tiny_config(tiny_model_path), assignments)
+
+
+def test_grid_values_take_the_settings_types(tiny_model_path):
+    with pytest.raises(ValueError, match="--grid group_size=4.5: group_size takes an integer"):
+        parse_grid(tiny_config(tiny_model_path), ["group_size=4,4.5"])
+
+
+def test_an_env_registered_only_here_is_refused_before_any_trial(tiny_model_path, monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    register_env("bandit_here", BanditEnv)
+    with pytest.raises(ValueError, match="'bandit_here' is registered in this process only"):
+        check_grid(tiny_config(tiny_model_path, env="bandit_here"), {"group_size": [2]})
 
 
 def test_invalid_grid_point_fails_before_any_trial(tiny_model_path):
@@ -73,14 +95,27 @@ def test_num_trials_is_the_grid_product():
 
 
 @pytest.mark.slow
-def test_two_trial_asha_sweep_logs_every_trial_to_mlflow(ray_session, tiny_model_path, tmp_path, monkeypatch):
+def test_two_trial_asha_sweep_of_the_readme_env_logs_every_trial_to_mlflow(tiny_model_path, tmp_path, monkeypatch):
     # No --tracking-uri: the store is ./mlflow.db of the directory the sweep starts
     # in, although trials run in their own trial directories.
     monkeypatch.chdir(tmp_path)
+    # The README's custom env, named by import path (guess_env.py in the working directory,
+    # as a user would): the trials import it themselves, on the sys.path of the Ray the sweep starts.
+    assert not ray.is_initialized()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # init_ray extends it
+    env = write_readme_env(tmp_path)
+    try:
+        _sweep_and_check(tiny_model_path, tmp_path, env)
+    finally:
+        ray.shutdown()
+
+
+def _sweep_and_check(tiny_model_path: Path, tmp_path: Path, env: str) -> None:
     # One trial after the other, so ASHA's rung-1 cutoff sees trial 0 (6 trajectories
     # per iteration) before trial 1 (4) and stops trial 1 after its first iteration.
     table = _sweep_cli().main([
-        "--env", "bandit", "--model", str(tiny_model_path), "--engine", "hf", "--no-warm-start",
+        "--env", env, "--model", str(tiny_model_path), "--engine", "hf", "--no-warm-start",
         "--stop-iters", "2", "--n-groups", "2",
         "--set", "response_length=8", "--set", "mini_batch_size=4", "--set", "micro_batch_size=2",
         "--set", "eval_interval=1", "--set", "eval_size=2",
@@ -100,11 +135,12 @@ def test_two_trial_asha_sweep_logs_every_trial_to_mlflow(ray_session, tiny_model
     best, stopped = (runs[run_id] for run_id in table["mlflow_run_id"])
     for run, group_size in ((best, "3"), (stopped, "2")):
         assert run.data.params["group_size"] == group_size and run.data.params["rollout_frequency"] == "2"
-        assert run.info.run_name == run.data.tags[TRIAL_TAG] and "StarPO_bandit" in run.info.run_name
+        assert run.info.run_name == run.data.tags[TRIAL_TAG] and run.data.tags["env"] == env
     assert best.info.status == "FINISHED" and STOPPED_EARLY_TAG not in best.data.tags
     assert [m.step for m in client.get_metric_history(best.info.run_id, "env_runners/num_trajectories")] == [1, 2]
     assert client.get_metric_history(best.info.run_id, "env_runners/num_trajectories")[-1].value == 6.0
-    assert {a.path for a in client.list_artifacts(best.info.run_id)} == {"checkpoints", "final_policy", "trajectories"}
+    # The final policy, once; checkpoints only with --log-checkpoint-every.
+    assert {a.path for a in client.list_artifacts(best.info.run_id)} == {"final_policy", "trajectories"}
     # ASHA stopped trial 1: its run is closed as KILLED, with one iteration and no final policy.
     assert stopped.info.status == "KILLED" and stopped.data.tags[STOPPED_EARLY_TAG] == "true"
     assert [m.step for m in client.get_metric_history(stopped.info.run_id, "training_iteration")] == [1]

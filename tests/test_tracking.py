@@ -111,7 +111,10 @@ def test_run_logs_params_metrics_pages_checkpoints_and_policy_then_resumes(
 ):
     client = MlflowClient(tracking_uri)
     checkpoints = tmp_path / "ckpt"
-    flags = ("--tracking-uri", tracking_uri, "--experiment", "plain-runs", "--checkpoint-dir", str(checkpoints))
+    flags = (
+        "--tracking-uri", tracking_uri, "--experiment", "plain-runs", "--checkpoint-dir", str(checkpoints),
+        "--log-checkpoint-every", "2",
+    )
     result = run(tiny_config(tiny_model_path), driver_args(*flags, stop_iters=2))
 
     run_id = tracking_state(latest_checkpoint(checkpoints))["run_id"]
@@ -128,8 +131,15 @@ def test_run_logs_params_metrics_pages_checkpoints_and_policy_then_resumes(
     assert entropy[2] == pytest.approx(result["learners"]["default_policy"]["entropy"])
     assert not any(key.startswith("config/") for key in logged.data.metrics)
 
-    # Step 0 is the evaluation before the first update.
-    assert sorted(_metric_steps(client, run_id, "evaluation/success_rate")) == [0, 1, 2]
+    assert logged.data.tags["env"] == "sokoban" and logged.data.tags["base_model"] == str(tiny_model_path)
+    assert logged.data.tags["git_commit"] != "unknown"
+
+    # Step 0 is the evaluation before the first update; one evaluation metric, with its interval.
+    evaluation = _metric_steps(client, run_id, "evaluation/success_rate")
+    assert sorted(evaluation) == [0, 1, 2]
+    low, high = (_metric_steps(client, run_id, f"evaluation/success_rate_{end}") for end in ("low", "high"))
+    assert all(low[step] <= evaluation[step] <= high[step] for step in evaluation)
+    assert not [key for key in logged.data.metrics if key.startswith("env_runners/eval_")]
     pages = sorted(a.path for a in client.list_artifacts(run_id, "trajectories"))
     assert pages == [f"trajectories/eval_iter_000{i}.html" for i in range(3)]
     page = Path(client.download_artifacts(run_id, pages[-1], str(tmp_path / "dl"))).read_text()

@@ -62,10 +62,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         max_concurrent=args.max_concurrent, grace_period=args.grace_period,
         storage_path=str(Path(args.storage_path).resolve()) if args.storage_path else None, name=args.name,
     )
-    settings = mlflow_settings(args)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     init_ray(log_to_driver=True)
-    choose_starting_model(config, args)  # once, in the driver: every trial loads the same cached model
+    tags = choose_starting_model(config, args)  # once, in the driver: every trial loads the same cached model
+    settings = mlflow_settings(args, tags={**tags, "preset": args.preset})
     print(f"sweeping {sweep.num_trials} trials of {config.env} over {grid}; MLflow: {settings.tracking_uri} "
           f"experiment {settings.experiment}")
     _, table = run_sweep(config, sweep, settings)

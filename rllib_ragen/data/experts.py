@@ -29,6 +29,10 @@ from envs.frozenlake_planner import best_turn
 from envs.sokoban import SokobanEnv
 from envs.sokoban_solver import DEFAULT_MAX_STATES, solve
 
+# Who can play a warm start's demonstrations: valid actions at random (the answer
+# format only), or the env's expert below.
+WARM_START_PLAYERS = ("random", "expert")
+
 
 @dataclasses.dataclass(frozen=True)
 class Turn:
