@@ -36,11 +36,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envs.bandit import BanditEnv  # noqa: E402
-from envs.frozenlake import ACTIONS as LAKE_ACTIONS  # noqa: E402
-from envs.frozenlake import FrozenLakeEnv  # noqa: E402
-from rllib_ragen.advantages import brpo, grpo  # noqa: E402
-from rllib_ragen.env_group import GROUP_RANDOMNESS, EnvGroup, TurnBudget  # noqa: E402
+from envs.bandit import BanditEnv
+from envs.frozenlake import ACTIONS as LAKE_ACTIONS
+from envs.frozenlake import FrozenLakeEnv
+from rllib_ragen.advantages import brpo, grpo
+from rllib_ragen.env_group import GROUP_RANDOMNESS, EnvGroup, TurnBudget
 
 BETTER, WORSE, OTHER = "better", "worse", "other"
 
@@ -171,20 +171,27 @@ def clustered_mean(values: np.ndarray, groups: np.ndarray, rows: np.ndarray) -> 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(1)
-    print("| env | estimator | group randomness | mean advantage, better (± SE) | mean advantage, worse (± SE) | "
-          "trajectories better / worse |")
+    print(
+        "| env | estimator | group randomness | mean advantage, better (± SE) | mean advantage, worse (± SE) | "
+        "trajectories better / worse |"
+    )
     print("|---|---|---|---|---|---|")
     for env in (name.strip() for name in args.envs.split(",")):
         for randomness in GROUP_RANDOMNESS:
             began = time.perf_counter()
             played = play_frozenlake(randomness, args) if env == "frozenlake" else play_bandit(env, randomness, args)
-            print(f"  ({env}, {randomness}: {args.groups} groups played in {time.perf_counter() - began:.1f} s)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  ({env}, {randomness}: {args.groups} groups played in {time.perf_counter() - began:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
             for estimator in ("grpo", "brpo"):
                 m = mean_advantages(played, estimator, args.groups_per_batch)
                 better, worse = (f"{mean:+.3f} ± {se:.3f}" for mean, se in (m[BETTER], m[WORSE]))
-                print(f"| {env} | {estimator} | {randomness} | {better} | {worse} | "
-                      f"{m['n_better']} / {m['n_worse']} |", flush=True)
+                print(
+                    f"| {env} | {estimator} | {randomness} | {better} | {worse} | {m['n_better']} / {m['n_worse']} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

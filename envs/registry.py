@@ -24,7 +24,13 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from envs.bandit import PHOENIX_DRAGON, TEST_PAIRS, TRAIN_PAIRS, V1_LOW_PAYOFF, BanditEnv
+from envs.bandit import (
+    PHOENIX_DRAGON,
+    TEST_PAIRS,
+    TRAIN_PAIRS,
+    V1_LOW_PAYOFF,
+    BanditEnv,
+)
 from envs.base import TextEnv, config_field_names
 from envs.corridor import CorridorEnv
 from envs.countdown import CountdownEnv

@@ -16,7 +16,15 @@ import numpy as np
 
 from envs.base import TextEnv, build_config, match_action
 from envs.sokoban_generator import generate_room
-from envs.sokoban_room import ACTIONS, GRID_VOCABULARIES, GridSymbols, Room, apply_move, parse_room, render_room
+from envs.sokoban_room import (
+    ACTIONS,
+    GRID_VOCABULARIES,
+    GridSymbols,
+    Room,
+    apply_move,
+    parse_room,
+    render_room,
+)
 
 STEP_PENALTY = -0.1
 BOX_ON_TARGET_REWARD = 1.0
