@@ -1,13 +1,20 @@
-"""Two-armed bandit as a single-turn text env.
+"""Two-armed bandit as a single-turn text env, with arms known by name only.
 
-The low arm always pays `low_payoff`; the high arm pays `high_payoff` with
-probability `high_prob`, else 0 (defaults: 0.1 vs 1.0 w.p. 0.25, so the high
-arm is better in expectation). The arms' order in the text is random per
-seed, and each arm is shown with how it pays (small every time / large
-only some of the time), not with its mean. Success = the high arm was
-picked. Any valid pick ends the episode.
-Names: Phoenix (low) / Dragon (high) for training, Trader / Librarian for the
-held-out test env.
+Each reset draws one (low-risk, high-risk) pair of names from `arm_pairs` and
+shows the two names in random order. Nothing in the text says how an arm
+pays: the model is asked to judge that from what each name stands for (RAGEN-2's
+set-up: a steady profession against a risky one), and must otherwise learn it
+from the rewards. The low arm always pays `low_payoff`; the high arm pays
+`high_payoff` with probability `high_prob`, else 0 (defaults: 0.1 vs 1.0 w.p.
+0.25, so the high-risk arm is better in expectation). Success = the high arm was
+picked. Any valid pick ends the episode. Payouts come from `dynamics_rng`
+(see `envs.base`), so group members may draw their own.
+
+Name sets (facts from RAGEN's repositories and paper): `TRAIN_PAIRS` and
+`TEST_PAIRS` are RAGEN-2's 12 training and 8 held-out profession pairs;
+`PHOENIX_DRAGON` is RAGEN v1's pair, whose low arm pays `V1_LOW_PAYOFF`.
+`describe_payouts=True` adds how each arm pays to the state: a reading task,
+kept only as an explicit option.
 """
 
 from __future__ import annotations
@@ -20,33 +27,75 @@ import numpy as np
 
 from envs.base import TextEnv, build_config, match_action
 
+# (low-risk arm, high-risk arm)
+TRAIN_PAIRS: tuple[tuple[str, str], ...] = (
+    ("Teacher", "Trader"),
+    ("Nurse", "StartupFounder"),
+    ("Librarian", "Investor"),
+    ("Accountant", "StockBroker"),
+    ("Engineer", "RealEstateAgent"),
+    ("Pharmacist", "Musician"),
+    ("Clerk", "Freelancer"),
+    ("Technician", "Youtuber"),
+    ("Planner", "Artist"),
+    ("Postman", "Pilot"),
+    ("Banker", "VentureCapitalist"),
+    ("Gardener", "Cryptominer"),
+)
+TEST_PAIRS: tuple[tuple[str, str], ...] = (
+    ("Receptionist", "Explorer"),
+    ("Archivist", "Filmmaker"),
+    ("Bookkeeper", "Consultant"),
+    ("SocialWorker", "Photographer"),
+    ("Mechanic", "GameDesigner"),
+    ("Secretary", "Entrepreneur"),
+    ("Cashier", "DataScientist"),
+    ("CivilServant", "StartupAccelerator"),
+)
+PHOENIX_DRAGON: tuple[tuple[str, str], ...] = (("Phoenix", "Dragon"),)
+V1_LOW_PAYOFF = 0.15
+
+INSTRUCTIONS = (
+    "You stand before two slot machines and may pull exactly one.\n"
+    "Each machine is named after something, and the way it pays out is in keeping with "
+    "what its name stands for. Think about what each name symbolises to judge how its "
+    "payouts behave, then pull the machine you expect to pay more on average.\n"
+    "Action: the name of the machine you pull, spelled as in the state."
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class BanditConfig:
     """Arm names and payoffs.
 
     Attributes:
-        low_arm: name of the arm that always pays `low_payoff`.
-        high_arm: name of the arm that pays `high_payoff` with probability `high_prob`.
-        low_payoff, high_payoff: the rewards.
+        arm_pairs: (low-risk name, high-risk name) pairs; each reset draws one.
+            Every name appears once over all pairs (case-insensitively).
+        low_payoff: what the low arm always pays.
+        high_payoff: what the high arm pays when it pays.
         high_prob: chance that the high arm pays (1.0 makes it deterministic).
+        describe_payouts: also state how each arm pays (gives the answer away).
     """
 
-    low_arm: str = "Phoenix"
-    high_arm: str = "Dragon"
+    arm_pairs: tuple[tuple[str, str], ...] = TRAIN_PAIRS
     low_payoff: float = 0.1
     high_payoff: float = 1.0
     high_prob: float = 0.25
+    describe_payouts: bool = False
 
     def __post_init__(self) -> None:
-        for field in ("low_arm", "high_arm"):
-            name = getattr(self, field)
+        pairs = tuple(tuple(pair) for pair in self.arm_pairs)
+        if not pairs or any(len(pair) != 2 for pair in pairs):
+            raise ValueError(f"arm_pairs must be one or more (low, high) name pairs, got {self.arm_pairs!r}")
+        object.__setattr__(self, "arm_pairs", pairs)
+        names = [name for pair in pairs for name in pair]
+        for name in names:
             if not isinstance(name, str) or not name.strip() or name != name.strip():
-                raise ValueError(
-                    f"{field} must be a non-empty name without outer spaces, got {name!r}"
-                )
-        if self.low_arm.casefold() == self.high_arm.casefold():
-            raise ValueError(f"arm names must differ (ignoring case), got {self.low_arm!r} twice")
+                raise ValueError(f"arm_pairs: every name must be non-empty without outer spaces, got {name!r}")
+        folded = [name.casefold() for name in names]
+        repeated = sorted({name for name in names if folded.count(name.casefold()) > 1})
+        if repeated:
+            raise ValueError(f"arm_pairs: each name may appear once (ignoring case), repeated: {repeated}")
         for field in ("low_payoff", "high_payoff"):
             if not math.isfinite(getattr(self, field)):
                 raise ValueError(f"{field} must be a finite number, got {getattr(self, field)}")
@@ -62,52 +111,53 @@ class BanditEnv(TextEnv):
     def __init__(self, config: BanditConfig | None = None, **overrides: Any) -> None:
         super().__init__()
         self.config: BanditConfig = build_config(BanditConfig, config, overrides)
-        self.arm_order: tuple[str, str] | None = None
-        self._rng: np.random.Generator | None = None
-
-    @property
-    def action_vocabulary(self) -> tuple[str, ...]:
-        # Sorted, so the vocabulary never tells which arm is the high one.
-        return tuple(sorted((self.config.low_arm, self.config.high_arm)))
+        self.pair: tuple[str, str] | None = None  # (low, high) of this episode
+        self.arm_order: tuple[str, str] | None = None  # as shown
 
     @property
     def instructions(self) -> str:
-        first, second = self.action_vocabulary
-        return (
-            "You are in front of two slot machines and may pull exactly one.\n"
-            f"Actions: {first} or {second} (the name of the machine you pull)."
-        )
+        return INSTRUCTIONS
+
+    @property
+    def action_vocabulary(self) -> tuple[str, ...]:
+        # Every name of every pair, sorted: the vocabulary never tells which arm is the high one.
+        return tuple(sorted(name for pair in self.config.arm_pairs for name in pair))
+
+    @property
+    def available_actions(self) -> tuple[str, ...]:
+        return self.action_vocabulary if self.pair is None else tuple(sorted(self.pair))
 
     def _reset(self, rng: np.random.Generator, options: dict[str, Any]) -> dict[str, Any]:
         if options:
             raise ValueError(f"Bandit takes no reset options, got {sorted(options)}")
-        arms = (self.config.low_arm, self.config.high_arm)
-        self.arm_order = (arms[0], arms[1]) if rng.random() < 0.5 else (arms[1], arms[0])
-        self._rng = rng
+        pairs = self.config.arm_pairs
+        self.pair = pairs[int(rng.integers(len(pairs)))]
+        low, high = self.pair
+        self.arm_order = (low, high) if rng.random() < 0.5 else (high, low)
         return {"success": False}
 
     def _step(self, action: str) -> tuple[float, bool, bool, dict[str, Any]]:
         cfg = self.config
-        arm = match_action(action, (cfg.low_arm, cfg.high_arm))
+        low, high = self.pair
+        arm = match_action(action, self.pair)
         if arm is None:
             return 0.0, False, False, {"action_is_valid": False}
-        if arm == cfg.low_arm:
+        if arm == low:
             reward = cfg.low_payoff
         else:
-            reward = cfg.high_payoff if self._rng.random() < cfg.high_prob else 0.0
-        return reward, True, False, {"success": arm == cfg.high_arm, "arm": arm}
+            reward = cfg.high_payoff if self.dynamics_rng.random() < cfg.high_prob else 0.0
+        return reward, True, False, {"success": arm == high, "arm": arm}
 
     def render_text(self) -> str:
         if self.arm_order is None:
             raise RuntimeError("BanditEnv has no arms yet: call reset() first")
-        # Each arm is described by how it pays, never by its mean: which one is
-        # better must be learned from the rewards. Because the description, not
-        # the name, carries the payout style, a policy that learned it transfers
-        # to held-out arm names (bandit_test).
-        lines = [f"{arm}: {self._description(arm)}" for arm in self.arm_order]
-        return "Two slot machines stand before you.\n" + "\n".join(lines) + "\nWhich machine do you pull?"
+        first, second = self.arm_order
+        lines = [f"Two slot machines stand before you: {first} and {second}."]
+        if self.config.describe_payouts:
+            lines += [f"{arm}: {self._payout_description(arm)}" for arm in self.arm_order]
+        return "\n".join(lines + ["Which machine do you pull?"])
 
-    def _description(self, arm: str) -> str:
-        if arm == self.config.low_arm:
+    def _payout_description(self, arm: str) -> str:
+        if arm == self.pair[0]:
             return "pays a small reward every time."
         return "pays a large reward, but only some of the time."

@@ -12,7 +12,12 @@ per-trajectory action budgets bound how many a policy can emit.
 
 Determinism: `reset(seed=s)` seeds `self.np_random` exactly as
 `np.random.default_rng(s)` would and hands it to `_reset`, so the initial
-state and any later randomness (slips, payouts) are a pure function of `s`.
+state is a pure function of `s`. Later randomness (slips, payouts) is drawn
+from `self.dynamics_rng`: by default that is the same generator, so the whole
+episode is a pure function of `s`; with the reset option
+`{DYNAMICS_STREAM: k}` it is a separate stream seeded from `(s, k)`, so
+envs reset with one seed but different `k` start alike and then draw their
+own slips and payouts (a StarPO group's members, `group_randomness="independent"`).
 The global numpy/random state is never touched.
 """
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -30,6 +36,8 @@ import numpy as np
 # renders use (box/player on target, newline).
 _CHARSET = frozenset([chr(c) for c in range(32, 127)] + ["\n", "√"])
 MAX_TEXT_LENGTH = 8192
+# Reset option every TextEnv accepts: the index of the dynamics random stream (see above).
+DYNAMICS_STREAM = "dynamics_stream"
 
 
 class TextEnv(gym.Env, abc.ABC):
@@ -41,6 +49,10 @@ class TextEnv(gym.Env, abc.ABC):
     added by the prompt builder), optionally `action_vocabulary` (exact action
     names, `None` for free-form actions such as equations), and implement
     `_reset`, `_step` and `render_text`.
+
+    Randomness after the reset (transitions, payouts) must come from
+    `self.dynamics_rng`, never from the `rng` given to `_reset`, so that the
+    `DYNAMICS_STREAM` reset option can give each group member its own draws.
 
     `info` always carries `success` (bool: the task is solved) and, after
     `step`, `action_is_valid` (bool: the action was understood and legal).
@@ -60,6 +72,7 @@ class TextEnv(gym.Env, abc.ABC):
             max_length=MAX_TEXT_LENGTH, min_length=0, charset=_CHARSET
         )
         self._episode_open = False
+        self.dynamics_rng: np.random.Generator | None = None
 
     @property
     @abc.abstractmethod
@@ -71,22 +84,31 @@ class TextEnv(gym.Env, abc.ABC):
         """The exact action names, or None when actions are free-form text."""
         return None
 
+    @property
+    def available_actions(self) -> tuple[str, ...] | None:
+        """The action names that are valid in the current state (default: the whole vocabulary)."""
+        return self.action_vocabulary
+
     def random_action(self, rng: np.random.Generator) -> str:
         """A valid action drawn at random in the current state (for format warm starts).
 
-        Envs with free-form actions override this; the default draws from the vocabulary.
+        Envs with free-form actions override this; the default draws from `available_actions`.
         """
-        if not self.action_vocabulary:
+        if not self.available_actions:
             raise ValueError(
                 f"{type(self).__name__} has free-form actions: override random_action to use it in a warm start"
             )
-        return str(rng.choice(self.action_vocabulary))
+        return str(rng.choice(self.available_actions))
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
+        """Starts an episode from `seed`; `options` are the env's, plus `DYNAMICS_STREAM` (module docstring)."""
+        options = dict(options or {})
+        stream = options.pop(DYNAMICS_STREAM, None)
         super().reset(seed=seed)
-        info = self._reset(self.np_random, dict(options or {}))
+        self.dynamics_rng = self.np_random if stream is None else dynamics_generator(seed, stream)
+        info = self._reset(self.np_random, options)
         info.setdefault("success", False)
         self._episode_open = True
         return self.render_text(), info
@@ -122,6 +144,17 @@ class TextEnv(gym.Env, abc.ABC):
     @abc.abstractmethod
     def render_text(self) -> str:
         """The current state as the text the model sees."""
+
+
+def dynamics_generator(seed: int | None, stream: int) -> np.random.Generator:
+    """The random stream number `stream` under `seed`: independent of the seed's own stream and of other numbers.
+
+    A child of `SeedSequence(seed)` (numpy's spawn keys), so `(seed, stream)`
+    fixes it; `seed=None` draws fresh entropy as gymnasium does.
+    """
+    if isinstance(stream, bool) or not isinstance(stream, numbers.Integral) or stream < 0:
+        raise ValueError(f"reset option {DYNAMICS_STREAM!r} must be an int >= 0, got {stream!r}")
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(int(stream),)))
 
 
 def build_config(config_class: type, config: Any, overrides: Mapping[str, Any]) -> Any:

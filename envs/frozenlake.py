@@ -94,7 +94,8 @@ class FrozenLakeEnv(TextEnv):
         else:
             desc = generate_map(rng, size=self.config.size, p_frozen=self.config.p_frozen)
         self.lake = GymFrozenLake(desc=list(desc), is_slippery=self.config.is_slippery)
-        self.lake.reset(seed=int(rng.integers(2**63)))
+        # The slips: gymnasium's lake draws them from its own generator, seeded here.
+        self.lake.reset(seed=int(self.dynamics_rng.integers(2**63)))
         self.num_steps = 0
         return {"success": False}
 

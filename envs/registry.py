@@ -24,7 +24,13 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from envs.bandit import BanditEnv
+from envs.bandit import (
+    PHOENIX_DRAGON,
+    TEST_PAIRS,
+    TRAIN_PAIRS,
+    V1_LOW_PAYOFF,
+    BanditEnv,
+)
 from envs.base import TextEnv, config_field_names
 from envs.corridor import CorridorEnv
 from envs.countdown import CountdownEnv
@@ -172,9 +178,16 @@ def _check_keys(name: str, config: dict[str, Any], accepted: tuple[str, ...] | N
 def _register_builtins() -> None:
     register_env("sokoban", SokobanEnv, dim_room=(6, 6), num_boxes=1, max_steps=100)
     register_env("larger_sokoban", SokobanEnv, dim_room=(8, 8), num_boxes=2, max_steps=100)
+    register_env("sokoban_new_vocab", SokobanEnv, dim_room=(6, 6), num_boxes=1, max_steps=100, grid_vocabulary="new")
     register_env("frozenlake", FrozenLakeEnv)
-    register_env("bandit", BanditEnv, low_arm="Phoenix", high_arm="Dragon")
-    register_env("bandit_test", BanditEnv, low_arm="Trader", high_arm="Librarian")
+    # RAGEN-2's bandit: train on its profession pairs, evaluate on the held-out ones.
+    register_env("bandit", BanditEnv, arm_pairs=TRAIN_PAIRS)
+    register_env("bandit_test", BanditEnv, arm_pairs=TEST_PAIRS)
+    # RAGEN v1's Bandit and BanditRev: Phoenix/Dragon, then the same names with the roles swapped.
+    register_env("bandit_phoenix_dragon", BanditEnv, arm_pairs=PHOENIX_DRAGON, low_payoff=V1_LOW_PAYOFF)
+    register_env(
+        "bandit_rev", BanditEnv, arm_pairs=tuple((high, low) for low, high in PHOENIX_DRAGON), low_payoff=V1_LOW_PAYOFF
+    )
     register_env("countdown", CountdownEnv)
     register_env("corridor", CorridorEnv)
 

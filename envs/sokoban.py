@@ -16,17 +16,22 @@ import numpy as np
 
 from envs.base import TextEnv, build_config, match_action
 from envs.sokoban_generator import generate_room
-from envs.sokoban_room import ACTIONS, Room, apply_move, parse_room, render_room
+from envs.sokoban_room import (
+    ACTIONS,
+    GRID_VOCABULARIES,
+    GridSymbols,
+    Room,
+    apply_move,
+    parse_room,
+    render_room,
+)
 
 STEP_PENALTY = -0.1
 BOX_ON_TARGET_REWARD = 1.0
 BOX_OFF_TARGET_PENALTY = -1.0
 SOLVED_REWARD = 10.0
 
-INSTRUCTIONS = (
-    "You are solving Sokoban: push every box onto a target.\n"
-    "Symbols: # wall, _ empty floor, O target, X box, √ box on a target, "
-    "P you (the player), S you standing on a target.\n"
+RULES = (
     "Actions: Up, Down, Left, Right. Each moves you one cell. Walking into a box "
     "pushes it one cell if the cell behind it is free; boxes cannot be pulled, "
     "so a box pushed into a corner is stuck. The puzzle is solved when every box "
@@ -43,12 +48,15 @@ class SokobanConfig:
         num_boxes: boxes (and targets) per room.
         max_steps: valid moves before the episode is truncated.
         search_depth: most reverse moves explored when generating a start.
+        grid_vocabulary: the symbols of the rendered grid, a key of
+            `GRID_VOCABULARIES`: "standard" (RAGEN's) or "new" (SokobanNewVocab's).
     """
 
     dim_room: tuple[int, int] = (6, 6)
     num_boxes: int = 1
     max_steps: int = 100
     search_depth: int = 300
+    grid_vocabulary: str = "standard"
 
     def __post_init__(self) -> None:
         dims = tuple(self.dim_room)
@@ -68,13 +76,21 @@ class SokobanConfig:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
         if self.search_depth < 1:
             raise ValueError(f"search_depth must be >= 1, got {self.search_depth}")
+        if self.grid_vocabulary not in GRID_VOCABULARIES:
+            raise ValueError(
+                f"grid_vocabulary must be one of {sorted(GRID_VOCABULARIES)}, got {self.grid_vocabulary!r}"
+            )
+
+    @property
+    def symbols(self) -> GridSymbols:
+        return GRID_VOCABULARIES[self.grid_vocabulary]
 
 
 class SokobanEnv(TextEnv):
     """Sokoban rooms generated per seed; see the module docstring for rewards.
 
     `reset(options={"room": room})` plays a given room (a `Room` or its text
-    render) instead of a generated one.
+    render, in the env's grid vocabulary) instead of a generated one.
     """
 
     config_class = SokobanConfig
@@ -87,7 +103,10 @@ class SokobanEnv(TextEnv):
 
     @property
     def instructions(self) -> str:
-        return INSTRUCTIONS
+        return (
+            "You are solving Sokoban: push every box onto a target.\n"
+            f"Symbols: {self.config.symbols.legend()}.\n{RULES}"
+        )
 
     @property
     def action_vocabulary(self) -> tuple[str, ...]:
@@ -104,7 +123,7 @@ class SokobanEnv(TextEnv):
                 rng, dim_room=cfg.dim_room, num_boxes=cfg.num_boxes, search_depth=cfg.search_depth
             )
         elif isinstance(room, str):
-            room = parse_room(room)
+            room = parse_room(room, self.config.symbols)
         elif not isinstance(room, Room):
             raise TypeError(
                 f"options['room'] must be a Room or its text, got {type(room).__name__}"
@@ -133,7 +152,7 @@ class SokobanEnv(TextEnv):
     def render_text(self) -> str:
         if self.room is None:
             raise RuntimeError("SokobanEnv has no room yet: call reset() first")
-        return render_room(self.room)
+        return render_room(self.room, self.config.symbols)
 
 
 def _box_reward(room: Room, box_from: int, box_to: int) -> float:

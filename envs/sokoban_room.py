@@ -18,10 +18,56 @@ DIRECTIONS: dict[str, tuple[int, int]] = {
 }
 ACTIONS: tuple[str, ...] = tuple(DIRECTIONS)
 
-WALL, FLOOR, TARGET = "#", "_", "O"
-BOX, BOX_ON_TARGET = "X", "√"
-PLAYER, PLAYER_ON_TARGET = "P", "S"
 _NO_CELL = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class GridSymbols:
+    """The character drawn for each kind of cell (seven distinct characters)."""
+
+    wall: str
+    floor: str
+    target: str
+    box: str
+    box_on_target: str
+    player: str
+    player_on_target: str
+
+    def __post_init__(self) -> None:
+        symbols = dataclasses.astuple(self)
+        if any(len(s) != 1 for s in symbols) or len(set(symbols)) != len(symbols):
+            raise ValueError(f"grid symbols must be seven distinct single characters, got {symbols}")
+
+    def legend(self) -> str:
+        """The symbols explained, for the instructions."""
+        return (
+            f"{self.wall} wall, {self.floor} empty floor, {self.target} target, {self.box} box, "
+            f"{self.box_on_target} box on a target, {self.player} you (the player), "
+            f"{self.player_on_target} you standing on a target"
+        )
+
+    def kinds(self) -> dict[str, tuple[bool, bool, bool, bool]]:
+        """symbol -> (wall, target, box, player)."""
+        return {
+            self.wall: (True, False, False, False),
+            self.floor: (False, False, False, False),
+            self.target: (False, True, False, False),
+            self.box: (False, False, True, False),
+            self.box_on_target: (False, True, True, False),
+            self.player: (False, False, False, True),
+            self.player_on_target: (False, True, False, True),
+        }
+
+
+# RAGEN's symbols; and the other set of its SokobanNewVocab setting (RAGEN's
+# `SokobanDifferentGridVocab`), which tests whether a policy reads the legend.
+STANDARD_SYMBOLS = GridSymbols(
+    wall="#", floor="_", target="O", box="X", box_on_target="√", player="P", player_on_target="S"
+)
+NEW_VOCAB_SYMBOLS = GridSymbols(
+    wall="W", floor=".", target="G", box="B", box_on_target="C", player="A", player_on_target="@"
+)
+GRID_VOCABULARIES: dict[str, GridSymbols] = {"standard": STANDARD_SYMBOLS, "new": NEW_VOCAB_SYMBOLS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,31 +172,32 @@ def apply_move(layout: Layout, player: int, boxes: frozenset[int], direction: in
     return Move(nxt, (boxes - {nxt}) | {beyond}, nxt, beyond)
 
 
-def render_room(room: Room) -> str:
-    """The room as rows of symbols joined by newlines (legend in the module constants)."""
+def render_room(room: Room, symbols: GridSymbols = STANDARD_SYMBOLS) -> str:
+    """The room as rows of `symbols` joined by newlines."""
     layout = room.layout
     rows = []
     for row in range(layout.height):
-        rows.append("".join(_symbol(room, room.cell(row, col)) for col in range(layout.width)))
+        rows.append("".join(_symbol(room, room.cell(row, col), symbols) for col in range(layout.width)))
     return "\n".join(rows)
 
 
-def _symbol(room: Room, cell: int) -> str:
+def _symbol(room: Room, cell: int, symbols: GridSymbols) -> str:
     on_target = cell in room.layout.targets
     if cell in room.layout.walls:
-        return WALL
+        return symbols.wall
     if cell == room.player:
-        return PLAYER_ON_TARGET if on_target else PLAYER
+        return symbols.player_on_target if on_target else symbols.player
     if cell in room.boxes:
-        return BOX_ON_TARGET if on_target else BOX
-    return TARGET if on_target else FLOOR
+        return symbols.box_on_target if on_target else symbols.box
+    return symbols.target if on_target else symbols.floor
 
 
-def parse_room(text: str) -> Room:
-    """Inverse of `render_room`: builds a Room from rows of symbols.
+def parse_room(text: str, symbols: GridSymbols = STANDARD_SYMBOLS) -> Room:
+    """Inverse of `render_room`: builds a Room from rows of `symbols`.
 
     Raises ValueError on ragged rows, unknown symbols or a missing/duplicate player.
     """
+    kinds = symbols.kinds()
     rows = text.strip("\n").split("\n")
     width = len(rows[0])
     if any(len(r) != width for r in rows):
@@ -159,9 +206,9 @@ def parse_room(text: str) -> Room:
     for row, line in enumerate(rows):
         for col, symbol in enumerate(line):
             cell = row * width + col
-            if symbol not in _SYMBOLS:
+            if symbol not in kinds:
                 raise ValueError(f"unknown symbol {symbol!r} at row {row}, col {col}")
-            is_wall, is_target, is_box, is_player = _SYMBOLS[symbol]
+            is_wall, is_target, is_box, is_player = kinds[symbol]
             if is_wall:
                 walls.add(cell)
             if is_target:
@@ -171,18 +218,9 @@ def parse_room(text: str) -> Room:
             if is_player:
                 players.append(cell)
     if len(players) != 1:
-        raise ValueError(f"need exactly one player ('P' or 'S'), found {len(players)}")
+        raise ValueError(
+            f"need exactly one player ({symbols.player!r} or {symbols.player_on_target!r}), found {len(players)}"
+        )
     layout = Layout(len(rows), width, frozenset(walls), frozenset(targets))
     return Room(layout, players[0], frozenset(boxes))
 
-
-# symbol -> (wall, target, box, player)
-_SYMBOLS: dict[str, tuple[bool, bool, bool, bool]] = {
-    WALL: (True, False, False, False),
-    FLOOR: (False, False, False, False),
-    TARGET: (False, True, False, False),
-    BOX: (False, False, True, False),
-    BOX_ON_TARGET: (False, True, True, False),
-    PLAYER: (False, False, False, True),
-    PLAYER_ON_TARGET: (False, True, False, True),
-}

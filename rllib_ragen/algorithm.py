@@ -45,7 +45,7 @@ from rllib_ragen.connectors.protocol import ProtocolConfig
 from rllib_ragen.data.parquet import write_rollouts
 from rllib_ragen.distributed import count_training_rows, learner_minibatch_sizes, shard_groups, split_contiguous
 from rllib_ragen.echo_trap import EchoTrapMonitor
-from rllib_ragen.env_group import TurnBudget
+from rllib_ragen.env_group import DEFAULT_GROUP_RANDOMNESS, GROUP_RANDOMNESS, TurnBudget
 from rllib_ragen.env_runner import LLMEnvRunner, policy_weights, rollout_statistics
 from rllib_ragen.evaluation import evaluate_on_seeds
 from rllib_ragen.filtering import FILTER_METRICS, select_groups_by_variance
@@ -115,6 +115,7 @@ class StarPOConfig(AlgorithmConfig):
         self.format_penalty = -0.1
         self.train_seed_start = 10_000
         self.env_step_timeout_s = 60.0
+        self.group_randomness = DEFAULT_GROUP_RANDOMNESS
         # .inference(): every engine setting defaults to EngineConfig's.
         engine_defaults = EngineConfig()
         for attribute, field in _ENGINE_SETTINGS.items():
@@ -203,6 +204,7 @@ class StarPOConfig(AlgorithmConfig):
         format_penalty: float | None = NotProvided,
         train_seed_start: int | None = NotProvided,
         env_step_timeout_s: float | None = NotProvided,
+        group_randomness: str | None = NotProvided,
     ) -> StarPOConfig:
         """How trajectories are sampled each iteration.
 
@@ -222,13 +224,18 @@ class StarPOConfig(AlgorithmConfig):
             env_step_timeout_s: Seconds one env reset or step may take; a call
                 that hangs longer is abandoned and ends its trajectory (logged,
                 counted in the `env_errors` metric). None = no limit.
+            group_randomness: What a group's members share beyond the initial
+                state: "independent" (each member draws its own transition and
+                payout randomness, reproducibly from (seed, member), as RAGEN-2)
+                or "shared" (every member replays the seed's draws: the Bandit's
+                payout is one draw per group, which biases GRPO; see README).
         """
         return self._set(
             n_groups=n_groups, group_size=group_size, max_turns=max_turns,
             max_actions_per_turn=max_actions_per_turn, max_actions_per_traj=max_actions_per_traj,
             response_length=response_length, temperature=temperature, history_window=history_window,
             think=think, prefill=prefill, format_penalty=format_penalty, train_seed_start=train_seed_start,
-            env_step_timeout_s=env_step_timeout_s,
+            env_step_timeout_s=env_step_timeout_s, group_randomness=group_randomness,
         )
 
     def inference(
@@ -682,6 +689,8 @@ class StarPOConfig(AlgorithmConfig):
             resolve_model(str(self.llm_model))  # config, weights, tokenizer and chat template are there
         if self.env_step_timeout_s is not None and not self.env_step_timeout_s > 0:
             raise ValueError(f"env_step_timeout_s must be > 0 or None, got {self.env_step_timeout_s}")
+        if self.group_randomness not in GROUP_RANDOMNESS:
+            raise ValueError(f"group_randomness must be one of {GROUP_RANDOMNESS}, got {self.group_randomness!r}")
         if self.max_model_len <= self.response_length:
             raise ValueError(
                 f"max_model_len={self.max_model_len} leaves no room for a prompt with "

@@ -2,6 +2,11 @@
 
 A group is `group_size` copies of one text env, all reset with the same seed;
 each agent ("traj_0", "traj_1", ...) is one trajectory from that shared start.
+What happens after the start (FrozenLake's slips, the Bandit's payouts) is
+either drawn alike for every member (`group_randomness="shared"`: each env
+repeats the seed's one random stream) or by each member on its own
+(`"independent"`: member i draws from the stream `(seed, i)`, see
+`envs.base.DYNAMICS_STREAM`), reproducibly in both cases.
 An agent's action is the list of action phrases parsed from one model turn;
 they are stepped in order until the env ends or a budget runs out. The group
 enforces the turn budget (`max_turns`) and the per-trajectory action budget
@@ -30,7 +35,7 @@ import numpy as np
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 
 from envs import make_env
-from envs.base import TextEnv
+from envs.base import DYNAMICS_STREAM, TextEnv
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +61,13 @@ class TurnBudget:
             raise ValueError(f"max_actions_per_traj must be >= 1, got {self.max_actions_per_traj}")
         if self.format_penalty > 0:
             raise ValueError(f"format_penalty must be <= 0, got {self.format_penalty}")
+
+
+GROUP_RANDOMNESS = ("shared", "independent")
+# benchmarks/group_randomness.py (README "Group randomness"): with shared payout draws
+# GRPO's mean advantage favours the Bandit's worse arm (-0.43 for the better one; -0.09
+# when each member draws its own), while FrozenLake's first moves rank right either way.
+DEFAULT_GROUP_RANDOMNESS = "independent"
 
 
 def agent_id(index: int) -> str:
@@ -141,6 +153,8 @@ class EnvGroup(MultiAgentEnv):
         budget: Turn and action limits of each trajectory.
         step_timeout_s: Seconds one env reset or step may take before its
             trajectory is abandoned; None = no limit (and no worker thread).
+        group_randomness: "shared" or "independent" randomness after the
+            shared start (module docstring).
     """
 
     def __init__(
@@ -151,10 +165,14 @@ class EnvGroup(MultiAgentEnv):
         group_size: int,
         budget: TurnBudget,
         step_timeout_s: float | None = None,
+        group_randomness: str = DEFAULT_GROUP_RANDOMNESS,
     ) -> None:
         super().__init__()
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
+        if group_randomness not in GROUP_RANDOMNESS:
+            raise ValueError(f"group_randomness must be one of {GROUP_RANDOMNESS}, got {group_randomness!r}")
+        self.group_randomness = group_randomness
         if step_timeout_s is not None and not step_timeout_s > 0:
             raise ValueError(f"step_timeout_s must be > 0 or None, got {step_timeout_s}")
         self.env_name = env_name
@@ -186,11 +204,15 @@ class EnvGroup(MultiAgentEnv):
         """Resets every member with `seed`; members whose reset failed are absent from the result."""
         self.seed, self.errors = seed, []
         observations, infos = {}, {}
-        for agent, env in zip(self.agents, self.envs):
+        for index, (agent, env) in enumerate(zip(self.agents, self.envs)):
             self._turns[agent], self._actions[agent], self._done[agent] = 0, 0, False
+            member_options = {DYNAMICS_STREAM: index} if self.group_randomness == "independent" else {}
             try:
                 observation, info = check_reset_result(
-                    call_with_timeout(lambda env=env: env.reset(seed=seed), self.step_timeout_s)
+                    call_with_timeout(
+                        lambda env=env, options=member_options: env.reset(seed=seed, options=options),
+                        self.step_timeout_s,
+                    )
                 )
             except Exception as error:
                 self._record_fault(agent, "reset", error)

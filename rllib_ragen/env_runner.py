@@ -241,7 +241,7 @@ class _GroupRollout:
         self.all_groups = [
             EnvGroup(
                 config.env, config.env_config, group_size=group_size, budget=config.turn_budget,
-                step_timeout_s=config.env_step_timeout_s,
+                step_timeout_s=config.env_step_timeout_s, group_randomness=config.group_randomness,
             )
             for _ in seeds
         ]

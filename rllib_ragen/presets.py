@@ -21,9 +21,12 @@ PRESETS = ("cpu", "gpu")
 ENV_BUDGETS = {
     "sokoban": dict(max_turns=5, max_actions_per_turn=5, max_actions_per_traj=10),
     "larger_sokoban": dict(max_turns=5, max_actions_per_turn=5, max_actions_per_traj=10),
+    "sokoban_new_vocab": dict(max_turns=5, max_actions_per_turn=5, max_actions_per_traj=10),
     "frozenlake": dict(max_turns=5, max_actions_per_turn=5, max_actions_per_traj=10),
     "bandit": dict(max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1),
     "bandit_test": dict(max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1),
+    "bandit_phoenix_dragon": dict(max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1),
+    "bandit_rev": dict(max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1),
     "countdown": dict(max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1),
 }
 
@@ -106,10 +109,12 @@ def _single_choice_settings(config: StarPOConfig) -> None:
     ranks the arms by luck; 64 trajectories an iteration make the better arm
     win the batch comparison far more often. No-think answers keep each
     sample cheap (the learner's cost is the prompt). BRPO's batch baseline
-    is unbiased here, while GRPO's per-group std blows up the advantages of
-    groups with no payout, which favour the low arm (measured: success 0.78
-    -> 0.09 in 3 iterations), and a critic would first have to learn the
-    mean payout. 64 evaluation seeds resolve a success rate to about 0.05.
+    favours the better arm, while GRPO's per-group std blows up the advantages
+    of groups with no payout, which favour the low arm (measured with shared
+    payout draws: success 0.78 -> 0.09 in 3 iterations; even with each member
+    drawing its own payout GRPO's mean advantage of the better arm stays
+    negative, `benchmarks/group_randomness.py`), and a critic would first have
+    to learn the mean payout. 64 evaluation seeds resolve a success rate to about 0.05.
     """
     config.llm(critic="none")
     config.rollouts(n_groups=8, group_size=8, response_length=16, think=False, prefill=True)

@@ -52,7 +52,7 @@ from rllib_ragen.ray_session import init_ray
 
 # Part of the cache key: a change to how the warm start trains, or to the text of the
 # demonstrations it trains on (e.g. an expert's thought), must bump it so old results are not reused.
-WARM_START_METHOD = "bc-5"
+WARM_START_METHOD = "bc-6"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,11 +16,12 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from rllib_ragen.algorithm import StarPOConfig
 from rllib_ragen.experiment import build_parser
+from rllib_ragen.inference.engine import Completion, InferenceEngine, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = str(Path(sys.executable).parent)
@@ -154,3 +155,26 @@ def driver_args(*argv: str, stop_iters: int = 2):
     """The tuned-example flags, parsed (`rllib_ragen.experiment.run` takes them)."""
     parser = build_parser(env="sokoban", description="test", success_threshold=0.0, stop_iters=stop_iters)
     return parser.parse_args(list(argv))
+
+
+class ForcedAnswerEngine(InferenceEngine):
+    """A policy that always answers `answer_ids`, scored by a real engine (log-probs at temperature 1)."""
+
+    def __init__(self, engine: InferenceEngine, answer_ids: list[int]) -> None:
+        self.engine, self.answer_ids = engine, list(answer_ids)
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        logprobs = self.engine.score(prompts, [self.answer_ids] * len(prompts))
+        return [Completion(list(self.answer_ids), list(lp), "stop") for lp in logprobs]
+
+    def score(self, prompts, continuations):
+        return self.engine.score(prompts, continuations)
+
+    def update_weights(self, state_dict) -> None:
+        self.engine.update_weights(state_dict)
+
+    def health(self) -> dict:
+        return self.engine.health()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()

@@ -55,10 +55,10 @@ def test_action_budget_per_trajectory_cuts_the_action_list():
 
 
 def test_bandit_group_ends_after_one_pick_with_success_flag():
-    group = EnvGroup("bandit", {"high_prob": 1.0}, group_size=2, budget=TurnBudget(max_turns=1))
+    group = EnvGroup("bandit_phoenix_dragon", {"high_prob": 1.0}, group_size=2, budget=TurnBudget(max_turns=1))
     group.reset(seed=5)
     _, rewards, terminateds, _, infos = group.step({"traj_0": ["Dragon"], "traj_1": ["Phoenix"]})
-    assert rewards == {"traj_0": pytest.approx(1.0), "traj_1": pytest.approx(0.1)}
+    assert rewards == {"traj_0": pytest.approx(1.0), "traj_1": pytest.approx(0.15)}
     assert infos["traj_0"]["success"] and not infos["traj_1"]["success"]
     assert terminateds["traj_0"] and terminateds["traj_1"] and terminateds["__all__"]
 

@@ -27,7 +27,8 @@ def test_contract_and_global_rng_untouched(name):
     obs, info = env.reset(seed=123)
     assert isinstance(obs, str) and obs and info["success"] is False
     assert obs == make_env(name).reset(seed=123)[0]
-    action = env.action_vocabulary[0] if env.action_vocabulary else "1 + 2"
+    assert env.available_actions is None or set(env.available_actions) <= set(env.action_vocabulary)
+    action = env.available_actions[0] if env.available_actions else "1 + 2"
     _, reward, terminated, truncated, info = env.step(action)
     assert isinstance(reward, float)
     assert isinstance(terminated, bool) and isinstance(truncated, bool)
@@ -38,8 +39,9 @@ def test_contract_and_global_rng_untouched(name):
 def test_reset_seeds_like_default_rng():
     env = make_env("bandit")
     env.reset(seed=42)
-    # After reset the env drew one number (the arm order); default_rng(42) agrees.
+    # After reset the env drew its pair and the arm order; default_rng(42) agrees.
     expected = np.random.default_rng(42)
+    expected.integers(len(env.config.arm_pairs))
     expected.random()
     assert env.np_random.random() == expected.random()
 

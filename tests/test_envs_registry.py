@@ -49,15 +49,18 @@ def _isolated_registry(monkeypatch):
 
 def test_builtins_are_registered_with_their_defaults():
     assert set(envs.list_envs()) >= {
-        "sokoban", "larger_sokoban", "frozenlake", "bandit", "bandit_test", "countdown"
+        "sokoban", "larger_sokoban", "sokoban_new_vocab", "frozenlake", "bandit", "bandit_test",
+        "bandit_phoenix_dragon", "bandit_rev", "countdown",
     }
     sokoban, larger = envs.make_env("sokoban"), envs.make_env("larger_sokoban")
     assert sokoban.config == envs.SokobanConfig(dim_room=(6, 6), num_boxes=1, max_steps=100)
     assert (larger.config.dim_room, larger.config.num_boxes) == ((8, 8), 2)
+    assert envs.make_env("sokoban_new_vocab").config == envs.SokobanConfig(grid_vocabulary="new")
     bandit, held_out = envs.make_env("bandit"), envs.make_env("bandit_test")
-    assert (bandit.config.low_arm, bandit.config.high_arm) == ("Phoenix", "Dragon")
-    assert (held_out.config.low_arm, held_out.config.high_arm) == ("Trader", "Librarian")
+    assert (len(bandit.config.arm_pairs), len(held_out.config.arm_pairs)) == (12, 8)
     assert bandit.config == envs.BanditConfig(low_payoff=0.1, high_payoff=1.0, high_prob=0.25)
+    v1, rev = envs.make_env("bandit_phoenix_dragon"), envs.make_env("bandit_rev")
+    assert (v1.config.arm_pairs, rev.config.arm_pairs) == ((("Phoenix", "Dragon"),), (("Dragon", "Phoenix"),))
     lake = envs.make_env("frozenlake")
     assert (lake.config.size, lake.config.p_frozen, lake.config.is_slippery) == (4, 0.8, True)
     assert isinstance(envs.make_env("countdown"), envs.CountdownEnv)

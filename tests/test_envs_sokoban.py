@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from envs import make_env
 from envs.sokoban import SokobanConfig, SokobanEnv
 from envs.sokoban_generator import wander
-from envs.sokoban_room import parse_room, render_room
+from envs.sokoban_room import (
+    NEW_VOCAB_SYMBOLS,
+    STANDARD_SYMBOLS,
+    parse_room,
+    render_room,
+)
 from envs.sokoban_solver import solve
+from rllib_ragen.connectors.answer_parser import parse_answer
+from rllib_ragen.data.experts import TurnBudgetLeft, expert_for
 
 
 def _play(env: SokobanEnv, actions: list[str]) -> tuple[float, bool, bool, dict]:
@@ -179,6 +189,7 @@ def test_parse_room_rejects_bad_rooms(text, message):
         ({"dim_room": (5, 5), "num_boxes": 8}, "num_boxes"),
         ({"max_steps": 0}, "max_steps"),
         ({"search_depth": 0}, "search_depth"),
+        ({"grid_vocabulary": "emoji"}, "grid_vocabulary"),
     ],
 )
 def test_config_validation(kwargs, message):
@@ -200,3 +211,47 @@ def test_unknown_reset_option_raises():
 def test_render_of_hand_room_is_identity():
     text = "#####\n#S_X#\n#√XO#\n#___#\n#####"
     assert render_room(parse_room(text)) == text
+
+
+def test_grid_symbols_must_be_distinct_characters():
+    with pytest.raises(ValueError, match="seven distinct"):
+        dataclasses.replace(NEW_VOCAB_SYMBOLS, box="W")
+    with pytest.raises(ValueError, match="seven distinct"):
+        dataclasses.replace(NEW_VOCAB_SYMBOLS, box="BB")
+
+
+def test_new_vocab_round_trips_every_kind_of_cell():
+    standard = "#####\n#S_X#\n#√XO#\n#___#\n#####"
+    new = "WWWWW\nW@.BW\nWCBGW\nW...W\nWWWWW"
+    assert render_room(parse_room(standard), NEW_VOCAB_SYMBOLS) == new
+    assert parse_room(new, NEW_VOCAB_SYMBOLS) == parse_room(standard)
+    with pytest.raises(ValueError, match="unknown symbol '#'"):
+        parse_room(standard, NEW_VOCAB_SYMBOLS)
+
+
+def test_sokoban_new_vocab_shows_only_its_symbols_on_the_same_rooms():
+    new, standard = make_env("sokoban_new_vocab"), make_env("sokoban")
+    seen = set()
+    for seed in range(30):
+        observation, _ = new.reset(seed=seed)
+        seen |= set(observation) - {"\n"}
+        assert parse_room(observation, NEW_VOCAB_SYMBOLS) == new.room == parse_room(standard.reset(seed=seed)[0])
+    new_symbols, old_symbols = set(dataclasses.astuple(NEW_VOCAB_SYMBOLS)), set(dataclasses.astuple(STANDARD_SYMBOLS))
+    assert seen <= new_symbols and not seen & old_symbols
+    assert "Symbols: W wall, . empty floor, G target, B box, C box on a target, A you" in new.instructions
+    assert not {"#", "_", "√"} & set(new.instructions)
+
+
+def test_sokoban_new_vocab_answers_parse_and_the_solver_and_expert_solve_it():
+    env = make_env("sokoban_new_vocab")
+    observation, _ = env.reset(seed=4)
+    plan = solve(parse_room(observation, NEW_VOCAB_SYMBOLS))
+    assert plan and plan == solve(env)
+    answer = f"<think>push it</think><answer>{' || '.join(a.lower() for a in plan)}</answer>"
+    parsed = parse_answer(answer, max_actions_per_turn=len(plan), action_vocabulary=env.action_vocabulary)
+    assert list(parsed.actions) == plan
+    _, terminated, _, info = _play(env, list(parsed.actions))
+    assert terminated and info["success"]
+    env.reset(seed=4)
+    turn = expert_for(env)(env, TurnBudgetLeft(turns=5, actions=len(plan), per_turn=len(plan)))
+    assert turn.actions == plan

@@ -1,10 +1,13 @@
 """The whole StarPO loop learns: a bandit whose better arm must be found from reward.
 
-A random tiny model first gets a supervised format warm start on well-formed
-answers whose arm is chosen at random, so its success starts near 0.5. StarPO
-(GRPO, no critic) must then raise success to >= 0.9 within a bounded number of
-iterations. Two negative controls run the same loop and must not: learning
-rate 0, and the advantage sign flipped.
+The env is RAGEN v1's Phoenix/Dragon bandit: the state names the two arms and
+nothing about their payouts, so the better arm can only be learnt from the
+rewards (a random tiny model reads nothing anyway; one pair keeps the test to
+two names). A supervised format warm start on well-formed answers whose arm is
+chosen at random leaves success near 0.5. StarPO (GRPO, no critic) must then
+raise success to >= 0.9 within a bounded number of iterations. Two negative
+controls run the same loop and must not: learning rate 0, and the advantage
+sign flipped.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from rllib_ragen.warm_start import WarmStartConfig, warm_start
 
 pytestmark = pytest.mark.learning
 
-ENV_CONFIG = {"high_prob": 1.0}  # the high arm always pays 1.0, the low arm 0.1
+ENV = "bandit_phoenix_dragon"
+ENV_CONFIG = {"high_prob": 1.0}  # the high arm (Dragon) always pays 1.0, the low arm 0.15
 MAX_ITERS = 20
 BUDGET = TurnBudget(max_turns=1, max_actions_per_traj=1)
 PROTOCOL = ProtocolConfig(max_actions_per_turn=1, think=False, prefill=True)
@@ -29,7 +33,7 @@ PROTOCOL = ProtocolConfig(max_actions_per_turn=1, think=False, prefill=True)
 @pytest.fixture(scope="module")
 def warm_model(tmp_path_factory, tiny_model_path) -> str:
     config = WarmStartConfig(
-        env="bandit", env_config=ENV_CONFIG, protocol=PROTOCOL, budget=BUDGET,
+        env=ENV, env_config=ENV_CONFIG, protocol=PROTOCOL, budget=BUDGET,
         num_examples=64, answers_per_prompt=4, epochs=4, batch_size=8, lr=3e-3,
     )
     return str(warm_start(str(tiny_model_path), config, cache_dir=tmp_path_factory.mktemp("warm")))
@@ -47,7 +51,7 @@ def ray_session():
 def _config(model: str, *, lr: float, estimator: str = "grpo") -> StarPOConfig:
     return (
         StarPOConfig()
-        .environment("bandit", env_config=ENV_CONFIG)
+        .environment(ENV, env_config=ENV_CONFIG)
         .llm(model=model, critic="none")
         .rollouts(
             n_groups=8, group_size=8, max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1,

@@ -14,12 +14,12 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pytest
 from ray.rllib.core import DEFAULT_MODULE_ID
+from run_helpers import ForcedAnswerEngine
 
 from envs import register_env
 from envs.base import TextEnv
@@ -27,7 +27,6 @@ from rllib_ragen.algorithm import StarPOConfig
 from rllib_ragen.connectors.token_batch import trajectories_from_episodes
 from rllib_ragen.env_group import EnvGroup, TurnBudget
 from rllib_ragen.env_runner import LLMEnvRunner
-from rllib_ragen.inference.engine import Completion, InferenceEngine, SamplingParams
 
 TIMEOUT_S = 0.3
 FIRST_SEED = 10_000  # even: faulty group; FIRST_SEED + 1 is odd: healthy group
@@ -77,29 +76,6 @@ class FaultyEnv(TextEnv):
 
     def render_text(self) -> str:
         return f"You are at position {self.position}."
-
-
-class ForcedAnswerEngine(InferenceEngine):
-    """A policy that always answers `answer_ids`, scored by a real engine (log-probs at temperature 1)."""
-
-    def __init__(self, engine: InferenceEngine, answer_ids: list[int]) -> None:
-        self.engine, self.answer_ids = engine, list(answer_ids)
-
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
-        logprobs = self.engine.score(prompts, [self.answer_ids] * len(prompts))
-        return [Completion(list(self.answer_ids), list(lp), "stop") for lp in logprobs]
-
-    def score(self, prompts, continuations):
-        return self.engine.score(prompts, continuations)
-
-    def update_weights(self, state_dict) -> None:
-        self.engine.update_weights(state_dict)
-
-    def health(self) -> dict:
-        return self.engine.health()
-
-    def shutdown(self) -> None:
-        self.engine.shutdown()
 
 
 @pytest.fixture(scope="module", autouse=True)

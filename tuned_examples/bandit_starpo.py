@@ -6,6 +6,12 @@ installed (else in-process HF), MLflow tracking in ./mlflow.db, checkpoints in
 ./checkpoints/bandit-starpo (`--resume` continues a crashed run). `--preset gpu`
 uses RAGEN's defaults (Qwen2.5-0.5B-Instruct, 8 groups x 16). `--as-test` exits
 1 unless the success rate reaches `--success-threshold`.
+
+It trains on RAGEN-2's names-only `bandit` (its 12 training profession pairs).
+To score the trained policy on the 8 held-out pairs, evaluate its final policy
+there without training: `--env bandit_test --warm-start-model
+checkpoints/bandit-starpo/final_policy --stop-iters 0`. `--env
+bandit_phoenix_dragon` / `bandit_rev` train on RAGEN v1's Bandit / BanditRev.
 """
 
 import os

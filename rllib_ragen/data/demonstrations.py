@@ -132,10 +132,11 @@ def random_demonstrations(tokenizer: Any, config: RandomPlayConfig) -> list[Mult
     """
     group, protocol = _group_and_protocol(tokenizer, config.env, config.env_config, config.protocol, config.budget)
     rng = np.random.default_rng(config.seed)
-    first_actions = _StratifiedFirstActions(group.template_env.action_vocabulary, rng)
+    first_actions = _StratifiedFirstActions(rng)
     episodes = []
     for index, seed in enumerate(config.seeds):
-        opening = first_actions.draw(seed)
+        reset = group.reset(seed=seed)
+        opening = first_actions.draw(seed, group.template_env.available_actions)
         pending = [opening] if opening is not None else []
 
         def next_turn(env, left: TurnBudgetLeft, pending=pending) -> Turn:
@@ -143,31 +144,31 @@ def random_demonstrations(tokenizer: Any, config: RandomPlayConfig) -> list[Mult
             actions = [pending.pop() if pending else env.random_action(rng) for _ in range(count)]
             return Turn(actions, f"I will try {', '.join(actions)}.")
 
-        episodes.append(_play(group, protocol, group.reset(seed=seed), next_turn, group_id=index))
+        episodes.append(_play(group, protocol, reset, next_turn, group_id=index))
     return episodes
 
 
 class _StratifiedFirstActions:
-    """The first action of each trajectory from a state, drawn from a shuffled deck of the vocabulary.
+    """The first action of each trajectory from a state, drawn from a shuffled deck of the state's actions.
 
     Uniform draws from a handful of trajectories are rarely balanced (16
     states x 2 Bandit answers drew one arm 11 times, the other 21), and the
     model would learn that imbalance as a preference. Dealing each state's
-    first actions from a reshuffled deck keeps every action equally frequent
-    per state while the order stays random. Free-form envs (no vocabulary)
-    draw every action with `random_action`.
+    first actions from a reshuffled deck of its available actions keeps every
+    action equally frequent per state while the order stays random.
+    Free-form envs (no vocabulary) draw every action with `random_action`.
     """
 
-    def __init__(self, vocabulary: tuple[str, ...] | None, rng: np.random.Generator) -> None:
-        self.vocabulary, self.rng = vocabulary, rng
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
         self.decks: dict[int, list[str]] = {}
 
-    def draw(self, seed: int) -> str | None:
-        if not self.vocabulary:
+    def draw(self, seed: int, actions: tuple[str, ...] | None) -> str | None:
+        if not actions:
             return None
         deck = self.decks.setdefault(seed, [])
         if not deck:
-            deck.extend(self.rng.permutation(self.vocabulary).tolist())
+            deck.extend(self.rng.permutation(actions).tolist())
         return deck.pop()
 
 
