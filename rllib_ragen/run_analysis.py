@@ -19,7 +19,11 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from mlflow.tracking import MlflowClient
 
-from rllib_ragen.collapse_metrics import COLLAPSE_RESULTS, CONDITIONAL_ENTROPY, MUTUAL_INFORMATION
+from rllib_ragen.collapse_metrics import (
+    COLLAPSE_RESULTS,
+    CONDITIONAL_ENTROPY,
+    MUTUAL_INFORMATION,
+)
 from rllib_ragen.echo_trap import REWARD_VARIANCE, EchoTrapMonitor, EchoTrapRule
 
 # Plot title -> MLflow metric key (as logged by MLflowCallback).

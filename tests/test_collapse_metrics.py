@@ -159,7 +159,7 @@ def test_the_metrics_reach_a_runs_mlflow(ray_session, tiny_model_path, demos, tm
     (found,) = client.search_runs([client.get_experiment_by_name("collapse").experiment_id])
     logged = {key: client.get_metric_history(found.info.run_id, f"collapse/{key}")
               for key in ("mutual_information", "conditional_entropy", "num_samples", "mi_upper_bound")}
-    assert {key: [m.step for m in history] for key, history in logged.items()} == dict.fromkeys(logged, [1])
+    assert {key: [m.step for m in history] for key, history in logged.items()} == {key: [1] for key in logged}
     (samples,), (bound,), (mi,), (entropy,) = (logged[k] for k in
                                                ("num_samples", "mi_upper_bound", "mutual_information",
                                                 "conditional_entropy"))

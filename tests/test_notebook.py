@@ -12,8 +12,8 @@ from mlflow.tracking import MlflowClient
 from nbclient import NotebookClient
 from run_helpers import ROOT, driver_args, tiny_config
 
-from rllib_ragen.experiment import run
 from rllib_ragen.echo_trap import EchoTrapRule
+from rllib_ragen.experiment import run
 from rllib_ragen.run_analysis import (
     ECHO_TRAP_SIGNALS,
     IN_GROUP_STD,
