@@ -42,10 +42,21 @@ PAPER_STARPO_S = {
 }
 # The GPU preset shrunk to a smoke run on a CPU (tuned-example flags).
 TINY_FLAGS = [
-    "--model", "tiny-random", "--engine", "hf", "--n-groups", "2", "--group-size", "2", "--max-turns", "1",
-    "--eval-size", "2", "--set", "critic=head", "--set", "response_length=8", "--set", "mini_batch_size=4", "--set", "micro_batch_size=2",
-    "--set", "autocast_dtype=None", "--set", "engine_dtype=auto", "--set", "num_gpus_per_learner=0",
-    "--set", "num_gpus_per_engine=0", "--set", "collapse_metrics_samples=4",
+    *"--model tiny-random --engine hf --n-groups 2 --group-size 2 --max-turns 1 --eval-size 2".split(),
+    *(
+        f"--set={setting}"
+        for setting in (
+            "critic=head",
+            "response_length=8",
+            "mini_batch_size=4",
+            "micro_batch_size=2",
+            "autocast_dtype=None",
+            "engine_dtype=auto",
+            "num_gpus_per_learner=0",
+            "num_gpus_per_engine=0",
+            "collapse_metrics_samples=4",
+        )
+    ),
 ]
 HEADER = (
     "| setting | env | paper StarPO-S | success before RL [95%] | success after RL [95%] | iterations | minutes |\n"
@@ -55,21 +66,39 @@ HEADER = (
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--envs", default=",".join(PAPER_STARPO_S),
-                        help=f"comma-separated settings to run, of: {', '.join(PAPER_STARPO_S)}")
+    parser.add_argument(
+        "--envs",
+        default=",".join(PAPER_STARPO_S),
+        help=f"comma-separated settings to run, of: {', '.join(PAPER_STARPO_S)}",
+    )
     parser.add_argument("--stop-iters", type=int, help="training iterations per setting (default: 200, --tiny: 1)")
     parser.add_argument("--eval-size", type=int, help="fixed evaluation seeds (default: the preset's 256)")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny random model, HF engine, 1 iteration")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a StarPOConfig attribute in every run (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a StarPOConfig attribute in every run (repeatable)",
+    )
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite:///./mlflow.db)")
     parser.add_argument("--experiment", default="paper-table", help="MLflow experiment name")
-    parser.add_argument("--checkpoint-root", default="checkpoints/paper-table",
-                        help="checkpoints go to <root>/<env>; --resume continues the runs found there")
-    parser.add_argument("--checkpoint-every", type=int, default=20,
-                        help="checkpoint every N iterations and at the end (metrics reach MLflow with them)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue each setting from its latest checkpoint (no before-RL evaluation then)")
+    parser.add_argument(
+        "--checkpoint-root",
+        default="checkpoints/paper-table",
+        help="checkpoints go to <root>/<env>; --resume continues the runs found there",
+    )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=20,
+        help="checkpoint every N iterations and at the end (metrics reach MLflow with them)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue each setting from its latest checkpoint (no before-RL evaluation then)",
+    )
     parser.add_argument("--output", help="also write the table (markdown) to this file")
     args = parser.parse_args(argv)
     args.envs = [env.strip() for env in args.envs.split(",") if env.strip()]
@@ -84,9 +113,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def driver_argv(env: str, args: argparse.Namespace, summary: Path) -> list[str]:
     """The tuned-example flags of one setting's run."""
     argv = [
-        "--env", env, "--preset", "gpu", "--no-warm-start", "--stop-iters", str(args.stop_iters),
-        "--summary-json", str(summary), "--checkpoint-dir", str(Path(args.checkpoint_root) / env),
-        "--checkpoint-every", str(args.checkpoint_every), "--experiment", args.experiment,
+        "--env",
+        env,
+        "--preset",
+        "gpu",
+        "--no-warm-start",
+        "--stop-iters",
+        str(args.stop_iters),
+        "--summary-json",
+        str(summary),
+        "--checkpoint-dir",
+        str(Path(args.checkpoint_root) / env),
+        "--checkpoint-every",
+        str(args.checkpoint_every),
+        "--experiment",
+        args.experiment,
     ]
     if args.tiny:
         argv += TINY_FLAGS
@@ -117,6 +158,7 @@ def main(argv: list[str] | None = None) -> str:
     args = parse_args(argv)
     # Imported here: torch, Ray and RLlib take seconds to import, --help and bad flags need none of them.
     from rllib_ragen.experiment import build_parser, config_from_args, run
+
     with tempfile.TemporaryDirectory(prefix="paper-table-") as scratch:
         runs = []
         for env in args.envs:  # every config is built and validated before the first run starts

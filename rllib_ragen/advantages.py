@@ -143,7 +143,7 @@ def group_statistics(scores: Tensor, group_ids: Tensor) -> GroupStatistics:
     # At least float32, and every buffer in the scores' dtype: never the default dtype, which
     # `torch.set_default_dtype` may have made float64 while the scores are float32.
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
-    like = dict(dtype=scores.dtype, device=scores.device)
+    like = {"dtype": scores.dtype, "device": scores.device}
     count = torch.zeros(n_groups, **like).index_add_(0, index, torch.ones_like(scores))
     total = torch.zeros(n_groups, **like).index_add_(0, index, scores)
     mean = total / count

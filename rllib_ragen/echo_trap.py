@@ -33,14 +33,19 @@ REWARD_VARIANCE = "reward_variance"
 # Signal -> (the collapse it shows, what it measures, what its collapse means).
 COLLAPSE_SIGNALS: dict[str, tuple[str, str, str]] = {
     REWARD_VARIANCE: (
-        "reward-variance collapse", "in-group reward std",
+        "reward-variance collapse",
+        "in-group reward std",
         "groups no longer disagree in reward, so updates carry no signal (or every trajectory already succeeds)",
     ),
     CONDITIONAL_ENTROPY: (
-        "entropy collapse", "H(Z|X)", "the model writes nearly the same reasoning every time for a given prompt",
+        "entropy collapse",
+        "H(Z|X)",
+        "the model writes nearly the same reasoning every time for a given prompt",
     ),
     MUTUAL_INFORMATION: (
-        "template collapse", "I(X;Z)", "the reasoning no longer depends on the prompt: one template for every input",
+        "template collapse",
+        "I(X;Z)",
+        "the reasoning no longer depends on the prompt: one template for every input",
     ),
 }
 

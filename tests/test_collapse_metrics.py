@@ -103,17 +103,20 @@ def test_cross_scores_are_the_models_log_probs(module, tiny_model_path):
 
 def test_collapse_metrics_score_each_distinct_prompt_once_per_group_column(module):
     # Groups 3 and 4 show the same prompt: 3 groups (columns), 2 distinct prompts scored.
-    samples = [ReasoningSample((5, 6), (10, 11), 3), ReasoningSample((5, 6), (12,), 4),
-               ReasoningSample((8, 9, 7), (13, 14, 15), 9)]
+    samples = [
+        ReasoningSample((5, 6), (10, 11), 3),
+        ReasoningSample((5, 6), (12,), 4),
+        ReasoningSample((8, 9, 7), (13, 14, 15), 9),
+    ]
     metrics = collapse_metrics(module, samples, micro_batch_size=4)
-    cross = cross_log_probs(module, [(5, 6), (5, 6), (8, 9, 7)], [s.reasoning_ids for s in samples],
-                            micro_batch_size=4)
+    cross = cross_log_probs(module, [(5, 6), (5, 6), (8, 9, 7)], [s.reasoning_ids for s in samples], micro_batch_size=4)
     lengths = torch.tensor([[2.0], [1.0], [3.0]])
     expected = information_estimates(cross / lengths, torch.tensor([0, 1, 2]))
     assert metrics["mutual_information"] == pytest.approx(expected["mutual_information"], abs=1e-5)
     assert metrics["conditional_entropy"] == pytest.approx(expected["conditional_entropy"], abs=1e-5)
     assert metrics["mutual_information_seq"] == pytest.approx(
-        information_estimates(cross, torch.tensor([0, 1, 2]))["mutual_information"], abs=1e-4)
+        information_estimates(cross, torch.tensor([0, 1, 2]))["mutual_information"], abs=1e-4
+    )
     assert (metrics["num_samples"], metrics["num_prompts"], metrics["mi_upper_bound"]) == (3.0, 3.0, math.log(3))
     with pytest.raises(ValueError, match=">= 2 groups"):
         collapse_metrics(module, samples[:1], micro_batch_size=4)
@@ -148,21 +151,34 @@ def test_the_metrics_reach_a_runs_mlflow(ray_session, tiny_model_path, demos, tm
     """A StarPO run (offline, on the expert's multi-turn episodes: a random tiny model writes no
     thoughts) measures at its first iteration and logs both estimates to MLflow."""
     write_trajectories(demos, tmp_path / "demos.parquet", env="sokoban")
-    config = tiny_config(tiny_model_path).rollouts(n_groups=4, group_size=1, max_actions_per_turn=3,
-                                                   max_actions_per_traj=6)
+    config = tiny_config(tiny_model_path).rollouts(
+        n_groups=4, group_size=1, max_actions_per_turn=3, max_actions_per_traj=6
+    )
     config.starpo_evaluation(eval_interval=0).diagnostics(collapse_metrics_samples=3)
     config = offline_config(config, OfflineSettings(str(tmp_path / "demos.parquet"), objective="starpo"))
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    run(config, driver_args("--tracking-uri", store, "--experiment", "collapse",
-                            "--checkpoint-dir", str(tmp_path / "ckpt"), stop_iters=1))
+    run(
+        config,
+        driver_args(
+            "--tracking-uri",
+            store,
+            "--experiment",
+            "collapse",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+            stop_iters=1,
+        ),
+    )
     client = MlflowClient(store)
     (found,) = client.search_runs([client.get_experiment_by_name("collapse").experiment_id])
-    logged = {key: client.get_metric_history(found.info.run_id, f"collapse/{key}")
-              for key in ("mutual_information", "conditional_entropy", "num_samples", "mi_upper_bound")}
+    logged = {
+        key: client.get_metric_history(found.info.run_id, f"collapse/{key}")
+        for key in ("mutual_information", "conditional_entropy", "num_samples", "mi_upper_bound")
+    }
     assert {key: [m.step for m in history] for key, history in logged.items()} == {key: [1] for key in logged}
-    (samples,), (bound,), (mi,), (entropy,) = (logged[k] for k in
-                                               ("num_samples", "mi_upper_bound", "mutual_information",
-                                                "conditional_entropy"))
+    (samples,), (bound,), (mi,), (entropy,) = (
+        logged[k] for k in ("num_samples", "mi_upper_bound", "mutual_information", "conditional_entropy")
+    )
     assert samples.value == 3.0 and bound.value in (math.log(2), math.log(3))  # 3 thoughts of 2 or 3 groups
     assert math.isfinite(mi.value) and mi.value <= bound.value  # I(X;Z) <= ln N holds for every sample
     # A random model spreads its probability over the whole vocabulary: about ln(49152) = 10.8 nats a token.

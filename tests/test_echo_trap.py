@@ -8,17 +8,60 @@ from rllib_ragen.echo_trap import EchoTrapMonitor, EchoTrapRule
 
 # In-group reward std per iteration of a 20-iteration default run as issue 15 measured it:
 # 0.215 at the start, 0.025 by iteration 11, 0.000 from iteration 15 (no warning was given).
-COLLAPSING_STD = [0.215, 0.198, 0.221, 0.174, 0.160, 0.131, 0.118, 0.090, 0.071, 0.048,
-                  0.025, 0.031, 0.012, 0.006, 0.000, 0.000, 0.004, 0.000, 0.000, 0.000]
+COLLAPSING_STD = [
+    0.215,
+    0.198,
+    0.221,
+    0.174,
+    0.160,
+    0.131,
+    0.118,
+    0.090,
+    0.071,
+    0.048,
+    0.025,
+    0.031,
+    0.012,
+    0.006,
+    0.000,
+    0.000,
+    0.004,
+    0.000,
+    0.000,
+    0.000,
+]
 # Noisy but healthy: the same early level, with single and paired dips to near 0 that recover.
-HEALTHY_STD = [0.210, 0.180, 0.250, 0.120, 0.300, 0.030, 0.220, 0.150, 0.020, 0.010,
-               0.260, 0.040, 0.170, 0.230, 0.110, 0.280, 0.020, 0.200, 0.160, 0.240]
+HEALTHY_STD = [
+    0.210,
+    0.180,
+    0.250,
+    0.120,
+    0.300,
+    0.030,
+    0.220,
+    0.150,
+    0.020,
+    0.010,
+    0.260,
+    0.040,
+    0.170,
+    0.230,
+    0.110,
+    0.280,
+    0.020,
+    0.200,
+    0.160,
+    0.240,
+]
 
 
 def replay(values, signal="reward_variance", rule=None):
     monitor = EchoTrapMonitor(rule or EchoTrapRule())
-    return [(iteration, warnings) for iteration, warnings in
-            enumerate((monitor.update({signal: v}) for v in values), start=1) if warnings]
+    return [
+        (iteration, warnings)
+        for iteration, warnings in enumerate((monitor.update({signal: v}) for v in values), start=1)
+        if warnings
+    ]
 
 
 def test_the_issues_collapse_warns_by_iteration_13():
@@ -48,9 +91,13 @@ def test_sparse_signals_name_their_collapse():
     mi = {1: 0.40, 5: 0.05, 10: 0.03, 15: 0.01}  # below 0.2 x 0.40 = 0.08 from iteration 5 on
     entropy = {1: 1.50, 5: 1.20, 10: 1.40, 15: 1.30}  # healthy
     warnings = {
-        iteration: monitor.update({
-            "reward_variance": 0.2, "mutual_information": mi.get(iteration), "conditional_entropy": entropy.get(iteration),
-        })
+        iteration: monitor.update(
+            {
+                "reward_variance": 0.2,
+                "mutual_information": mi.get(iteration),
+                "conditional_entropy": entropy.get(iteration),
+            }
+        )
         for iteration in range(1, 16)
     }
     assert [i for i, w in warnings.items() if w] == [15]
@@ -73,8 +120,12 @@ def test_signals_without_a_positive_early_level_never_warn():
 
 @pytest.mark.parametrize(
     "kwargs,message",
-    [({"baseline_iters": 0}, "echo_trap_baseline_iters"), ({"patience": 0}, "echo_trap_patience"),
-     ({"ratio": 1.5}, "echo_trap_ratio"), ({"ratio": 0.0}, "echo_trap_ratio")],
+    [
+        ({"baseline_iters": 0}, "echo_trap_baseline_iters"),
+        ({"patience": 0}, "echo_trap_patience"),
+        ({"ratio": 1.5}, "echo_trap_ratio"),
+        ({"ratio": 0.0}, "echo_trap_ratio"),
+    ],
 )
 def test_bad_settings(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -105,9 +105,7 @@ def test_ties_break_by_smaller_group_id():
 def test_keep_ratio_one_keeps_everything():
     selection = select_groups_by_variance(SCORES, GROUPS, top_k(1.0))
     assert bool(selection.keep.all())
-    assert selection.stats["in_group_reward_std_after"] == pytest.approx(
-        selection.stats["in_group_reward_std_before"]
-    )
+    assert selection.stats["in_group_reward_std_after"] == pytest.approx(selection.stats["in_group_reward_std_before"])
 
 
 def test_range_metric_ranks_differently_from_std():
