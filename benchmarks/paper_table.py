@@ -41,23 +41,14 @@ PAPER_STARPO_S = {
     "sokoban_new_vocab": ("SokobanNewVocab", 18.75),
 }
 # The GPU preset shrunk to a smoke run on a CPU (tuned-example flags).
+# fmt: off
 TINY_FLAGS = [
-    *"--model tiny-random --engine hf --n-groups 2 --group-size 2 --max-turns 1 --eval-size 2".split(),
-    *(
-        f"--set={setting}"
-        for setting in (
-            "critic=head",
-            "response_length=8",
-            "mini_batch_size=4",
-            "micro_batch_size=2",
-            "autocast_dtype=None",
-            "engine_dtype=auto",
-            "num_gpus_per_learner=0",
-            "num_gpus_per_engine=0",
-            "collapse_metrics_samples=4",
-        )
-    ),
+    "--model", "tiny-random", "--engine", "hf", "--n-groups", "2", "--group-size", "2", "--max-turns", "1",
+    "--eval-size", "2", "--set=critic=head", "--set=response_length=8", "--set=mini_batch_size=4",
+    "--set=micro_batch_size=2", "--set=autocast_dtype=None", "--set=engine_dtype=auto", "--set=num_gpus_per_learner=0",
+    "--set=num_gpus_per_engine=0", "--set=collapse_metrics_samples=4",
 ]
+# fmt: on
 HEADER = (
     "| setting | env | paper StarPO-S | success before RL [95%] | success after RL [95%] | iterations | minutes |\n"
     "|---|---|---|---|---|---|---|"
