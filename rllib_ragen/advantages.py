@@ -140,14 +140,17 @@ def group_statistics(scores: Tensor, group_ids: Tensor) -> GroupStatistics:
     _check_scores_and_groups(scores, group_ids)
     ids, index = torch.unique(group_ids, sorted=True, return_inverse=True)
     n_groups = ids.numel()
-    scores = scores.float()
-    count = torch.zeros(n_groups, device=scores.device).index_add_(0, index, torch.ones_like(scores))
-    total = torch.zeros(n_groups, device=scores.device).index_add_(0, index, scores)
+    # At least float32, and every buffer in the scores' dtype: never the default dtype, which
+    # `torch.set_default_dtype` may have made float64 while the scores are float32.
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    like = {"dtype": scores.dtype, "device": scores.device}
+    count = torch.zeros(n_groups, **like).index_add_(0, index, torch.ones_like(scores))
+    total = torch.zeros(n_groups, **like).index_add_(0, index, scores)
     mean = total / count
-    sq_dev = torch.zeros(n_groups, device=scores.device).index_add_(0, index, (scores - mean[index]).square())
+    sq_dev = torch.zeros(n_groups, **like).index_add_(0, index, (scores - mean[index]).square())
     std = torch.sqrt(sq_dev / (count - 1).clamp(min=1))
-    low = torch.full((n_groups,), torch.inf, device=scores.device).scatter_reduce(0, index, scores, "amin")
-    high = torch.full((n_groups,), -torch.inf, device=scores.device).scatter_reduce(0, index, scores, "amax")
+    low = torch.full((n_groups,), torch.inf, **like).scatter_reduce(0, index, scores, "amin")
+    high = torch.full((n_groups,), -torch.inf, **like).scatter_reduce(0, index, scores, "amax")
     return GroupStatistics(ids=ids, index=index, count=count, mean=mean, std=std, min=low, max=high)
 
 
@@ -279,7 +282,7 @@ def grpo(
         advantages [B, T], returns = advantages.
     """
     stats = group_statistics(scores, group_ids)
-    centred = scores.float() - stats.mean[stats.index]
+    centred = scores.to(stats.mean.dtype) - stats.mean[stats.index]
     per_traj = centred / (stats.std[stats.index] + eps) if norm_by_std else centred
     advantages = _broadcast_over_tokens(per_traj, mask)
     return advantages, advantages

@@ -3,7 +3,10 @@
 One iteration (`StarPO.training_step`):
     sample n_groups x group_size trajectories (LLMEnvRunner, one engine call per turn;
         with num_env_runners=N, N remote runners each take a contiguous run of the seeds)
-    -> StarPO-S filter: keep the groups with the largest in-group reward std
+    -> every few iterations: RAGEN-2's collapse diagnostics I(X;Z), H(Z|X) on sampled first turns
+    -> group filter: keep the groups with the largest in-group reward std (StarPO-S top-k
+        ratio, or RAGEN-2's top-p); a batch the filter empties is not trained on
+    -> echo-trap monitor: warns on reward-variance, entropy or template collapse
     -> update for `rollout_frequency` passes in mini-batches (with num_learners >= 2,
         whole groups per DDP learner, see `rllib_ragen.distributed`)
     -> sync the new policy weights into the rollout engine(s), in place
@@ -15,12 +18,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import math
 import os
 from typing import Any
 
 from pathlib import Path
 
+import numpy as np
 import ray
 import torch
 from ray.rllib.algorithms.algorithm import Algorithm
@@ -40,15 +43,25 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from envs import check_env, make_env
 from rllib_ragen.advantages import ADVANTAGE_ESTIMATORS, CRITIC_ESTIMATORS
+from rllib_ragen.collapse_metrics import (
+    COLLAPSE_RESULTS,
+    CONDITIONAL_ENTROPY,
+    MUTUAL_INFORMATION,
+    CollapseMetricsSettings,
+    collapse_metrics,
+    draw_samples,
+    first_turn_samples,
+)
+from rllib_ragen.connectors.chat_template import ChatTemplate
 from rllib_ragen.connectors.learner_connector import AdvantageSettings, StarPOLearnerConnector
 from rllib_ragen.connectors.protocol import ProtocolConfig
 from rllib_ragen.data.parquet import write_rollouts
 from rllib_ragen.distributed import count_training_rows, learner_minibatch_sizes, shard_groups, split_contiguous
-from rllib_ragen.echo_trap import EchoTrapMonitor
+from rllib_ragen.echo_trap import REWARD_VARIANCE, EchoTrapMonitor, EchoTrapRule
 from rllib_ragen.env_group import DEFAULT_GROUP_RANDOMNESS, GROUP_RANDOMNESS, TurnBudget
 from rllib_ragen.env_runner import LLMEnvRunner, policy_weights, rollout_statistics
 from rllib_ragen.evaluation import evaluate_on_seeds
-from rllib_ragen.filtering import FILTER_METRICS, select_groups_by_variance
+from rllib_ragen.filtering import TOP_P, FilterSettings, select_groups_by_variance
 from rllib_ragen.inference.factory import EngineConfig, resolve_kind
 from rllib_ragen.inference.weight_sync import PolicyWeightSync
 from rllib_ragen.learner import StarPOTorchLearner
@@ -68,8 +81,11 @@ UPDATE_TIMER = "update"
 WEIGHT_SYNC_TIMER = "weight_sync"
 WEIGHT_SYNC_RESULTS = "weight_sync"
 EVAL_TIMER = "evaluation"
+COLLAPSE_TIMER = "collapse_metrics"
 OFFLINE_DATA_RESULTS = "offline_data"
 TRAIN_SEED_CURSOR = "next_train_seed"
+FILTER_RESULTS = "starpo_filter"
+ECHO_TRAP_RESULTS = "echo_trap"
 
 
 class StarPOConfig(AlgorithmConfig):
@@ -139,8 +155,9 @@ class StarPOConfig(AlgorithmConfig):
         self.value_clip = 0.5
         self.vf_loss_coeff = 1.0
         self.loss_agg_mode = "token-mean"
-        self.rollout_filter_ratio = 0.25
-        self.rollout_filter_metric = "std"
+        # rollout_filter_strategy, _ratio, _top_p and _metric: FilterSettings' defaults.
+        for field in dataclasses.fields(FilterSettings):
+            setattr(self, field.name, field.default)
         self.rollout_frequency = 1
         self.mini_batch_size = 32
         self.micro_batch_size = 4
@@ -151,8 +168,11 @@ class StarPOConfig(AlgorithmConfig):
         self.critic_lr = 1e-5
         self.adam_betas = (0.9, 0.999)
         self.weight_decay = 0.01
-        self.echo_trap_window = 10
-        self.echo_trap_ratio = 0.1
+        # .diagnostics(): CollapseMetricsSettings' and EchoTrapRule's defaults.
+        for field in dataclasses.fields(CollapseMetricsSettings):
+            setattr(self, field.name, field.default)
+        for field in dataclasses.fields(EchoTrapRule):
+            setattr(self, f"echo_trap_{field.name}", field.default)
         # .reward_shaping(): every term defaults to RewardShaping's (off).
         for field in dataclasses.fields(RewardShaping):
             setattr(self, field.name, field.default)
@@ -331,7 +351,9 @@ class StarPOConfig(AlgorithmConfig):
         value_clip: float | None = NotProvided,
         vf_loss_coeff: float | None = NotProvided,
         loss_agg_mode: str | None = NotProvided,
+        rollout_filter_strategy: str | None = NotProvided,
         rollout_filter_ratio: float | None = NotProvided,
+        rollout_filter_top_p: float | None = NotProvided,
         rollout_filter_metric: str | None = NotProvided,
         rollout_frequency: int | None = NotProvided,
         mini_batch_size: int | None = NotProvided,
@@ -343,8 +365,6 @@ class StarPOConfig(AlgorithmConfig):
         critic_lr: float | None = NotProvided,
         adam_betas: tuple[float, float] | None = NotProvided,
         weight_decay: float | None = NotProvided,
-        echo_trap_window: int | None = NotProvided,
-        echo_trap_ratio: float | None = NotProvided,
         **kwargs,
     ) -> StarPOConfig:
         """The StarPO update.
@@ -375,8 +395,15 @@ class StarPOConfig(AlgorithmConfig):
             value_clip: Value-loss clip range, or None.
             vf_loss_coeff: Weight of the value loss.
             loss_agg_mode: "token-mean", "seq-mean-token-mean" or "seq-mean-token-sum".
-            rollout_filter_ratio: Fraction of groups kept by in-group reward
-                spread (StarPO-S: 0.25); 1.0 keeps all.
+            rollout_filter_strategy: Which groups an update trains on, ranked by
+                in-group reward spread: "top_k_ratio" (StarPO-S: a fixed fraction)
+                or "top_p" (RAGEN-2's SNR-adaptive filter: the largest-spread groups
+                holding a share of the summed spread; a batch without spread is
+                not trained on). See `rllib_ragen.filtering`.
+            rollout_filter_ratio: top_k_ratio: fraction of groups kept, in (0, 1];
+                max(1, floor(ratio x n_groups)) groups (StarPO-S: 0.25); 1.0 keeps all.
+            rollout_filter_top_p: top_p: share of the summed spread kept, in
+                (0, 1] (RAGEN-2 recommends 0.9); 1.0 keeps every group with spread.
             rollout_filter_metric: Spread measure: "std" or "range".
             rollout_frequency: Optimiser passes over each rollout batch before
                 the next rollout (1 = always fresh data, RAGEN's advice).
@@ -398,9 +425,6 @@ class StarPOConfig(AlgorithmConfig):
             critic_lr: Critic learning rate.
             adam_betas: AdamW betas.
             weight_decay: AdamW weight decay.
-            echo_trap_window: Iterations averaged for the echo-trap baseline.
-            echo_trap_ratio: Warn when in-group reward std stays below this
-                fraction of its baseline for `echo_trap_window` iterations.
         """
         super().training(**kwargs)
         return self._set(
@@ -411,11 +435,46 @@ class StarPOConfig(AlgorithmConfig):
             clip_ratio_high=clip_ratio_high, clip_ratio_dual=clip_ratio_dual,
             entropy_coeff=entropy_coeff, kl_coeff=kl_coeff, kl_type=kl_type, value_clip=value_clip,
             vf_loss_coeff=vf_loss_coeff, loss_agg_mode=loss_agg_mode,
-            rollout_filter_ratio=rollout_filter_ratio, rollout_filter_metric=rollout_filter_metric,
+            rollout_filter_strategy=rollout_filter_strategy, rollout_filter_ratio=rollout_filter_ratio,
+            rollout_filter_top_p=rollout_filter_top_p, rollout_filter_metric=rollout_filter_metric,
             rollout_frequency=rollout_frequency, mini_batch_size=mini_batch_size,
             micro_batch_size=micro_batch_size, micro_batch_tokens=micro_batch_tokens,
             autocast_dtype=autocast_dtype, logit_chunk_size=logit_chunk_size, actor_lr=actor_lr, critic_lr=critic_lr,
-            adam_betas=adam_betas, weight_decay=weight_decay, echo_trap_window=echo_trap_window,
+            adam_betas=adam_betas, weight_decay=weight_decay,
+        )
+
+    def diagnostics(
+        self,
+        *,
+        collapse_metrics_interval: int | None = NotProvided,
+        collapse_metrics_samples: int | None = NotProvided,
+        echo_trap_baseline_iters: int | None = NotProvided,
+        echo_trap_patience: int | None = NotProvided,
+        echo_trap_ratio: float | None = NotProvided,
+    ) -> StarPOConfig:
+        """RAGEN-2's collapse diagnostics and the echo-trap monitor.
+
+        The diagnostics (`rllib_ragen.collapse_metrics`) score the reasoning of
+        sampled first turns under every sampled prompt with the learner's model,
+        logging I(X;Z) and H(Z|X) under `collapse/`; the monitor
+        (`rllib_ragen.echo_trap`) warns when the in-group reward std, H(Z|X) or
+        I(X;Z) stays far below its early level.
+
+        Args:
+            collapse_metrics_interval: Measure on the run's first iteration and
+                every this many (0 = never; RAGEN-2: 5). A measurement costs
+                M x N forward passes (N: the samples' groups) of a first prompt
+                plus a thought, no backward.
+            collapse_metrics_samples: First turns sampled per measurement, M
+                (RAGEN-2: 64); turns without a thought are not candidates.
+            echo_trap_baseline_iters: The first iterations whose measurements set
+                each signal's early level.
+            echo_trap_patience: Low measurements in a row before a warning.
+            echo_trap_ratio: A measurement below this fraction of the early level is low.
+        """
+        return self._set(
+            collapse_metrics_interval=collapse_metrics_interval, collapse_metrics_samples=collapse_metrics_samples,
+            echo_trap_baseline_iters=echo_trap_baseline_iters, echo_trap_patience=echo_trap_patience,
             echo_trap_ratio=echo_trap_ratio,
         )
 
@@ -536,6 +595,20 @@ class StarPOConfig(AlgorithmConfig):
         )
 
     @property
+    def filter_settings(self) -> FilterSettings:
+        return FilterSettings(**{field.name: getattr(self, field.name) for field in dataclasses.fields(FilterSettings)})
+
+    @property
+    def collapse_metrics_settings(self) -> CollapseMetricsSettings:
+        return CollapseMetricsSettings(
+            **{field.name: getattr(self, field.name) for field in dataclasses.fields(CollapseMetricsSettings)}
+        )
+
+    @property
+    def echo_trap_rule(self) -> EchoTrapRule:
+        return EchoTrapRule(**{field.name: getattr(self, f"echo_trap_{field.name}") for field in dataclasses.fields(EchoTrapRule)})
+
+    @property
     def reward_shaping_config(self) -> RewardShaping:
         return RewardShaping(**{field.name: getattr(self, field.name) for field in dataclasses.fields(RewardShaping)})
 
@@ -596,7 +669,6 @@ class StarPOConfig(AlgorithmConfig):
         _choice("critic", self.critic, CRITIC_KINDS)
         _choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGGREGATIONS)
         _choice("kl_type", self.kl_type, KL_KINDS)
-        _choice("rollout_filter_metric", self.rollout_filter_metric, FILTER_METRICS)
         _choice("loss_token_mask", self.loss_token_mask, sorted(TOKEN_MASKS))
         _choice("adv_token_mask", self.adv_token_mask, sorted(TOKEN_MASKS))
         if self.advantage_estimator in CRITIC_ESTIMATORS and self.critic == "none":
@@ -605,14 +677,12 @@ class StarPOConfig(AlgorithmConfig):
                 ".llm(critic='head' or 'separate') or use grpo/brpo/arpo"
             )
         for name in ("n_groups", "group_size", "rollout_frequency", "mini_batch_size", "micro_batch_size",
-                     "response_length", "eval_size", "echo_trap_window", "num_engines", "write_rollouts_every"):
+                     "response_length", "eval_size", "num_engines", "write_rollouts_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.micro_batch_tokens is not None and int(self.micro_batch_tokens) < 1:
             raise ValueError(f"micro_batch_tokens must be >= 1 or None, got {self.micro_batch_tokens}")
         ScoringConfig(autocast_dtype=self.autocast_dtype, logit_chunk_size=self.logit_chunk_size)
-        if not 0 < self.rollout_filter_ratio <= 1:
-            raise ValueError(f"rollout_filter_ratio must be in (0, 1], got {self.rollout_filter_ratio}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0 for rollouts, got {self.temperature}")
         if self.eval_interval < 0 or self.eval_temperature < 0:
@@ -627,7 +697,8 @@ class StarPOConfig(AlgorithmConfig):
                 "rllib_ragen.offline.offline_config(config, OfflineSettings(...))"
             )
         # Building these runs their own validation with clear messages.
-        self.turn_budget, self.protocol_config, self.engine_config, self.llm_module_config, self.reward_shaping_config
+        (self.turn_budget, self.protocol_config, self.engine_config, self.llm_module_config, self.reward_shaping_config,
+         self.filter_settings, self.collapse_metrics_settings, self.echo_trap_rule)
         self._validate_rollout_inputs()
 
     def _validate_scale_out(self) -> None:
@@ -652,7 +723,13 @@ class StarPOConfig(AlgorithmConfig):
                     "advantage_estimator='brpo' normalises over the whole batch, which num_learners >= 2 "
                     "split; use grpo (per group, groups stay whole), gae, bi_level_gae or arpo"
                 )
-            kept_groups = max(1, math.ceil(self.rollout_filter_ratio * self.n_groups))
+            if self.rollout_filter_strategy == TOP_P:
+                raise ValueError(
+                    f"rollout_filter_strategy='top_p' keeps as few as one group, which num_learners="
+                    f"{self.num_learners} cannot split into whole groups per learner; use 'top_k_ratio' "
+                    "or one learner"
+                )
+            kept_groups = self.filter_settings.max_kept_groups(self.n_groups)
             if kept_groups < self.num_learners:
                 raise ValueError(
                     f"num_learners={self.num_learners} needs at least as many groups per update, but the "
@@ -701,7 +778,7 @@ class StarPOConfig(AlgorithmConfig):
                 f"micro_batch_size={self.micro_batch_size} is larger than mini_batch_size={self.mini_batch_size}"
             )
         # A warning, not an error: sampling-only uses keep the training defaults.
-        kept_groups, kept_rows = max(1, math.ceil(self.rollout_filter_ratio * self.n_groups)), self.max_rows_per_update
+        kept_groups, kept_rows = self.filter_settings.max_kept_groups(self.n_groups), self.max_rows_per_update
         if self.mini_batch_size > kept_rows:
             logger.warning(
                 "mini_batch_size=%d is larger than the at most %d rows an update gets (the StarPO-S filter keeps "
@@ -712,11 +789,10 @@ class StarPOConfig(AlgorithmConfig):
 
     @property
     def max_rows_per_update(self) -> int:
-        """Most token rows one update trains on: the groups the filter keeps x group size
+        """Most token rows one update trains on: the most groups the filter keeps x group size
         (a row is a trajectory, or one turn with a history window)."""
         rows_per_trajectory = 1 if self.history_window is None else self.max_turns
-        kept_groups = max(1, math.ceil(self.rollout_filter_ratio * self.n_groups))
-        return kept_groups * self.group_size * rows_per_trajectory
+        return self.filter_settings.max_kept_groups(self.n_groups) * self.group_size * rows_per_trajectory
 
     @property
     def update_is_one_on_policy_step(self) -> bool:
@@ -805,6 +881,11 @@ def _update_on_own_shard(
     return learner.update(episodes=ray.get(shards[rank]), minibatch_size=minibatch_sizes[rank], **update_kwargs)
 
 
+def _collapse_metrics_on_learner(learner, *, samples: list, micro_batch_size: int) -> dict[str, float]:
+    """Runs on a learner: the collapse diagnostics under its current module."""
+    return collapse_metrics(learner.module[DEFAULT_MODULE_ID].unwrapped(), samples, micro_batch_size=micro_batch_size)
+
+
 class StarPO(Algorithm):
     """StarPO (State-Thinking-Actions-Reward Policy Optimisation) on RLlib."""
 
@@ -819,7 +900,10 @@ class StarPO(Algorithm):
         # loop alternates rollout and update, so each may use every core it has.
         torch.set_num_threads(config.torch_threads or os.cpu_count() or 1)
         super().setup(config)
-        self.echo_trap = EchoTrapMonitor(window=self.config.echo_trap_window, ratio=self.config.echo_trap_ratio)
+        self.echo_trap = EchoTrapMonitor(self.config.echo_trap_rule)
+        self._echo_trap_active: set[str] = set()  # signals warned about: logged once per collapse
+        self._collapse_measured = False  # this process's first iteration measures (the early level)
+        self._chat_template: ChatTemplate | None = None
         # Set by a driver that knows where it stops: that iteration always ends with an evaluation.
         self.final_iteration: int | None = None
         # 0/1 success per trajectory of the latest evaluation, in seed order (for paired intervals).
@@ -871,12 +955,23 @@ class StarPO(Algorithm):
     def training_step(self) -> None:
         with self.metrics.log_time((TIMERS, ROLLOUT_TIMER)):
             episodes = self._collect_episodes()
-        kept = self._filter_groups(episodes)
-        with self.metrics.log_time((TIMERS, UPDATE_TIMER)):
-            learner_results = self.update_learners(kept)
-        self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
-        with self.metrics.log_time((TIMERS, WEIGHT_SYNC_TIMER)):
-            self.sync_engine_weights()
+        # Before the filter (as RAGEN-2), with the weights that sampled the batch.
+        collapse = self.measure_collapse(episodes)
+        kept, in_group_std = self._filter_groups(episodes)
+        self._watch_echo_trap({
+            REWARD_VARIANCE: in_group_std,
+            CONDITIONAL_ENTROPY: collapse.get(CONDITIONAL_ENTROPY),
+            MUTUAL_INFORMATION: collapse.get(MUTUAL_INFORMATION),
+        })
+        if kept:
+            with self.metrics.log_time((TIMERS, UPDATE_TIMER)):
+                learner_results = self.update_learners(kept)
+            self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+            with self.metrics.log_time((TIMERS, WEIGHT_SYNC_TIMER)):
+                self.sync_engine_weights()
+        else:  # RAGEN-2 skips such a step too: no group has a signal to learn from
+            logger.warning("iteration %d: the group filter kept no group (no in-group reward spread); "
+                           "no update this iteration", self.iteration + 1)
         interval, iteration = self.config.eval_interval, self.iteration + 1
         if interval and (iteration % interval == 0 or iteration == self.final_iteration):
             self.evaluate_fixed_seeds()
@@ -964,22 +1059,62 @@ class StarPO(Algorithm):
             out.append(result.get())
         return out
 
-    def _filter_groups(self, episodes: list) -> list:
-        """StarPO-S: keeps the groups whose trajectories disagree most in reward."""
+    def _filter_groups(self, episodes: list) -> tuple[list, float]:
+        """The groups whose trajectories disagree most in reward (possibly none with top_p), in
+        batch order, and the mean in-group reward std of all groups."""
         returns = [[float(sum(a.get_rewards())) for a in e.agent_episodes.values()] for e in episodes]
         scores = torch.tensor([r for group in returns for r in group])
         group_ids = torch.tensor([g for g, group in enumerate(returns) for _ in group])
-        selection = select_groups_by_variance(
-            scores, group_ids, keep_ratio=self.config.rollout_filter_ratio, metric=self.config.rollout_filter_metric
-        )
+        selection = select_groups_by_variance(scores, group_ids, self.config.filter_settings)
         for key, value in selection.stats.items():
-            self.metrics.log_value(("starpo_filter", key), float(value), window=1)
-        warning = self.echo_trap.update(selection.stats["in_group_reward_std_before"])
-        self.metrics.log_value(("starpo_filter", "echo_trap_warning"), float(warning is not None), window=1)
-        if warning:
-            logger.warning(warning)
+            self.metrics.log_value((FILTER_RESULTS, key), float(value), window=1)
         kept = sorted(int(g) for g in selection.kept_group_ids)
-        return [episodes[g] for g in kept]
+        return [episodes[g] for g in kept], selection.stats["in_group_reward_std_before"]
+
+    def _watch_echo_trap(self, measurements: dict[str, float | None]) -> None:
+        """Feeds the monitor; logs a 0/1 metric per signal and a warning when a collapse starts."""
+        warnings = self.echo_trap.update(measurements)
+        for signal in measurements:
+            if signal in warnings and signal not in self._echo_trap_active:
+                logger.warning(warnings[signal])
+            self.metrics.log_value((ECHO_TRAP_RESULTS, signal), float(signal in warnings), window=1)
+        self._echo_trap_active = set(warnings)
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The policy tokenizer's chat template (loaded on first use)."""
+        if self._chat_template is None:
+            self._chat_template = ChatTemplate.from_tokenizer(load_tokenizer(resolve_model(self.config.llm_model)))
+        return self._chat_template
+
+    def measure_collapse(self, episodes: list) -> dict[str, float]:
+        """RAGEN-2's collapse diagnostics on this batch when due (`.diagnostics()`), logged under
+        `collapse/`; {} when not due or when the sampled thoughts come from fewer than 2 groups."""
+        settings, iteration = self.config.collapse_metrics_settings, self.iteration + 1
+        if not settings.due(iteration, first=not self._collapse_measured):
+            return {}
+        self._collapse_measured = True
+        protocol = self.config.protocol_config
+        candidates = first_turn_samples(
+            episodes, encode=self.chat_template.encode, prefill_text=protocol.prefill_text
+        ) if protocol.think else []
+        rng = np.random.default_rng([self.config.seed or 0, iteration])
+        samples = draw_samples(candidates, settings.collapse_metrics_samples, rng)
+        self.metrics.log_value((COLLAPSE_RESULTS, "candidates"), float(len(candidates)), window=1)
+        if len({s.group_id for s in samples}) < 2:
+            return {}
+        with self.metrics.log_time((TIMERS, COLLAPSE_TIMER)):
+            results = self.learner_group.foreach_learner(
+                functools.partial(_collapse_metrics_on_learner, samples=samples,
+                                  micro_batch_size=self.config.micro_batch_size)
+            )
+        first = next(iter(results))  # every learner holds the same weights
+        if not first.ok:
+            raise first.get()
+        metrics = first.get()
+        for key, value in metrics.items():
+            self.metrics.log_value((COLLAPSE_RESULTS, key), value, window=1)
+        return metrics
 
     def evaluate_fixed_seeds(self) -> dict[str, float]:
         """Success (with its 95% interval) and reward on the fixed evaluation instances (group size 1)."""

@@ -102,7 +102,7 @@ def offline_config(config: StarPOConfig, settings: OfflineSettings) -> StarPOCon
     """Sets `config` up to train from `settings.input_path` through RLlib's offline API.
 
     The env runner stays: it evaluates the policy in the real env. With the
-    "bc" objective every group is kept (`rollout_filter_ratio=1.0`): a
+    "bc" objective every group is kept (top-k ratio 1.0): a
     demonstration group has no in-group reward spread to rank by. The data is
     read in its stored order; to shuffle, add RLlib's
     `config.offline_data(iter_batches_kwargs={"batch_size": 64, "local_shuffle_buffer_size": 256})`.
@@ -114,7 +114,7 @@ def offline_config(config: StarPOConfig, settings: OfflineSettings) -> StarPOCon
     )
     if settings.objective == "bc":
         config.learners(learner_class=BCTorchLearner)
-        config.training(rollout_filter_ratio=1.0)
+        config.training(rollout_filter_strategy="top_k_ratio", rollout_filter_ratio=1.0)
     return config
 
 

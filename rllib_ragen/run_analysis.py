@@ -3,8 +3,10 @@ success with its interval, the echo-trap signals and the trajectory pages (used
 by notebooks/starpo_runs.ipynb).
 
 RAGEN's Echo Trap shows first as falling in-group reward spread and policy
-entropy, with spiking gradient norms, while the success rate stalls; the
-four curves of `ECHO_TRAP_SIGNALS` are those signals.
+entropy, with spiking gradient norms, while the success rate stalls; RAGEN-2
+adds the reasoning's mutual information with the prompt I(X;Z) (template
+collapse) and its conditional entropy H(Z|X) (entropy collapse), measured
+every few iterations. The curves of `ECHO_TRAP_SIGNALS` are those signals.
 """
 
 from __future__ import annotations
@@ -18,7 +20,12 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from mlflow.tracking import MlflowClient
 
-from rllib_ragen.echo_trap import EchoTrapMonitor
+from rllib_ragen.collapse_metrics import (
+    COLLAPSE_RESULTS,
+    CONDITIONAL_ENTROPY,
+    MUTUAL_INFORMATION,
+)
+from rllib_ragen.echo_trap import REWARD_VARIANCE, EchoTrapMonitor, EchoTrapRule
 
 # Plot title -> MLflow metric key (as logged by MLflowCallback).
 ECHO_TRAP_SIGNALS: dict[str, str] = {
@@ -26,10 +33,18 @@ ECHO_TRAP_SIGNALS: dict[str, str] = {
     "in-group reward std": "env_runners/in_group_reward_std",
     "policy entropy": "learners/default_policy/entropy",
     "policy grad norm": "learners/default_policy/gradients_policy_global_norm",
+    "I(X;Z), nats per token": f"{COLLAPSE_RESULTS}/{MUTUAL_INFORMATION}",
+    "H(Z|X), nats per token": f"{COLLAPSE_RESULTS}/{CONDITIONAL_ENTROPY}",
 }
 IN_GROUP_STD = ECHO_TRAP_SIGNALS["in-group reward std"]
 # Success on the fixed evaluation seeds (step 0: before RL) and its 95% Wilson interval.
 EVALUATION_SUCCESS = ("evaluation/success_rate", "evaluation/success_rate_low", "evaluation/success_rate_high")
+# EchoTrapMonitor signal -> the MLflow metric it reads.
+MONITORED_METRICS = {
+    REWARD_VARIANCE: IN_GROUP_STD,
+    CONDITIONAL_ENTROPY: f"{COLLAPSE_RESULTS}/{CONDITIONAL_ENTROPY}",
+    MUTUAL_INFORMATION: f"{COLLAPSE_RESULTS}/{MUTUAL_INFORMATION}",
+}
 TRAJECTORY_DIR = "trajectories"
 RUN_PARAMS = ("env", "llm_model", "advantage_estimator", "n_groups", "group_size", "max_turns", "rollout_frequency")
 
@@ -70,15 +85,15 @@ def metric_histories(client: MlflowClient, run_id: str, keys: Sequence[str]) -> 
     return frame.sort_index()
 
 
-def echo_trap_warnings(in_group_std: Sequence[float], *, window: int = 10, ratio: float = 0.1) -> list[tuple[int, str]]:
-    """(iteration, warning) for every iteration `EchoTrapMonitor` flags, replayed
-    over a logged in-group reward std curve (iterations count from 1)."""
-    monitor = EchoTrapMonitor(window=window, ratio=ratio)
+def echo_trap_warnings(history: pd.DataFrame, rule: EchoTrapRule | None = None) -> list[tuple[int, str]]:
+    """(iteration, warning) for every warning `EchoTrapMonitor` gives, replayed over a run's
+    logged curves (`metric_histories` with the `MONITORED_METRICS` columns; NaN = not measured)."""
+    monitor = EchoTrapMonitor(rule or EchoTrapRule())
+    columns = {signal: key for signal, key in MONITORED_METRICS.items() if key in history}
     flagged = []
-    for iteration, value in enumerate(in_group_std, start=1):
-        warning = monitor.update(value)
-        if warning:
-            flagged.append((iteration, warning))
+    for iteration, row in history[history.index >= 1].iterrows():  # step 0: the evaluation before training
+        for warning in monitor.update({signal: row[key] for signal, key in columns.items()}).values():
+            flagged.append((int(iteration), warning))
     return flagged
 
 
@@ -90,8 +105,10 @@ def plot_signals(histories: Mapping[str, pd.DataFrame], signals: Mapping[str, st
     axes = figure.subplots((len(signals) + 1) // 2, 2, squeeze=False).ravel()
     for ax, (title, key) in zip(axes, signals.items()):
         for label, frame in histories.items():
-            if key in frame and frame[key].notna().any():
-                ax.plot(frame.index, frame[key], marker="o", markersize=3, label=label)
+            # Measured iterations only: the collapse diagnostics skip most of them.
+            curve = frame[key].dropna() if key in frame else pd.Series(dtype=float)
+            if not curve.empty:
+                ax.plot(curve.index, curve, marker="o", markersize=3, label=label)
         ax.set_title(title)
         ax.set_xlabel("iteration")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

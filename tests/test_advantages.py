@@ -170,6 +170,24 @@ def test_grpo_normalises_within_groups():
     assert_close(ret, adv)
 
 
+@pytest.mark.parametrize("scores_dtype", [torch.float32, torch.float64])
+def test_grpo_under_a_float64_default_dtype(scores_dtype):
+    # The same hand-computed advantages as above, with float64 as torch's default dtype
+    # (index_add_ crashed on float32 scores into float64 buffers); the default is restored after.
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        eps = 1e-6
+        s2, s3 = math.sqrt(2) + eps, math.sqrt(3) + eps
+        adv, _ = grpo(SCORES.to(scores_dtype), GROUPS, MASK, eps=eps)
+        assert adv.dtype == scores_dtype
+        expected = torch.tensor([-1 / s2, -1 / s3, 1 / s2, -1 / s3, 2 / s3, 0.0], dtype=scores_dtype)
+        assert_close(adv[:, 0], expected)
+    finally:
+        torch.set_default_dtype(previous)
+    assert torch.get_default_dtype() == previous
+
+
 def test_grpo_without_std_only_centres():
     adv, _ = grpo(SCORES, GROUPS, MASK, norm_by_std=False)
     assert_close(adv[:, 0], torch.tensor([-1.0, -1.0, 1.0, -1.0, 2.0, 0.0]))

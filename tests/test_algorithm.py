@@ -44,6 +44,11 @@ def sokoban_config(model_path, **training) -> StarPOConfig:
         (lambda c: c.training(advantage_estimator="ppo"), "advantage_estimator"),
         (lambda c: c.llm(critic="none"), "needs a critic"),
         (lambda c: c.training(rollout_filter_ratio=0.0), "rollout_filter_ratio"),
+        (lambda c: c.training(rollout_filter_strategy="top_k"), "rollout_filter_strategy must be one of"),
+        (lambda c: c.training(rollout_filter_top_p=1.5), "rollout_filter_top_p must be in"),
+        (lambda c: c.diagnostics(collapse_metrics_interval=-1), "collapse_metrics_interval must be >= 0"),
+        (lambda c: c.diagnostics(echo_trap_patience=0), "echo_trap_patience must be >= 1"),
+        (lambda c: c.training(rollout_filter_strategy="top_p").learners(num_learners=2), "keeps as few as one group"),
         (lambda c: c.rollouts(group_size=0), "group_size"),
         (lambda c: c.rollouts(temperature=0.0), "temperature"),
         (lambda c: c.training(loss_agg_mode="sum"), "loss_agg_mode"),
@@ -105,6 +110,27 @@ def test_training_iteration_reports_starpo_metrics(tiny_model_path):
     assert {"in_group_reward_std_before", "in_group_reward_std_after"} <= set(result["starpo_filter"])
     assert "success_rate" in result["evaluation"]
     assert {"rollout", "update", "weight_sync"} <= set(result["timers"])
+
+
+def test_top_p_filter_skips_a_batch_without_spread(tiny_model_path):
+    """RAGEN-2's top-p keeps no group of a batch without in-group reward spread (a random tiny model
+    earns the same format penalty every turn), and such an iteration makes no update."""
+    config = sokoban_config(tiny_model_path, rollout_filter_strategy="top_p").starpo_evaluation(eval_interval=0)
+    algo = config.build_algo()
+    try:
+        before = {k: v.clone() for k, v in _learner_module(algo).policy.state_dict().items()}
+        result = algo.train()
+        after = _learner_module(algo).policy.state_dict()
+    finally:
+        algo.stop()
+    assert result["env_runners"]["in_group_reward_std"] == 0.0
+    assert result["starpo_filter"]["groups_before"] == 2 and result["starpo_filter"]["groups_after"] == 0
+    assert DEFAULT_MODULE_ID not in result.get("learners", {}) and "update" not in result["timers"]
+    for name, value in before.items():
+        torch.testing.assert_close(after[name], value, msg=name)
+    # The first iteration measures the collapse diagnostics, but the random model wrote no thought.
+    assert result["collapse"] == {"candidates": 0.0}
+    assert result["echo_trap"] == {"reward_variance": 0.0, "conditional_entropy": 0.0, "mutual_information": 0.0}
 
 
 def _learner_module(algo):

@@ -54,7 +54,7 @@ def test_bad_config_is_named_before_anything_is_built(tiny_model_path, change, m
 @pytest.mark.parametrize(
     "ratio,history_window,mini_batch,rows",
     [
-        (0.25, None, 4, 2),  # keeps ceil(0.25 x 2) = 1 group of 2 trajectories
+        (0.25, None, 4, 2),  # keeps max(1, floor(0.25 x 2)) = 1 group of 2 trajectories
         (1.0, None, 5, 4),  # keeps both groups: 4 trajectories
         (1.0, 1, 9, 8),  # one row per turn: 4 trajectories x 2 turns
     ],

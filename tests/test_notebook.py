@@ -6,15 +6,18 @@ from __future__ import annotations
 import math
 
 import nbformat
+import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 from nbclient import NotebookClient
 from run_helpers import ROOT, driver_args, tiny_config
 
+from rllib_ragen.echo_trap import EchoTrapRule
 from rllib_ragen.experiment import run
 from rllib_ragen.run_analysis import (
     ECHO_TRAP_SIGNALS,
     EVALUATION_SUCCESS,
+    IN_GROUP_STD,
     echo_trap_warnings,
     list_runs,
     metric_histories,
@@ -46,12 +49,22 @@ def test_metric_histories_align_iterations_and_mark_gaps(store):
 
 
 def test_echo_trap_warnings_replay_the_monitor():
-    # Baseline = mean of the first 2 values = 1.0; below 0.5 from iteration 3 on,
-    # so the warning starts once 2 low iterations in a row have passed.
-    flagged = echo_trap_warnings([1.0, 1.0, 0.1, 0.1, 0.1], window=2, ratio=0.5)
-    assert [iteration for iteration, _ in flagged] == [4, 5]
-    assert "echo trap" in flagged[0][1]
-    assert echo_trap_warnings([1.0, 1.0, 0.9, 0.8], window=2, ratio=0.5) == []
+    # Early levels from iterations 1-2: std 1.0, I(X;Z) 0.5 (measured at iteration 1 only).
+    # The std is low (< 0.5) from iteration 3 on, 2 in a row warn at 4 and 5; I(X;Z), measured
+    # at 3 and 5 (< 0.25 both times), warns at 5. Step 0 (the evaluation before training) is no iteration.
+    nan = math.nan
+    history = pd.DataFrame(
+        {IN_GROUP_STD: [nan, 1.0, 1.0, 0.1, 0.1, 0.1], "collapse/mutual_information": [nan, 0.5, nan, 0.1, nan, 0.05]},
+        index=pd.Index(range(6), name="iteration"),
+    )
+    rule = EchoTrapRule(baseline_iters=2, patience=2, ratio=0.5)
+    flagged = echo_trap_warnings(history, rule)
+    assert [(iteration, text.split(":")[0]) for iteration, text in flagged] == [
+        (4, "echo trap, reward-variance collapse"), (5, "echo trap, reward-variance collapse"),
+        (5, "echo trap, template collapse"),
+    ]
+    healthy = pd.DataFrame({IN_GROUP_STD: [1.0, 1.0, 0.9, 0.8]}, index=pd.Index(range(1, 5), name="iteration"))
+    assert echo_trap_warnings(healthy, rule) == []
 
 
 def test_list_runs_names_a_missing_experiment(store):

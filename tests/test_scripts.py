@@ -1,11 +1,14 @@
 """Every script answers --help; the tuned-example flags build valid configs."""
 
+import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from rllib_ragen.experiment import apply_setting, build_parser, choose_starting_model, config_from_args
 
@@ -75,3 +78,39 @@ def test_time_budget_ends_with_an_evaluation_and_intervals(tmp_path, tiny_model_
     low, high = result["difference_interval"]
     assert low <= result["difference"] <= high
     assert (tmp_path / "checkpoints" / "final_policy").is_dir()
+
+
+def _load_script(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_paper_table_tiny_runs_every_table_4_setting(ray_session, tmp_path, monkeypatch):
+    """`benchmarks/paper_table.py --tiny` end to end (in this process, sharing its Ray): each of the
+    six settings trains 1 iteration through the tuned examples' driver and is evaluated before and after."""
+    paper_table = _load_script(ROOT / "benchmarks" / "paper_table.py")
+    monkeypatch.chdir(tmp_path)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    table = paper_table.main(["--tiny", "--tracking-uri", store, "--output", "table.md"])
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    assert [row[:3] for row in rows] == [
+        ["Bandit", "bandit", "100.00%"], ["BanditRev", "bandit_rev", "67.58%"], ["Sokoban", "sokoban", "21.48%"],
+        ["FrozenLake", "frozenlake", "19.92%"], ["LargerSokoban", "larger_sokoban", "2.34%"],
+        ["SokobanNewVocab", "sokoban_new_vocab", "18.75%"],
+    ]
+    # 2 evaluation seeds before and after RL (a success rate with its Wilson interval), 1 iteration each.
+    assert all(re.fullmatch(r"0\.\d{3} \[0\.\d{3}, [01]\.\d{3}\]", cell) for row in rows for cell in row[3:5])
+    assert [row[5] for row in rows] == ["1"] * 6
+    assert table in (tmp_path / "table.md").read_text()
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("paper-table").experiment_id])
+    assert sorted(run.info.run_name for run in runs) == sorted(f"{env}-starpo" for env in paper_table.PAPER_STARPO_S)
+    assert {run.info.status for run in runs} == {"FINISHED"}
+
+
+def test_paper_table_names_unknown_settings():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "paper_table.py"), "--envs", "sokoban,maze"],
+                         check=False, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 2 and "['maze'] are not Table 4 settings" in out.stderr

@@ -179,7 +179,10 @@ def _row_mask(tokens: TokenBatch, traj_mask: torch.Tensor) -> torch.Tensor:
 def score_rows(
     module, tokens: TokenBatch, micro_batch_size: int, *, with_logp: bool = True, with_values: bool
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Log-probs and/or critic values of every row under the current weights, [R, L] each (None if not asked)."""
+    """Log-probs and/or critic values of every row under the current weights, [R, L] each (None if not asked).
+
+    `tokens` is a `TokenBatch` or any rows with its `input_ids`, `attention_mask` and `loss_mask` [R, L].
+    """
     logps, values = [], []
     device = module.policy.device
     if not (with_logp or with_values):
