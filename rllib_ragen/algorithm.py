@@ -40,6 +40,7 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from envs import check_env, make_env
 from rllib_ragen.advantages import ADVANTAGE_ESTIMATORS, CRITIC_ESTIMATORS
+from rllib_ragen.async_rollouts import AsyncRollouts
 from rllib_ragen.connectors.learner_connector import AdvantageSettings, StarPOLearnerConnector
 from rllib_ragen.connectors.protocol import ProtocolConfig
 from rllib_ragen.data.parquet import write_rollouts
@@ -55,6 +56,7 @@ from rllib_ragen.learner import StarPOTorchLearner
 from rllib_ragen.losses import KL_KINDS, LOSS_AGGREGATIONS
 from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model, resolves_locally
 from rllib_ragen.module import CRITIC_KINDS, LLMModuleConfig, LLMRLModule, ScoringConfig
+from rllib_ragen.off_policy import OffPolicyCorrection
 from rllib_ragen.reward_shaping import RewardShaping
 from rllib_ragen.token_masks import ALL_TOKENS, TOKEN_MASKS, ResponseSpanLabeller
 
@@ -155,6 +157,11 @@ class StarPOConfig(AlgorithmConfig):
         # .reward_shaping(): every term defaults to RewardShaping's (off).
         for field in dataclasses.fields(RewardShaping):
             setattr(self, field.name, field.default)
+        # Off-policy rollouts: .rollouts(async_rollouts, max_staleness) and .training(off_policy_correction,
+        # tis_cap, mis_low, mis_high); every default is AsyncRollouts' / OffPolicyCorrection's.
+        for settings in (AsyncRollouts, OffPolicyCorrection):
+            for field in dataclasses.fields(settings):
+                setattr(self, field.name, field.default)
         # .starpo_evaluation()
         self.eval_interval = 10
         self.eval_size = 256
@@ -203,6 +210,8 @@ class StarPOConfig(AlgorithmConfig):
         format_penalty: float | None = NotProvided,
         train_seed_start: int | None = NotProvided,
         env_step_timeout_s: float | None = NotProvided,
+        async_rollouts: bool | None = NotProvided,
+        max_staleness: int | None = NotProvided,
     ) -> StarPOConfig:
         """How trajectories are sampled each iteration.
 
@@ -222,13 +231,21 @@ class StarPOConfig(AlgorithmConfig):
             env_step_timeout_s: Seconds one env reset or step may take; a call
                 that hangs longer is abandoned and ends its trajectory (logged,
                 counted in the `env_errors` metric). None = no limit.
+            async_rollouts: The remote env runners (num_env_runners >= 1) sample the
+                next groups while the learner updates, with the weights they last
+                received (`rllib_ragen.async_rollouts`). False: sample, then update.
+            max_staleness: Async only: most policy versions a trained group may lag
+                the learner; the rollouts run at most this many iterations ahead
+                (0 samples exactly what the synchronous loop does). A group older
+                than this is dropped with off_policy_correction="none" and trained
+                with the correction otherwise; counted either way (`async_rollouts/`).
         """
         return self._set(
             n_groups=n_groups, group_size=group_size, max_turns=max_turns,
             max_actions_per_turn=max_actions_per_turn, max_actions_per_traj=max_actions_per_traj,
             response_length=response_length, temperature=temperature, history_window=history_window,
             think=think, prefill=prefill, format_penalty=format_penalty, train_seed_start=train_seed_start,
-            env_step_timeout_s=env_step_timeout_s,
+            env_step_timeout_s=env_step_timeout_s, async_rollouts=async_rollouts, max_staleness=max_staleness,
         )
 
     def inference(
@@ -338,6 +355,10 @@ class StarPOConfig(AlgorithmConfig):
         weight_decay: float | None = NotProvided,
         echo_trap_window: int | None = NotProvided,
         echo_trap_ratio: float | None = NotProvided,
+        off_policy_correction: str | None = NotProvided,
+        tis_cap: float | None = NotProvided,
+        mis_low: float | None = NotProvided,
+        mis_high: float | None = NotProvided,
         **kwargs,
     ) -> StarPOConfig:
         """The StarPO update.
@@ -394,6 +415,14 @@ class StarPOConfig(AlgorithmConfig):
             echo_trap_window: Iterations averaged for the echo-trap baseline.
             echo_trap_ratio: Warn when in-group reward std stays below this
                 fraction of its baseline for `echo_trap_window` iterations.
+            off_policy_correction: Correction of the policy gradient for the engine's
+                sampling distribution (its precision, or stale weights with async
+                rollouts), `rllib_ragen.off_policy`: "none", "tis" (token-level
+                truncated importance weights) or "mis" (rows masked by their
+                geometric-mean ratio).
+            tis_cap: "tis": upper bound of a token's weight exp(old_logp - sampling_logp).
+            mis_low: "mis": lowest geometric-mean ratio of a kept row, in (0, 1].
+            mis_high: "mis": highest geometric-mean ratio of a kept row, >= 1.
         """
         super().training(**kwargs)
         return self._set(
@@ -409,7 +438,8 @@ class StarPOConfig(AlgorithmConfig):
             micro_batch_size=micro_batch_size, micro_batch_tokens=micro_batch_tokens,
             autocast_dtype=autocast_dtype, logit_chunk_size=logit_chunk_size, actor_lr=actor_lr, critic_lr=critic_lr,
             adam_betas=adam_betas, weight_decay=weight_decay, echo_trap_window=echo_trap_window,
-            echo_trap_ratio=echo_trap_ratio,
+            echo_trap_ratio=echo_trap_ratio, off_policy_correction=off_policy_correction, tis_cap=tis_cap,
+            mis_low=mis_low, mis_high=mis_high,
         )
 
     def reward_shaping(
@@ -529,6 +559,14 @@ class StarPOConfig(AlgorithmConfig):
         )
 
     @property
+    def off_policy_correction_config(self) -> OffPolicyCorrection:
+        return OffPolicyCorrection(**{f.name: getattr(self, f.name) for f in dataclasses.fields(OffPolicyCorrection)})
+
+    @property
+    def async_rollouts_config(self) -> AsyncRollouts:
+        return AsyncRollouts(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AsyncRollouts)})
+
+    @property
     def reward_shaping_config(self) -> RewardShaping:
         return RewardShaping(**{field.name: getattr(self, field.name) for field in dataclasses.fields(RewardShaping)})
 
@@ -621,12 +659,18 @@ class StarPOConfig(AlgorithmConfig):
             )
         # Building these runs their own validation with clear messages.
         self.turn_budget, self.protocol_config, self.engine_config, self.llm_module_config, self.reward_shaping_config
+        self.off_policy_correction_config, self.async_rollouts_config  # noqa: B018
         self._validate_rollout_inputs()
 
     def _validate_scale_out(self) -> None:
         """Remote env runners and several learners: what they need to give the local results."""
         if self.num_env_runners < 0:
             raise ValueError(f"num_env_runners must be >= 0, got {self.num_env_runners}")
+        if self.async_rollouts and self.num_env_runners < 1:
+            raise ValueError(
+                "async_rollouts=True samples on remote env runners while the learner updates: "
+                "set .env_runners(num_env_runners=N) with N >= 1"
+            )
         if self.num_env_runners > 0 and self.create_local_env_runner:
             raise ValueError(
                 f"num_env_runners={self.num_env_runners} samples on remote runners: set "
