@@ -8,6 +8,8 @@ One iteration (`StarPO.training_step`):
         whole groups per DDP learner, see `rllib_ragen.distributed`)
     -> sync the new policy weights into the rollout engine(s), in place
     -> every `eval_interval` iterations: evaluate on fixed seeds at eval temperature
+With async_rollouts=True the remote runners sample the next iterations' groups (up to
+`max_staleness` ahead) during the update, see `rllib_ragen.async_rollouts`.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from envs import check_env, make_env
 from rllib_ragen.advantages import ADVANTAGE_ESTIMATORS, CRITIC_ESTIMATORS
-from rllib_ragen.async_rollouts import AsyncRollouts
+from rllib_ragen.async_rollouts import AsyncGroupSampler, AsyncRollouts, policy_version_of, staleness_counts
 from rllib_ragen.connectors.learner_connector import AdvantageSettings, StarPOLearnerConnector
 from rllib_ragen.connectors.protocol import ProtocolConfig
 from rllib_ragen.data.parquet import write_rollouts
@@ -67,8 +69,11 @@ _BF16_SMALLEST_VISIBLE_STEP = 0.01 / 256
 
 ROLLOUT_TIMER = "rollout"
 UPDATE_TIMER = "update"
+# Async rollouts: the wait, after the update, for the shards still sampling before the weight sync.
+ROLLOUT_DRAIN_TIMER = "rollout_drain"
 WEIGHT_SYNC_TIMER = "weight_sync"
 WEIGHT_SYNC_RESULTS = "weight_sync"
+ASYNC_ROLLOUT_RESULTS = "async_rollouts"
 EVAL_TIMER = "evaluation"
 OFFLINE_DATA_RESULTS = "offline_data"
 TRAIN_SEED_CURSOR = "next_train_seed"
@@ -666,7 +671,8 @@ class StarPOConfig(AlgorithmConfig):
         """Remote env runners and several learners: what they need to give the local results."""
         if self.num_env_runners < 0:
             raise ValueError(f"num_env_runners must be >= 0, got {self.num_env_runners}")
-        if self.async_rollouts and self.num_env_runners < 1:
+        # (RLlib's evaluation copy of the config has its own, unused, runner count.)
+        if self.async_rollouts and self.num_env_runners < 1 and not self.in_evaluation:
             raise ValueError(
                 "async_rollouts=True samples on remote env runners while the learner updates: "
                 "set .env_runners(num_env_runners=N) with N >= 1"
@@ -862,6 +868,16 @@ class StarPO(Algorithm):
         self._evaluation_episodes: list = []
         # The training-seed cursor when the runners are remote (a local runner keeps its own).
         self._next_train_seed = self.config.train_seed_start
+        # The version of the learner's weights; each sync into the engines makes a new one.
+        self.policy_version = 0
+        self._sampler = None
+        if self.config.async_rollouts:
+            self._sampler = AsyncGroupSampler(
+                self.env_runner_group,
+                sample_call=lambda seeds: functools.partial(_sample_shard, seeds=seeds),
+                # A shard makes one engine call per turn.
+                shard_timeout_s=self.config.engine_call_timeout_s * self.config.max_turns,
+            )
         self.weight_sync = PolicyWeightSync(
             config=self.config.engine_config, learner_group=self.learner_group,
             env_runner_group=self.env_runner_group,
@@ -896,7 +912,8 @@ class StarPO(Algorithm):
         engine's and the learner's log-probs of a fixed probe continuation (about
         1e-3 or less with matching dtypes; stale engine weights show as a large value).
         """
-        report = self.weight_sync.sync()
+        self.policy_version += 1
+        report = self.weight_sync.sync(version=self.policy_version)
         gap = self.weight_sync.check()
         for key, value in (("seconds", report.seconds), ("megabytes", report.nbytes / 2**20),
                            ("engine_logp_max_abs_diff", gap)):
@@ -910,6 +927,9 @@ class StarPO(Algorithm):
         with self.metrics.log_time((TIMERS, UPDATE_TIMER)):
             learner_results = self.update_learners(kept)
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+        if self._sampler is not None:
+            with self.metrics.log_time((TIMERS, ROLLOUT_DRAIN_TIMER)):
+                self._sampler.drain()  # a runner's calls run in order: it loads weights between shards
         with self.metrics.log_time((TIMERS, WEIGHT_SYNC_TIMER)):
             self.sync_engine_weights()
         interval, iteration = self.config.eval_interval, self.iteration + 1
@@ -927,16 +947,54 @@ class StarPO(Algorithm):
         if self.env_runner is not None:
             episodes = self.env_runner.sample()
             self.metrics.aggregate([self.env_runner.get_metrics()], key=ENV_RUNNER_RESULTS)
+        elif self._sampler is not None:
+            episodes = self._sample_ahead()
         else:
-            seeds = list(range(self._next_train_seed, self._next_train_seed + config.n_groups))
-            self._next_train_seed += config.n_groups
-            episodes = self._sample_on_remote_runners(seeds)
+            episodes = self._sample_on_remote_runners(self._take_train_seeds())
         if config.rollout_parquet_dir and (self.iteration + 1) % config.write_rollouts_every == 0:
             write_rollouts(
                 episodes, config.rollout_parquet_dir, iteration=self.iteration + 1,
                 env=config.env, env_config=config.env_config,
             )
         return episodes
+
+    def _take_train_seeds(self) -> list[int]:
+        seeds = list(range(self._next_train_seed, self._next_train_seed + self.config.n_groups))
+        self._next_train_seed += self.config.n_groups
+        return seeds
+
+    def _sample_ahead(self) -> list:
+        """Async rollouts: the oldest sampled batch, its groups past `max_staleness` dropped or kept.
+
+        With off_policy_correction="none" a group more than `max_staleness` policy
+        versions old is dropped; with "tis"/"mis" the loss corrects it. Logs
+        `async_rollouts/`: the staleness histogram, stale groups dropped and
+        corrected, and shards sampled again after a runner failed.
+        """
+        config = self.config
+        results = self._sampler.next_batch(self._take_train_seeds, run_ahead=config.max_staleness)
+        episodes = [episode for _, shard, _ in results for episode in shard]
+        self.metrics.aggregate(
+            _merge_runner_metrics([metrics for _, _, metrics in results], episodes, prefix=""), key=ENV_RUNNER_RESULTS
+        )
+        staleness = [self.policy_version - policy_version_of(episode) for episode in episodes]
+        stale = [s > config.max_staleness for s in staleness]
+        correct = config.off_policy_correction != "none"
+        stats = {
+            **staleness_counts(staleness, max_staleness=config.max_staleness),
+            "stale_groups_dropped": 0.0 if correct else float(sum(stale)),
+            "stale_groups_corrected": float(sum(stale)) if correct else 0.0,
+            "reissued_shards": float(self._sampler.reissued_shards),
+        }
+        for key, value in stats.items():
+            self.metrics.log_value((ASYNC_ROLLOUT_RESULTS, key), value, window=1)
+        kept = episodes if correct else [e for e, too_old in zip(episodes, stale) if not too_old]
+        if not kept:
+            raise RuntimeError(
+                f"every group of this iteration is more than max_staleness={config.max_staleness} policy versions "
+                f"old (staleness {staleness}): the env runners are not receiving the weights"
+            )
+        return kept
 
     def _sample_on_remote_runners(self, seeds: list[int], **sample_kwargs: Any) -> list:
         """Groups of `seeds`, in order, sampled in parallel on the remote runners.
