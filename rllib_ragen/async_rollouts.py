@@ -78,7 +78,10 @@ class AsyncGroupSampler:
     """
 
     def __init__(
-        self, env_runner_group, *, sample_call: Callable[[list[int]], Callable[[Any], ShardResult]],
+        self,
+        env_runner_group,
+        *,
+        sample_call: Callable[[list[int]], Callable[[Any], ShardResult]],
         shard_timeout_s: float,
     ) -> None:
         self.runners = env_runner_group

@@ -9,12 +9,11 @@
 
 from __future__ import annotations
 
-import pytest
 import ray
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
-from rllib_ragen.async_rollouts import policy_version_of, staleness_counts
+from rllib_ragen.async_rollouts import staleness_counts
 from rllib_ragen.env_runner import policy_weights
 from tests.run_helpers import tiny_config
 
@@ -42,15 +41,15 @@ def _train(config, iterations: int) -> tuple[dict, list[dict]]:
 
 def test_staleness_histogram_by_hand():
     assert staleness_counts([0, 1, 1, 3], max_staleness=1) == {
-        "staleness_0": 1.0, "staleness_1": 2.0, "staleness_over_max": 1.0,
+        "staleness_0": 1.0,
+        "staleness_1": 2.0,
+        "staleness_over_max": 1.0,
     }
 
 
 def test_max_staleness_zero_is_the_synchronous_update(tiny_model_path, ray_session):
     sync_weights, sync_results = _train(_config(tiny_model_path, runners=1), 2)
-    async_weights, async_results = _train(
-        _config(tiny_model_path, runners=1, async_rollouts=True, max_staleness=0), 2
-    )
+    async_weights, async_results = _train(_config(tiny_model_path, runners=1, async_rollouts=True, max_staleness=0), 2)
     for name, value in sync_weights.items():
         torch.testing.assert_close(async_weights[name], value, rtol=0, atol=0, msg=name)
     for sync, asynchronous in zip(sync_results, async_results):
