@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import pytest
 import ray
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
@@ -45,6 +46,13 @@ def test_staleness_histogram_by_hand():
         "staleness_1": 2.0,
         "staleness_over_max": 1.0,
     }
+
+
+def test_bad_async_settings_are_named(tiny_model_path):
+    with pytest.raises(ValueError, match="num_env_runners"):
+        tiny_config(tiny_model_path).rollouts(async_rollouts=True).validate_starpo()
+    with pytest.raises(ValueError, match="max_staleness"):
+        _config(tiny_model_path, runners=1, async_rollouts=True, max_staleness=-1).validate_starpo()
 
 
 def test_max_staleness_zero_is_the_synchronous_update(tiny_model_path, ray_session):
