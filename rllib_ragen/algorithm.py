@@ -975,7 +975,7 @@ class StarPO(Algorithm):
         results = self._sampler.next_batch(self._take_train_seeds, run_ahead=config.max_staleness)
         episodes = [episode for _, shard, _ in results for episode in shard]
         self.metrics.aggregate(
-            _merge_runner_metrics([metrics for _, _, metrics in results], episodes, prefix=""), key=ENV_RUNNER_RESULTS
+            _merge_runner_metrics([metrics for _, _, metrics in results], episodes), key=ENV_RUNNER_RESULTS
         )
         staleness = [self.policy_version - policy_version_of(episode) for episode in episodes]
         stale = [s > config.max_staleness for s in staleness]
