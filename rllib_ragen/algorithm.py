@@ -11,6 +11,8 @@ One iteration (`StarPO.training_step`):
         whole groups per DDP learner, see `rllib_ragen.distributed`)
     -> sync the new policy weights into the rollout engine(s), in place
     -> every `eval_interval` iterations: evaluate on fixed seeds at eval temperature
+With async_rollouts=True the remote runners sample the next iterations' groups (up to
+`max_staleness` ahead) during the update, see `rllib_ragen.async_rollouts`.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from envs import check_env, make_env
 from rllib_ragen.advantages import ADVANTAGE_ESTIMATORS, CRITIC_ESTIMATORS
+from rllib_ragen.async_rollouts import AsyncGroupSampler, AsyncRollouts, policy_version_of, staleness_counts
 from rllib_ragen.collapse_metrics import (
     COLLAPSE_RESULTS,
     CONDITIONAL_ENTROPY,
@@ -68,6 +71,7 @@ from rllib_ragen.learner import StarPOTorchLearner
 from rllib_ragen.losses import KL_KINDS, LOSS_AGGREGATIONS
 from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model, resolves_locally
 from rllib_ragen.module import CRITIC_KINDS, LLMModuleConfig, LLMRLModule, ScoringConfig
+from rllib_ragen.off_policy import OffPolicyCorrection
 from rllib_ragen.reward_shaping import RewardShaping
 from rllib_ragen.token_masks import ALL_TOKENS, TOKEN_MASKS, ResponseSpanLabeller
 
@@ -78,8 +82,11 @@ _BF16_SMALLEST_VISIBLE_STEP = 0.01 / 256
 
 ROLLOUT_TIMER = "rollout"
 UPDATE_TIMER = "update"
+# Async rollouts: the wait, after the update, for the shards still sampling before the weight sync.
+ROLLOUT_DRAIN_TIMER = "rollout_drain"
 WEIGHT_SYNC_TIMER = "weight_sync"
 WEIGHT_SYNC_RESULTS = "weight_sync"
+ASYNC_ROLLOUT_RESULTS = "async_rollouts"
 EVAL_TIMER = "evaluation"
 COLLAPSE_TIMER = "collapse_metrics"
 OFFLINE_DATA_RESULTS = "offline_data"
@@ -176,6 +183,11 @@ class StarPOConfig(AlgorithmConfig):
         # .reward_shaping(): every term defaults to RewardShaping's (off).
         for field in dataclasses.fields(RewardShaping):
             setattr(self, field.name, field.default)
+        # Off-policy rollouts: .rollouts(async_rollouts, max_staleness) and .training(off_policy_correction,
+        # tis_cap, mis_low, mis_high); every default is AsyncRollouts' / OffPolicyCorrection's.
+        for settings in (AsyncRollouts, OffPolicyCorrection):
+            for field in dataclasses.fields(settings):
+                setattr(self, field.name, field.default)
         # .starpo_evaluation()
         self.eval_interval = 10
         self.eval_size = 256
@@ -225,6 +237,8 @@ class StarPOConfig(AlgorithmConfig):
         train_seed_start: int | None = NotProvided,
         env_step_timeout_s: float | None = NotProvided,
         group_randomness: str | None = NotProvided,
+        async_rollouts: bool | None = NotProvided,
+        max_staleness: int | None = NotProvided,
     ) -> StarPOConfig:
         """How trajectories are sampled each iteration.
 
@@ -249,6 +263,14 @@ class StarPOConfig(AlgorithmConfig):
                 payout randomness, reproducibly from (seed, member), as RAGEN-2)
                 or "shared" (every member replays the seed's draws: the Bandit's
                 payout is one draw per group, which biases GRPO; see README).
+            async_rollouts: The remote env runners (num_env_runners >= 1) sample the
+                next groups while the learner updates, with the weights they last
+                received (`rllib_ragen.async_rollouts`). False: sample, then update.
+            max_staleness: Async only: most policy versions a trained group may lag
+                the learner; the rollouts run at most this many iterations ahead
+                (0 samples exactly what the synchronous loop does). A group older
+                than this is dropped with off_policy_correction="none" and trained
+                with the correction otherwise; counted either way (`async_rollouts/`).
         """
         return self._set(
             n_groups=n_groups, group_size=group_size, max_turns=max_turns,
@@ -256,6 +278,7 @@ class StarPOConfig(AlgorithmConfig):
             response_length=response_length, temperature=temperature, history_window=history_window,
             think=think, prefill=prefill, format_penalty=format_penalty, train_seed_start=train_seed_start,
             env_step_timeout_s=env_step_timeout_s, group_randomness=group_randomness,
+            async_rollouts=async_rollouts, max_staleness=max_staleness,
         )
 
     def inference(
@@ -365,6 +388,10 @@ class StarPOConfig(AlgorithmConfig):
         critic_lr: float | None = NotProvided,
         adam_betas: tuple[float, float] | None = NotProvided,
         weight_decay: float | None = NotProvided,
+        off_policy_correction: str | None = NotProvided,
+        tis_cap: float | None = NotProvided,
+        mis_low: float | None = NotProvided,
+        mis_high: float | None = NotProvided,
         **kwargs,
     ) -> StarPOConfig:
         """The StarPO update.
@@ -425,6 +452,14 @@ class StarPOConfig(AlgorithmConfig):
             critic_lr: Critic learning rate.
             adam_betas: AdamW betas.
             weight_decay: AdamW weight decay.
+            off_policy_correction: Correction of the policy gradient for the engine's
+                sampling distribution (its precision, or stale weights with async
+                rollouts), `rllib_ragen.off_policy`: "none", "tis" (token-level
+                truncated importance weights) or "mis" (rows masked by their
+                geometric-mean ratio).
+            tis_cap: "tis": upper bound of a token's weight exp(old_logp - sampling_logp).
+            mis_low: "mis": lowest geometric-mean ratio of a kept row, in (0, 1].
+            mis_high: "mis": highest geometric-mean ratio of a kept row, >= 1.
         """
         super().training(**kwargs)
         return self._set(
@@ -440,7 +475,8 @@ class StarPOConfig(AlgorithmConfig):
             rollout_frequency=rollout_frequency, mini_batch_size=mini_batch_size,
             micro_batch_size=micro_batch_size, micro_batch_tokens=micro_batch_tokens,
             autocast_dtype=autocast_dtype, logit_chunk_size=logit_chunk_size, actor_lr=actor_lr, critic_lr=critic_lr,
-            adam_betas=adam_betas, weight_decay=weight_decay,
+            adam_betas=adam_betas, weight_decay=weight_decay, off_policy_correction=off_policy_correction,
+            tis_cap=tis_cap, mis_low=mis_low, mis_high=mis_high,
         )
 
     def diagnostics(
@@ -609,6 +645,14 @@ class StarPOConfig(AlgorithmConfig):
         return EchoTrapRule(**{field.name: getattr(self, f"echo_trap_{field.name}") for field in dataclasses.fields(EchoTrapRule)})
 
     @property
+    def off_policy_correction_config(self) -> OffPolicyCorrection:
+        return OffPolicyCorrection(**{f.name: getattr(self, f.name) for f in dataclasses.fields(OffPolicyCorrection)})
+
+    @property
+    def async_rollouts_config(self) -> AsyncRollouts:
+        return AsyncRollouts(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AsyncRollouts)})
+
+    @property
     def reward_shaping_config(self) -> RewardShaping:
         return RewardShaping(**{field.name: getattr(self, field.name) for field in dataclasses.fields(RewardShaping)})
 
@@ -698,13 +742,20 @@ class StarPOConfig(AlgorithmConfig):
             )
         # Building these runs their own validation with clear messages.
         (self.turn_budget, self.protocol_config, self.engine_config, self.llm_module_config, self.reward_shaping_config,
-         self.filter_settings, self.collapse_metrics_settings, self.echo_trap_rule)
+         self.filter_settings, self.collapse_metrics_settings, self.echo_trap_rule,
+         self.off_policy_correction_config, self.async_rollouts_config)
         self._validate_rollout_inputs()
 
     def _validate_scale_out(self) -> None:
         """Remote env runners and several learners: what they need to give the local results."""
         if self.num_env_runners < 0:
             raise ValueError(f"num_env_runners must be >= 0, got {self.num_env_runners}")
+        # (RLlib's evaluation copy of the config has its own, unused, runner count.)
+        if self.async_rollouts and self.num_env_runners < 1 and not self.in_evaluation:
+            raise ValueError(
+                "async_rollouts=True samples on remote env runners while the learner updates: "
+                "set .env_runners(num_env_runners=N) with N >= 1"
+            )
         if self.num_env_runners > 0 and self.create_local_env_runner:
             raise ValueError(
                 f"num_env_runners={self.num_env_runners} samples on remote runners: set "
@@ -911,6 +962,16 @@ class StarPO(Algorithm):
         self._evaluation_episodes: list = []
         # The training-seed cursor when the runners are remote (a local runner keeps its own).
         self._next_train_seed = self.config.train_seed_start
+        # The version of the learner's weights; each sync into the engines makes a new one.
+        self.policy_version = 0
+        self._sampler = None
+        if self.config.async_rollouts:
+            self._sampler = AsyncGroupSampler(
+                self.env_runner_group,
+                sample_call=lambda seeds: functools.partial(_sample_shard, seeds=seeds),
+                # A shard makes one engine call per turn.
+                shard_timeout_s=self.config.engine_call_timeout_s * self.config.max_turns,
+            )
         self.weight_sync = PolicyWeightSync(
             config=self.config.engine_config, learner_group=self.learner_group,
             env_runner_group=self.env_runner_group,
@@ -945,7 +1006,8 @@ class StarPO(Algorithm):
         engine's and the learner's log-probs of a fixed probe continuation (about
         1e-3 or less with matching dtypes; stale engine weights show as a large value).
         """
-        report = self.weight_sync.sync()
+        self.policy_version += 1
+        report = self.weight_sync.sync(version=self.policy_version)
         gap = self.weight_sync.check()
         for key, value in (("seconds", report.seconds), ("megabytes", report.nbytes / 2**20),
                            ("engine_logp_max_abs_diff", gap)):
@@ -967,6 +1029,9 @@ class StarPO(Algorithm):
             with self.metrics.log_time((TIMERS, UPDATE_TIMER)):
                 learner_results = self.update_learners(kept)
             self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+            if self._sampler is not None:
+                with self.metrics.log_time((TIMERS, ROLLOUT_DRAIN_TIMER)):
+                    self._sampler.drain()  # a runner's calls run in order: it loads weights between shards
             with self.metrics.log_time((TIMERS, WEIGHT_SYNC_TIMER)):
                 self.sync_engine_weights()
         else:  # RAGEN-2 skips such a step too: no group has a signal to learn from
@@ -987,16 +1052,54 @@ class StarPO(Algorithm):
         if self.env_runner is not None:
             episodes = self.env_runner.sample()
             self.metrics.aggregate([self.env_runner.get_metrics()], key=ENV_RUNNER_RESULTS)
+        elif self._sampler is not None:
+            episodes = self._sample_ahead()
         else:
-            seeds = list(range(self._next_train_seed, self._next_train_seed + config.n_groups))
-            self._next_train_seed += config.n_groups
-            episodes = self._sample_on_remote_runners(seeds)
+            episodes = self._sample_on_remote_runners(self._take_train_seeds())
         if config.rollout_parquet_dir and (self.iteration + 1) % config.write_rollouts_every == 0:
             write_rollouts(
                 episodes, config.rollout_parquet_dir, iteration=self.iteration + 1,
                 env=config.env, env_config=config.env_config,
             )
         return episodes
+
+    def _take_train_seeds(self) -> list[int]:
+        seeds = list(range(self._next_train_seed, self._next_train_seed + self.config.n_groups))
+        self._next_train_seed += self.config.n_groups
+        return seeds
+
+    def _sample_ahead(self) -> list:
+        """Async rollouts: the oldest sampled batch, its groups past `max_staleness` dropped or kept.
+
+        With off_policy_correction="none" a group more than `max_staleness` policy
+        versions old is dropped; with "tis"/"mis" the loss corrects it. Logs
+        `async_rollouts/`: the staleness histogram, stale groups dropped and
+        corrected, and shards sampled again after a runner failed.
+        """
+        config = self.config
+        results = self._sampler.next_batch(self._take_train_seeds, run_ahead=config.max_staleness)
+        episodes = [episode for _, shard, _ in results for episode in shard]
+        self.metrics.aggregate(
+            _merge_runner_metrics([metrics for _, _, metrics in results], episodes), key=ENV_RUNNER_RESULTS
+        )
+        staleness = [self.policy_version - policy_version_of(episode) for episode in episodes]
+        stale = [s > config.max_staleness for s in staleness]
+        correct = config.off_policy_correction != "none"
+        stats = {
+            **staleness_counts(staleness, max_staleness=config.max_staleness),
+            "stale_groups_dropped": 0.0 if correct else float(sum(stale)),
+            "stale_groups_corrected": float(sum(stale)) if correct else 0.0,
+            "reissued_shards": float(self._sampler.reissued_shards),
+        }
+        for key, value in stats.items():
+            self.metrics.log_value((ASYNC_ROLLOUT_RESULTS, key), value, window=1)
+        kept = episodes if correct else [e for e, too_old in zip(episodes, stale) if not too_old]
+        if not kept:
+            raise RuntimeError(
+                f"every group of this iteration is more than max_staleness={config.max_staleness} policy versions "
+                f"old (staleness {staleness}): the env runners are not receiving the weights"
+            )
+        return kept
 
     def _sample_on_remote_runners(self, seeds: list[int], **sample_kwargs: Any) -> list:
         """Groups of `seeds`, in order, sampled in parallel on the remote runners.

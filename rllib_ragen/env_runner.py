@@ -41,6 +41,7 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
 
+from rllib_ragen.async_rollouts import POLICY_VERSION
 from rllib_ragen.connectors.chat_template import ChatTemplate
 from rllib_ragen.connectors.protocol import PromptProtocol, feedback_for
 from rllib_ragen.connectors.token_batch import CLOSE_IDS, GROUP_ID, RESPONSE_TEXT, SYSTEM_IDS, USER_IDS
@@ -73,6 +74,9 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self.make_module()
         self._next_train_seed = config.train_seed_start
         self._group_counter = 0
+        # The version of the weights the engine holds: 0 is the model it was built from;
+        # the weight sync sets it with every load, and every group sampled carries it.
+        self.policy_version = 0
 
     def next_group_id(self) -> int:
         """A group id no other runner of the run hands out.
@@ -303,7 +307,9 @@ class _GroupRollout:
         index = len(self.groups)
         episode = MultiAgentEpisode(agent_module_ids={a: DEFAULT_MODULE_ID for a in keep})
         for agent in keep:
-            infos[agent].update({SYSTEM_IDS: self.protocol.system_ids, GROUP_ID: group_id})
+            infos[agent].update(
+                {SYSTEM_IDS: self.protocol.system_ids, GROUP_ID: group_id, POLICY_VERSION: runner.policy_version}
+            )
             self.histories[(index, agent)] = histories[agent]
         episode.add_env_reset(
             observations={a: observations[a] for a in keep}, infos={a: infos[a] for a in keep}

@@ -3,6 +3,7 @@
 Loss per mini-batch (all [rows, L]; policy terms masked to M_loss, the value
 loss to M_adv, see `rllib_ragen.token_masks`; both default to every generated token):
     policy  PPO with decoupled clip (low/high) and dual clip     losses.policy_loss
+            per token weighted by the off-policy correction      off_policy (TIS / MIS, or none)
     value   clipped value loss (critic-based estimators only)    losses.value_loss
     entropy bonus  - entropy_coeff * mean entropy
     KL      kl_coeff * KL(policy || frozen reference), only when kl_coeff > 0
@@ -119,6 +120,7 @@ class StarPOTorchLearner(TorchLearner):
         agg = config.loss_agg_mode
         # No scored old log-probs: the update is one on-policy step, so the old policy is this one.
         old_logp = batch[Columns.ACTION_LOGP] if Columns.ACTION_LOGP in batch else fwd_out[TOKEN_LOGP].detach()
+        correction, correction_stats = config.off_policy_correction_config.weights(old_logp, batch[SAMPLING_LOGP], mask)
         pg_loss, pg_stats = policy_loss(
             fwd_out[TOKEN_LOGP],
             old_logp,
@@ -128,10 +130,12 @@ class StarPOTorchLearner(TorchLearner):
             clip_high=config.clip_ratio_high,
             clip_c=config.clip_ratio_dual,
             agg=agg,
+            weights=correction,
         )
         entropy = aggregate_loss(fwd_out[TOKEN_ENTROPY], mask, agg=agg)
         total = pg_loss - config.entropy_coeff * entropy
-        stats = {"policy_loss": pg_loss, "entropy": entropy, **pg_stats}
+        ratio_max = correction_stats.pop("is_ratio_max", None)
+        stats = {"policy_loss": pg_loss, "entropy": entropy, **pg_stats, **correction_stats}
         if Columns.VALUE_TARGETS in batch:
             vf_loss, vf_stats = value_loss(
                 fwd_out[Columns.VF_PREDS],
@@ -158,6 +162,8 @@ class StarPOTorchLearner(TorchLearner):
             self.metrics.log_value((module_id, key), float(value.detach()), reduce="mean")
         gap_max = gap[generated.bool()].max() if generated.any() else gap.new_zeros(())
         self.metrics.log_value((module_id, "train_inference_logp_gap_max"), float(gap_max), reduce="max")
+        if ratio_max is not None:
+            self.metrics.log_value((module_id, "is_ratio_max"), float(ratio_max), reduce="max")
         return total
 
     @torch.no_grad()

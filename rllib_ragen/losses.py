@@ -51,6 +51,7 @@ def policy_loss(
     clip_high: float = 0.28,
     clip_c: float | None = 3.0,
     agg: str = "token-mean",
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO policy loss with decoupled clipping and dual clipping (StarPO-S).
 
@@ -64,6 +65,8 @@ def policy_loss(
         clip_high: Upper clip range, >= 0.
         clip_c: Dual-clip constant, > 1; None disables dual clipping.
         agg: See :func:`aggregate_loss`.
+        weights: [B, T] constant per-token factors of the clipped loss before
+            aggregation (off-policy correction, `rllib_ragen.off_policy`); None = 1.
 
     Returns:
         The scalar loss and stats: ``clip_frac_low`` (A < 0, ratio < 1 - low),
@@ -80,6 +83,9 @@ def policy_loss(
     negative = advantages < 0
     if clip_c is not None:
         clipped = torch.where(negative, torch.minimum(clipped, -advantages * clip_c), clipped)
+    if weights is not None:
+        _check_same_shape(logp, weights=weights)
+        clipped = clipped * weights.detach()
     with torch.no_grad():
         dual = negative & (ratio > clip_c) if clip_c is not None else torch.zeros_like(mask)
         stats = {

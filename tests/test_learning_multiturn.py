@@ -4,8 +4,9 @@ The corridor (`envs.corridor`): the goal is 3 moves away, one move a turn, 3
 turns, reward 1 only on reaching the goal. A random tiny model gets a format
 warm start on random moves (success about 1/8 by chance); StarPO must then
 lift success on held-out *evaluation* seeds to >= 0.9, with GAE and a critic,
-with bi-level GAE and with GRPO. Two negative controls run the same loop and
-must not learn: learning rate 0, and the advantage sign flipped.
+with bi-level GAE and with GRPO, the last also with async rollouts on a remote
+runner (at most one policy version stale, TIS-corrected). Two negative controls
+run the same loop and must not learn: learning rate 0, and the advantage sign flipped.
 """
 
 from __future__ import annotations
@@ -96,10 +97,24 @@ def train_and_evaluate(config: StarPOConfig, iterations: int) -> tuple[float, li
         algo.stop()
 
 
-@pytest.mark.parametrize("estimator", ["gae", "bi_level_gae", "grpo"])
-def test_starpo_learns_the_corridor(warm_model, estimator):
-    before, curve, after = train_and_evaluate(corridor_config(warm_model, estimator=estimator, lr=4e-3), MAX_ITERS)
-    print(estimator, "eval before", before, "train curve", curve, "eval after", after)
+def asynchronous(config: StarPOConfig) -> StarPOConfig:
+    """Async rollouts on one remote runner, one policy version behind at most, TIS-corrected."""
+    return (
+        config.env_runners(num_env_runners=1)
+        .rollouts(async_rollouts=True, max_staleness=1)
+        .training(off_policy_correction="tis")
+    )
+
+
+@pytest.mark.parametrize(
+    "estimator,is_async",
+    [("gae", False), ("bi_level_gae", False), ("grpo", False), ("grpo", True)],
+    ids=["gae", "bi_level_gae", "grpo", "grpo-async-tis"],
+)
+def test_starpo_learns_the_corridor(warm_model, estimator, is_async):
+    config = corridor_config(warm_model, estimator=estimator, lr=4e-3)
+    before, curve, after = train_and_evaluate(asynchronous(config) if is_async else config, MAX_ITERS)
+    print(estimator, "async" if is_async else "sync", "eval before", before, "train curve", curve, "eval after", after)
     assert before <= 0.3, f"the warm start should move at random (success ~1/8), got {before}"
     assert after >= 0.9, f"{estimator}: evaluation success {after} < 0.9 after {len(curve)} iterations: {curve}"
 

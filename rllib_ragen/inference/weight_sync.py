@@ -92,10 +92,23 @@ class PolicyWeightSync:
         runner = self.env_runner_group.local_env_runner
         return None if runner is None else runner.engine
 
-    def sync(self) -> SyncReport:
-        """Loads the learner's current policy weights into every engine."""
+    def sync(self, *, version: int | None = None) -> SyncReport:
+        """Loads the learner's current policy weights into every engine.
+
+        Args:
+            version: The policy version of these weights; each env runner whose
+                engines received them takes it as its `policy_version` (with the
+                load itself, so a runner the weights missed keeps its old one).
+                None leaves the runners' versions as they are (a re-sync).
+        """
         start = time.perf_counter()
-        nbytes = self._sync_collective() if self._host is not None else self._sync_object_store()
+        if self._host is not None:
+            nbytes = self._sync_collective(version)
+        else:
+            nbytes = self._sync_object_store(version)
+        runner = self.env_runner_group.local_env_runner
+        if runner is not None and version is not None:
+            runner.policy_version = version
         return SyncReport(time.perf_counter() - start, nbytes)
 
     def check(self) -> float:
@@ -125,7 +138,7 @@ class PolicyWeightSync:
         self._host = None
 
     # ------------------------------------------------------------------ transports
-    def _sync_object_store(self) -> int:
+    def _sync_object_store(self, version: int | None) -> int:
         engine = self._local_engine
         if self.learner_group.is_local:
             tensors = self._on_learner(_policy_tensors, "reading the policy weights")
@@ -138,10 +151,12 @@ class PolicyWeightSync:
             ref, nbytes = self._on_learner(_put_policy, "packing the policy weights")
         if engine is not None:
             engine.load_packed(ref)
-        self._on_remote_runners(functools.partial(_load_on_runner, ref=ref), _LOAD_STEP, "weight_sync_timeout_s")
+        self._on_remote_runners(
+            functools.partial(_load_on_runner, ref=ref, version=version), _LOAD_STEP, "weight_sync_timeout_s"
+        )
         return nbytes
 
-    def _sync_collective(self) -> int:
+    def _sync_collective(self, version: int | None) -> int:
         engine = self._local_engine
         if self.learner_group.is_local:
             pairs = unique_weights(self._on_learner(_policy_tensors, "reading the policy weights"))
@@ -156,18 +171,20 @@ class PolicyWeightSync:
         backend = "nccl" if device.type == "cuda" and self.config.num_gpus_per_engine > 0 else "gloo"
         spec = self._host.spec(tuple(members), world_size=1 + sum(count for _, count, _ in members), backend=backend)
         try:
-            self._broadcast(spec, layout, members, pairs)
+            self._broadcast(spec, layout, members, pairs, version)
         except BaseException:
             self._host.invalidate()
             raise
         return layout.nbytes
 
-    def _broadcast(self, spec: GroupSpec, layout: TensorLayout, members: list, pairs: list | None) -> None:
+    def _broadcast(
+        self, spec: GroupSpec, layout: TensorLayout, members: list, pairs: list | None, version: int | None
+    ) -> None:
         """Starts every receiver, sends from the learner, then waits for the receivers (they name a stall)."""
         engine, remote = self._local_engine, [m for m in members if m[0] > 0]
         wait_local = None if engine is None else engine.start_receive(spec, 1, layout)
         local_ranks = sum(count for index, count, _ in members if index == 0)
-        wait_remote = self._start_remote_receives(spec, layout, remote, 1 + local_ranks) if remote else None
+        wait_remote = self._start_remote_receives(spec, layout, remote, 1 + local_ranks, version) if remote else None
         try:
             if pairs is not None:
                 send(spec, [tensor for _, tensor in pairs], layout)
@@ -196,7 +213,7 @@ class PolicyWeightSync:
         return members
 
     def _start_remote_receives(
-        self, spec: GroupSpec, layout: TensorLayout, members: list, first_rank: int
+        self, spec: GroupSpec, layout: TensorLayout, members: list, first_rank: int, version: int | None
     ) -> Callable[[], None]:
         """Every remote runner's engines join the broadcast (asynchronously); returns the wait for them.
 
@@ -207,7 +224,7 @@ class PolicyWeightSync:
         first_ranks = itertools.accumulate([first_rank] + [count for _, count, _ in members[:-1]])
         calls = [
             functools.partial(_tagged, fn=functools.partial(_receive_on_runner, spec=spec, first_rank=first,
-                                                             layout=layout))
+                                                             layout=layout, version=version))
             for first in first_ranks
         ]
         ids = [index for index, _, _ in members]
@@ -314,12 +331,20 @@ def _tagged(runner, fn: Callable[[Any], Any]) -> tuple[int, Any]:
     return runner.worker_index, fn(runner)
 
 
-def _load_on_runner(runner, ref: ray.ObjectRef) -> None:
+def _load_on_runner(runner, ref: ray.ObjectRef, version: int | None) -> None:
     runner.engine.load_packed(ref)
+    _set_version(runner, version)
 
 
-def _receive_on_runner(runner, spec: GroupSpec, first_rank: int, layout: TensorLayout) -> None:
+def _receive_on_runner(runner, spec: GroupSpec, first_rank: int, layout: TensorLayout, version: int | None) -> None:
     runner.engine.start_receive(spec, first_rank, layout)()
+    _set_version(runner, version)
+
+
+def _set_version(runner, version: int | None) -> None:
+    """The runner now samples with the weights of `version` (after they loaded, never before)."""
+    if version is not None:
+        runner.policy_version = version
 
 
 def _receivers_on_runner(runner) -> tuple[int, int]:
