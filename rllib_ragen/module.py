@@ -68,7 +68,7 @@ class LLMModuleConfig:
     dtype: str = "float32"
     logit_temperature: float = 1.0
     gradient_checkpointing: bool = False
-    lora: LoraSettings = LoraSettings()
+    lora: LoraSettings = dataclasses.field(default_factory=LoraSettings)
 
     def __post_init__(self) -> None:
         if isinstance(self.lora, dict):

@@ -14,7 +14,12 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_ragen.algorithm import StarPO, StarPOConfig
 from rllib_ragen.checkpoints import save_checkpoint
-from rllib_ragen.lora import LoraSettings, add_adapters, is_adapter_weight, merged_state_dict
+from rllib_ragen.lora import (
+    LoraSettings,
+    add_adapters,
+    is_adapter_weight,
+    merged_state_dict,
+)
 from rllib_ragen.models import load_causal_lm
 
 RANK, ALPHA = 4, 8.0
@@ -60,11 +65,11 @@ PROBE = torch.randint(3, 49152, (1, 20), generator=torch.Generator().manual_seed
 @pytest.mark.parametrize(
     "settings,message",
     [
-        (dict(rank=-1), "lora_rank"),
-        (dict(rank=2.5), "lora_rank"),
-        (dict(rank=4, alpha=0), "lora_alpha"),
-        (dict(rank=4, dropout=1.0), "lora_dropout"),
-        (dict(rank=4, target_modules=[]), "lora_target_modules"),
+        ({"rank": -1}, "lora_rank"),
+        ({"rank": 2.5}, "lora_rank"),
+        ({"rank": 4, "alpha": 0}, "lora_alpha"),
+        ({"rank": 4, "dropout": 1.0}, "lora_dropout"),
+        ({"rank": 4, "target_modules": []}, "lora_target_modules"),
     ],
 )
 def test_bad_lora_settings_are_clear_errors(settings, message):
