@@ -7,7 +7,6 @@ from __future__ import annotations
 import pickle
 
 import pytest
-import ray
 import torch
 from peft import PeftModel
 from ray.rllib.core import DEFAULT_MODULE_ID
@@ -29,11 +28,7 @@ ADAPTER_PARAMS = 2 * RANK * (128 + 96 + 96 + 128 + 3 * 192)
 VALUE_HEAD_PARAMS = 64 + 1
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_session")  # conftest's: a local Ray for this module
 
 
 def lora_config(model_path) -> StarPOConfig:
