@@ -13,10 +13,18 @@ One update = forward + backward + AdamW step (grad-norm clip 1.0) on that batch:
   fast-fp32  `StarPOTorchLearner` with token-budget micro-batches of length-sorted
              rows and chunked, recomputed log-probs at generated positions only;
   fast       the same with bfloat16 autocast (weights, optimiser, LM head and
-             log-softmax stay float32).
+             log-softmax stay float32);
+  lora8, lora64  fast-fp32 with LoRA adapters of rank 8 / 64 on every linear
+             layer (PEFT, alpha = 2r): the base is frozen, AdamW holds the adapters only.
 All variants use the same loss (PPO clip + entropy bonus, token-mean, no critic).
 
+Weight sync: the learner's side of an object-store sync, timed after the
+update: the policy's HF-named weights (LoRA merged in: W + (alpha/r) B A per
+layer) packed into host arrays (`pack_weights`), and their size. The engines'
+side loads the same bytes either way, so it is not timed here.
+
 Tokens/s counts the batch's real (non-pad) tokens per second of one update.
+Trainable parameters: those with requires_grad (all of them without LoRA).
 Peak memory: every variant runs in a fresh subprocess and reports its
 `ru_maxrss` (the process's resident-set high-water mark, read by the kernel, so it
 sees every allocation: torch's, the allocator's caches, Python's); it includes
@@ -26,6 +34,7 @@ creates the AdamW state).
 
     python benchmarks/learner_throughput.py                  # naive, fast-fp32, fast
     python benchmarks/learner_throughput.py --rows 16 --micro-batch-tokens 4096
+    python benchmarks/learner_throughput.py --variants fast-fp32,lora8,lora64   # LoRA vs full fine-tuning
 """
 
 from __future__ import annotations
@@ -56,11 +65,15 @@ from rllib_ragen.connectors.learner_connector import SAMPLING_LOGP  # noqa: E402
 from rllib_ragen.connectors.protocol import ProtocolConfig, PromptProtocol  # noqa: E402
 from rllib_ragen.connectors.token_batch import Trajectory, build_token_batch  # noqa: E402
 from rllib_ragen.connectors.token_history import TokenHistory  # noqa: E402
+from rllib_ragen.inference.weights import pack_weights  # noqa: E402
 from rllib_ragen.losses import aggregate_loss, policy_loss  # noqa: E402
 from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
 from rllib_ragen.module import ATTENTION_MASK, INPUT_IDS, TOKEN_LOGP  # noqa: E402
 
-VARIANTS = ("naive", "fast-fp32", "fast")
+VARIANTS = ("naive", "fast-fp32", "fast", "lora8", "lora64")
+LORA_RANKS = {"lora8": 8, "lora64": 64}
+# The full fine-tuning run LoRA variants are compared with (same learner path, float32).
+FULL_FINE_TUNING = "fast-fp32"
 ENTROPY_COEFF = 0.001
 SPACE = gym.spaces.Text(max_length=8)
 
@@ -76,6 +89,9 @@ class Result:
     loss: float
     rss_before_mb: float
     peak_rss_mb: float
+    trainable_params: int
+    sync_seconds: float
+    sync_mb: float
 
     @property
     def tokens_per_s(self) -> float:
@@ -95,7 +111,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="fast variants: generated positions whose logits exist at once")
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="fast variants: recompute trunk activations in backward")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}")
+    parser.add_argument("--variants", default=",".join(VARIANTS[:3]),
+                        help=f"comma-separated subset of {VARIANTS} (default: the first three)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run-variant", choices=VARIANTS, help=argparse.SUPPRESS)
@@ -191,6 +208,12 @@ class NaiveUpdater:
         with torch.no_grad():
             return naive_token_scores(self.model, batch)[0] * batch[Columns.LOSS_MASK]
 
+    def parameters(self):
+        return self.model.parameters()
+
+    def policy_weights(self) -> dict[str, torch.Tensor]:
+        return self.model.state_dict()
+
     def update(self, batch: dict[str, torch.Tensor]) -> float:
         self.optimizer.zero_grad(set_to_none=True)
         loss = naive_loss(self.model, batch)
@@ -204,10 +227,11 @@ class NaiveUpdater:
 class FastUpdater:
     """This library's `StarPOTorchLearner`, driven one mini-batch at a time."""
 
-    def __init__(self, model_path, args: argparse.Namespace, *, autocast_dtype: str | None) -> None:
+    def __init__(self, model_path, args: argparse.Namespace, *, autocast_dtype: str | None, lora_rank: int) -> None:
         config = (
             StarPOConfig()
-            .llm(model=str(model_path), critic="none", gradient_checkpointing=args.gradient_checkpointing)
+            .llm(model=str(model_path), critic="none", gradient_checkpointing=args.gradient_checkpointing,
+                 lora_rank=lora_rank, lora_alpha=2.0 * max(lora_rank, 1))
             .training(
                 advantage_estimator="grpo", entropy_coeff=ENTROPY_COEFF, actor_lr=1e-6,
                 micro_batch_tokens=args.micro_batch_tokens, autocast_dtype=autocast_dtype,
@@ -221,6 +245,12 @@ class FastUpdater:
     def old_logp(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         with torch.no_grad():
             return self.module.forward_train(batch)[TOKEN_LOGP]
+
+    def parameters(self):
+        return self.module.parameters()
+
+    def policy_weights(self) -> dict[str, torch.Tensor]:
+        return self.module.policy_state_dict()
 
     def update(self, batch: dict[str, torch.Tensor]) -> float:
         _, losses, _ = self.learner._uncompiled_update({DEFAULT_MODULE_ID: batch})
@@ -241,7 +271,8 @@ def run_variant(args: argparse.Namespace) -> Result:
     if args.run_variant == "naive":
         updater = NaiveUpdater(model_path)
     else:
-        updater = FastUpdater(model_path, args, autocast_dtype="bfloat16" if args.run_variant == "fast" else None)
+        updater = FastUpdater(model_path, args, autocast_dtype="bfloat16" if args.run_variant == "fast" else None,
+                              lora_rank=LORA_RANKS.get(args.run_variant, 0))
     batch[Columns.ACTION_LOGP] = updater.old_logp(batch)
     batch[SAMPLING_LOGP] = batch[Columns.ACTION_LOGP]
     shortest = int(batch[ATTENTION_MASK].sum(1).argmin())
@@ -251,10 +282,16 @@ def run_variant(args: argparse.Namespace) -> Result:
     start = time.perf_counter()
     loss = updater.update(batch)
     seconds = time.perf_counter() - start
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the sync's merged copies
+    start = time.perf_counter()
+    packed = pack_weights(updater.policy_weights())
+    sync_seconds = time.perf_counter() - start
+    trainable = sum(p.numel() for p in updater.parameters() if p.requires_grad)
     return Result(
         variant=args.run_variant, seconds=seconds, tokens=int(batch[ATTENTION_MASK].sum()),
         generated_tokens=int(batch[Columns.LOSS_MASK].sum()), loss=loss, rss_before_mb=rss_before,
-        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        peak_rss_mb=peak_rss, trainable_params=trainable,
+        sync_seconds=sync_seconds, sync_mb=packed.nbytes / 2**20,
     )
 
 
@@ -273,20 +310,26 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
     first = results[0]
     print(f"batch: {first.tokens} real tokens, {first.generated_tokens} under the loss mask")
     print("peak memory = ru_maxrss of a fresh subprocess per variant (interpreter + torch + model + grads + "
-          "AdamW state + activations); 'before' = RSS after the warm-up update")
+          "AdamW state + activations, read before the sync); 'before' = RSS after the warm-up update; "
+          "sync = merging (LoRA) and packing the policy's weights for the engines")
     print(f"{'variant':<10} {'update s':>9} {'tokens/s':>9} {'gen tok/s':>9} {'peak MB':>8} {'before MB':>9} "
-          f"{'loss':>12}")
+          f"{'trainable':>11} {'sync s':>7} {'sync MB':>8} {'loss':>12}")
     for r in results:
         print(f"{r.variant:<10} {r.seconds:>9.2f} {r.tokens_per_s:>9.1f} {r.generated_tokens / r.seconds:>9.1f} "
-              f"{r.peak_rss_mb:>8.0f} {r.rss_before_mb:>9.0f} {r.loss:>12.6f}")
-    naive = next((r for r in results if r.variant == "naive"), None)
-    if naive is None:
-        return
+              f"{r.peak_rss_mb:>8.0f} {r.rss_before_mb:>9.0f} {r.trainable_params:>11,} {r.sync_seconds:>7.3f} "
+              f"{r.sync_mb:>8.1f} {r.loss:>12.6f}")
+    by_variant = {r.variant: r for r in results}
+    naive, full = by_variant.get("naive"), by_variant.get(FULL_FINE_TUNING)
     for r in results:
-        if r is not naive:
+        if naive is not None and r is not naive and r.variant not in LORA_RANKS:
             print(f"{r.variant} / naive: tokens/s x{r.tokens_per_s / naive.tokens_per_s:.2f}, "
                   f"peak memory x{r.peak_rss_mb / naive.peak_rss_mb:.2f}, "
                   f"loss difference {abs(r.loss - naive.loss):.2e}")
+        if full is not None and r.variant in LORA_RANKS:
+            print(f"{r.variant} / {FULL_FINE_TUNING}: update time x{r.seconds / full.seconds:.2f}, "
+                  f"peak memory x{r.peak_rss_mb / full.peak_rss_mb:.2f}, "
+                  f"trainable parameters x{r.trainable_params / full.trainable_params:.4f}, "
+                  f"sync time x{r.sync_seconds / full.sync_seconds:.2f}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -68,6 +68,7 @@ from rllib_ragen.filtering import TOP_P, FilterSettings, select_groups_by_varian
 from rllib_ragen.inference.factory import EngineConfig, resolve_kind
 from rllib_ragen.inference.weight_sync import PolicyWeightSync
 from rllib_ragen.learner import StarPOTorchLearner
+from rllib_ragen.lora import LoraSettings, peft_model_with_adapters
 from rllib_ragen.losses import KL_KINDS, LOSS_AGGREGATIONS
 from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model, resolves_locally
 from rllib_ragen.module import CRITIC_KINDS, LLMModuleConfig, LLMRLModule, ScoringConfig
@@ -124,6 +125,11 @@ class StarPOConfig(AlgorithmConfig):
         self.critic = "separate"
         self.dtype = "float32"
         self.gradient_checkpointing = False
+        lora_defaults = LoraSettings()
+        self.lora_rank = lora_defaults.rank
+        self.lora_alpha = lora_defaults.alpha
+        self.lora_target_modules = lora_defaults.target_modules
+        self.lora_dropout = lora_defaults.dropout
         # .rollouts()
         self.n_groups = 8
         self.group_size = 16
@@ -205,6 +211,10 @@ class StarPOConfig(AlgorithmConfig):
         critic: str | None = NotProvided,
         dtype: str | None = NotProvided,
         gradient_checkpointing: bool | None = NotProvided,
+        lora_rank: int | None = NotProvided,
+        lora_alpha: float | None = NotProvided,
+        lora_target_modules: str | list[str] | None = NotProvided,
+        lora_dropout: float | None = NotProvided,
     ) -> StarPOConfig:
         """The language model trained as the policy, and its critic.
 
@@ -217,8 +227,20 @@ class StarPOConfig(AlgorithmConfig):
                 estimators grpo/brpo/arpo only).
             dtype: Trained parameter dtype: "float32", "bfloat16" or "float16".
             gradient_checkpointing: Recompute activations in backward to save memory.
+            lora_rank: LoRA (PEFT) adapter rank; 0 (default) trains every weight.
+                With r > 0 the base weights are frozen: the policy trains its
+                adapters, a "separate" critic its own adapters on the same frozen
+                trunk, the value head stays fully trained; engines get merged weights.
+            lora_alpha: LoRA scale numerator (updates are scaled by lora_alpha / lora_rank).
+            lora_target_modules: "all-linear" (every linear layer but the LM head)
+                or a list of module-name suffixes, e.g. ["q_proj", "v_proj"].
+            lora_dropout: Dropout on the adapters' inputs while training.
         """
-        return self._set(llm_model=model, critic=critic, dtype=dtype, gradient_checkpointing=gradient_checkpointing)
+        return self._set(
+            llm_model=model, critic=critic, dtype=dtype, gradient_checkpointing=gradient_checkpointing,
+            lora_rank=lora_rank, lora_alpha=lora_alpha, lora_target_modules=lora_target_modules,
+            lora_dropout=lora_dropout,
+        )
 
     def rollouts(
         self,
@@ -666,6 +688,14 @@ class StarPOConfig(AlgorithmConfig):
         return LLMModuleConfig(
             model=self.llm_model, critic=self.critic, dtype=self.dtype,
             logit_temperature=self.temperature, gradient_checkpointing=self.gradient_checkpointing,
+            lora=self.lora_settings,
+        )
+
+    @property
+    def lora_settings(self) -> LoraSettings:
+        return LoraSettings(
+            rank=self.lora_rank, alpha=self.lora_alpha, target_modules=self.lora_target_modules,
+            dropout=self.lora_dropout,
         )
 
     @override(AlgorithmConfig)
@@ -1244,20 +1274,42 @@ class StarPO(Algorithm):
         episodes, self._evaluation_episodes = self._evaluation_episodes, []
         return episodes
 
-    def export_policy(self, directory: str | Path) -> Path:
-        """Writes the trained policy as a plain Hugging Face model directory."""
+    def export_policy(self, directory: str | Path, *, adapter: bool = False) -> Path:
+        """Writes the trained policy as a plain Hugging Face model directory (LoRA adapters merged in).
+
+        Args:
+            directory: Where to write it (created when missing).
+            adapter: Under LoRA, write a PEFT adapter directory instead
+                (`adapter_config.json` naming the base model directory,
+                `adapter_model.safetensors`), loadable with `peft.PeftModel.from_pretrained`.
+        """
+        lora = self.config.lora_settings
+        if adapter and not lora.enabled:
+            raise ValueError("export_policy(adapter=True) needs a LoRA policy (.llm(lora_rank=r > 0))")
         component = f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}"
         state = self.learner_group.get_state(components=component, inference_only=True)
         module_state = state[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
-        return save_policy(module_state, base_model=self.config.llm_model, dtype=self.config.dtype, directory=directory)
+        return save_policy(
+            module_state, base_model=self.config.llm_model, dtype=self.config.dtype, directory=directory,
+            lora=lora, adapter=adapter,
+        )
 
 
-def save_policy(module_state: dict[str, Any], *, base_model: str, dtype: str, directory: str | Path) -> Path:
+def save_policy(
+    module_state: dict[str, Any], *, base_model: str, dtype: str, directory: str | Path,
+    lora: LoraSettings | None = None, adapter: bool = False,
+) -> Path:
     """Writes the policy of an `LLMRLModule` state (critic dropped) as a plain Hugging Face
-    model directory, with the tokenizer of `base_model`, the model the module was built on."""
+    model directory, with the tokenizer of `base_model`, the model the module was built on.
+    A LoRA state (`lora` with rank > 0) is merged into the base, or with `adapter` written as a
+    PEFT adapter directory."""
     model_path = resolve_model(base_model)
     policy = load_causal_lm(model_path, dtype=getattr(torch, dtype))
-    policy.load_state_dict(policy_weights(module_state))
+    if lora is not None and lora.enabled:
+        peft_policy = peft_model_with_adapters(policy, policy_weights(module_state), lora)
+        policy = peft_policy if adapter else peft_policy.merge_and_unload()
+    else:
+        policy.load_state_dict(policy_weights(module_state))
     directory = Path(directory)
     policy.save_pretrained(directory, safe_serialization=True)
     load_tokenizer(model_path).save_pretrained(directory)

@@ -65,6 +65,8 @@ class StarPOTorchLearner(TorchLearner):
         critic_names = set(module.get_non_inference_attributes())
         policy_params, critic_params = [], []
         for name, param in module.named_parameters():
+            if not param.requires_grad:  # LoRA's frozen base: no gradients, no optimiser state
+                continue
             (critic_params if name.split(".")[0] in critic_names else policy_params).append(param)
         groups = {POLICY_OPTIMIZER: (policy_params, config.actor_lr), CRITIC_OPTIMIZER: (critic_params, config.critic_lr)}
         for name, (params, lr) in groups.items():

@@ -29,6 +29,7 @@ from ray.rllib.core.rl_module.torch import TorchRLModule
 from ray.rllib.utils.annotations import override
 from torch import nn
 
+from rllib_ragen.lora import LoraSettings, add_adapters, merged_state_dict, shared_trunk_copy
 from rllib_ragen.losses import entropy_from_logits, token_logprobs
 from rllib_ragen.models import load_causal_lm, resolve_model
 
@@ -51,11 +52,15 @@ class LLMModuleConfig:
         critic: "none" (critic-free estimators), "head" (a value head on the
             policy's last hidden state, detached: value-loss gradients train
             only the head and never move the policy) or "separate" (its own
-            copy of the LM trunk plus a value head, as RAGEN's PPO).
+            copy of the LM trunk plus a value head, as RAGEN's PPO; under LoRA
+            the copy shares the policy's frozen base weights and has its own
+            adapters).
         dtype: Parameter dtype of the trained model.
         logit_temperature: Logits are divided by this before log-probs, so the
             learner scores tokens under the distribution they were sampled from.
         gradient_checkpointing: Recompute activations in backward to save memory.
+        lora: LoRA adapters (`LoraSettings`, or its fields as a dict); rank 0
+            trains every weight.
     """
 
     model: str = "smollm2-135m-instruct"
@@ -63,8 +68,11 @@ class LLMModuleConfig:
     dtype: str = "float32"
     logit_temperature: float = 1.0
     gradient_checkpointing: bool = False
+    lora: LoraSettings = dataclasses.field(default_factory=LoraSettings)
 
     def __post_init__(self) -> None:
+        if isinstance(self.lora, dict):
+            object.__setattr__(self, "lora", LoraSettings(**self.lora))
         if self.critic not in CRITIC_KINDS:
             raise ValueError(f"critic must be one of {CRITIC_KINDS}, got {self.critic!r}")
         if self.dtype not in _DTYPES:
@@ -119,12 +127,24 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
         model_path = resolve_model(self.llm_config.model)
         self.scoring = ScoringConfig()
         self.policy = load_causal_lm(model_path, dtype=dtype)
+        lora = self.llm_config.lora
+        if self.llm_config.critic == "separate" and not self.inference_only:
+            # Under LoRA one frozen trunk serves both: the critic's adapters wrap the policy's base tensors.
+            self.critic_trunk = (
+                add_adapters(shared_trunk_copy(self.policy.base_model), lora)
+                if lora.enabled
+                else load_causal_lm(model_path, dtype=dtype).base_model
+            )
+        if lora.enabled:
+            add_adapters(self.policy, lora)
         if self.llm_config.gradient_checkpointing:
-            self.policy.gradient_checkpointing_enable()
+            # Non-reentrant: it also passes gradients to adapters when the frozen embeddings' outputs need none.
+            kwargs = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
+            self.policy.gradient_checkpointing_enable(**kwargs)
+            if hasattr(self, "critic_trunk"):
+                self.critic_trunk.gradient_checkpointing_enable(**kwargs)
         if self.inference_only or self.llm_config.critic == "none":
             return
-        if self.llm_config.critic == "separate":
-            self.critic_trunk = load_causal_lm(model_path, dtype=dtype).base_model
         hidden = self.policy.config.hidden_size
         # Zero init: the critic starts at V = 0 instead of random noise.
         self.value_head = nn.Linear(hidden, 1, dtype=dtype)
@@ -208,8 +228,8 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
         return self._forward_inference(batch, **kwargs)
 
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's weights under Hugging Face parameter names (for engines)."""
-        return self.policy.state_dict()
+        """The policy's weights under Hugging Face parameter names (for engines), LoRA adapters merged in."""
+        return merged_state_dict(self.policy) if self.llm_config.lora.enabled else self.policy.state_dict()
 
     @override(TorchRLModule)
     def get_state(self, components=None, *, not_components=None, inference_only: bool = False, **kwargs) -> dict:
@@ -219,10 +239,31 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
         module crashed there) and turns float16 into float32. Torch tensors keep
         the dtype through checkpoints and Ray's object store; `set_state` takes
         them (and older numpy states) as they are. With `inference_only`, the
-        critic is left out.
+        critic is left out. Under LoRA only the trained tensors (adapters, value
+        head) are in it: the frozen base is the model directory's.
         """
         skipped = set(self.get_non_inference_attributes()) if inference_only and not self.inference_only else set()
-        return host_copy({k: v for k, v in self.state_dict().items() if k.split(".", 1)[0] not in skipped})
+        state = self.state_dict()
+        if self.llm_config.lora.enabled:
+            trained = {name for name, param in self.named_parameters(remove_duplicate=False) if param.requires_grad}
+            state = {k: v for k, v in state.items() if k in trained}
+        return host_copy({k: v for k, v in state.items() if k.split(".", 1)[0] not in skipped})
+
+    @override(TorchRLModule)
+    def set_state(self, state: dict) -> None:
+        """RLlib's `set_state`; under LoRA it also refuses a state that lacks trained tensors or holds unknown
+        ones (e.g. a full fine-tuning checkpoint, whose weights would otherwise be silently dropped)."""
+        if self.llm_config.lora.enabled and not self.inference_only:
+            trained = {name for name, param in self.named_parameters(remove_duplicate=False) if param.requires_grad}
+            known = set(self.state_dict())
+            missing, unknown = sorted(trained - set(state)), sorted(set(state) - known)
+            if missing or unknown:
+                raise ValueError(
+                    f"this LoRA module's state does not match: {len(missing)} trained tensors missing "
+                    f"(e.g. {missing[:2]}), {len(unknown)} unknown (e.g. {unknown[:2]}); was it saved with the "
+                    "same lora_rank, lora_target_modules and critic?"
+                )
+        super().set_state(state)
 
 
 def host_copy(structure: Any) -> Any:

@@ -110,6 +110,7 @@ def export_checkpoint_policy(
         base_model=config.llm_model,
         dtype=config.dtype,
         directory=directory,
+        lora=config.lora_settings,
     )
 
 

@@ -210,3 +210,34 @@ def test_object_store_from_a_remote_learner_into_a_remote_runner_engine(tiny_mod
             torch.testing.assert_close(engine_state[name], value.float(), rtol=0, atol=0, msg=name)
     finally:
         algo.stop()
+
+
+# ---------------------------------------------------------------------- LoRA: merged on the learner
+def perturb_adapters(learner) -> None:
+    """Gives every LoRA B of the policy random values (they start at 0, where merging changes nothing)."""
+    policy = learner.module[DEFAULT_MODULE_ID].unwrapped().policy
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=LORA_B_STD)
+
+
+# Moves the probe's log-probs by more than STALE, while the bf16 learner's rounding stays in TOLERANCE.
+LORA_B_STD = 0.15
+
+
+@pytest.mark.vllm
+def test_lora_policy_reaches_vllm_as_merged_weights_and_scores_like_the_learner(tiny_model_path):
+    pytest.importorskip("vllm")
+    algo = vllm_config(tiny_model_path).llm(lora_rank=8).build_algo()
+    try:
+        perturb_adapters(local_learner(algo))
+        stale = algo.weight_sync.check()
+        algo.sync_engine_weights()
+        synced = algo.weight_sync.check()
+        print("probe gap before the sync", stale, "after", synced)
+        assert stale > STALE  # the adapters changed the policy; the engine has not seen it yet
+        assert synced < TOLERANCE
+    finally:
+        algo.stop()
