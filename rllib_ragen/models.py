@@ -280,7 +280,8 @@ def _build_with_progress(model: BuiltinModel, out_dir: Path, *, progress: bool) 
             bar.set_postfix_str(done)
             bar.update(1)
 
-        with _library_progress_bars(enabled=progress):
+        # The step bar is the progress; the libraries' bars inside a step (weight loading) are noise.
+        with _library_progress_bars(enabled=False):
             model.build(out_dir, report)
 
 
