@@ -119,6 +119,24 @@ def test_starpo_learns_the_corridor(warm_model, estimator, is_async):
     assert after >= 0.9, f"{estimator}: evaluation success {after} < 0.9 after {len(curve)} iterations: {curve}"
 
 
+def test_lora_adapters_learn_the_corridor(warm_model):
+    """GRPO training LoRA r=8 adapters only (base and tied LM head frozen) learns the corridor too.
+
+    As in the Bandit's LoRA case (tests/test_learning.py), the tiny random
+    model's frozen head caps a move's probability: its Left/Right embeddings
+    allow a logit lead of at most about 1.7 after the frozen final norm, p <= 0.84
+    a move at temperature 1, 0.84**3 = 0.6 over the three moves. Evaluated at
+    temperature 0.25 (cap 0.999 a move), before RL as after, the test asks
+    whether the adapters learned the way to the goal.
+    """
+    config = corridor_config(warm_model, estimator="grpo", lr=1e-2)
+    config.llm(lora_rank=8).starpo_evaluation(eval_temperature=0.25)
+    before, curve, after = train_and_evaluate(config, MAX_ITERS)
+    print("grpo lora8 eval before", before, "train curve", curve, "eval after", after)
+    assert before <= 0.3, f"the warm start should move at random, got {before} at temperature 0.25"
+    assert after >= 0.9, f"LoRA: evaluation success {after} < 0.9 after {len(curve)} iterations: {curve}"
+
+
 @pytest.mark.parametrize("estimator,lr", [("gae", 0.0), ("flipped_gae", 4e-3)], ids=["lr0", "flipped"])
 def test_negative_controls_do_not_learn(warm_model, estimator, lr):
     before, curve, after = train_and_evaluate(corridor_config(warm_model, estimator=estimator, lr=lr), 6)
