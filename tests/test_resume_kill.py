@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 from ray.rllib.callbacks.callbacks import RLlibCallback
+from ray.rllib.core import DEFAULT_MODULE_ID
 from run_helpers import ROOT, driver_args, tiny_config
 
 from rllib_ragen.callbacks import MLflowCallback, MLflowSettings, mlflow_callback_of, with_mlflow
@@ -32,6 +33,7 @@ from rllib_ragen.checkpoints import (
     tracking_state,
 )
 from rllib_ragen.experiment import run
+from rllib_ragen.lora import is_adapter_weight
 from rllib_ragen.tracking import MLflowTracker, metrics_from_json
 
 TRAIN_SEED_START = 10_000  # StarPOConfig's default
@@ -162,13 +164,13 @@ N_GROUPS = 2
 CHECKPOINT_EVERY = 2
 
 
-def _driver_command(model_path: Path, checkpoint_dir: Path, store: str, *extra: str) -> list[str]:
+def _driver_command(model_path: Path, checkpoint_dir: Path, store: str, *extra: str, lora_rank: int = 0) -> list[str]:
     return [
         sys.executable, str(ROOT / "tuned_examples" / "bandit_starpo.py"), "--model", str(model_path),
         "--engine", "hf", "--no-warm-start", "--n-groups", str(N_GROUPS), "--group-size", "2",
         "--set", "response_length=8", "--set", "eval_interval=0", "--checkpoint-dir", str(checkpoint_dir),
         "--tracking-uri", store, "--experiment", "kill", "--stop-iters", str(STOP_ITERS),
-        "--checkpoint-every", str(CHECKPOINT_EVERY), *extra,
+        "--checkpoint-every", str(CHECKPOINT_EVERY), "--set", f"lora_rank={lora_rank}", *extra,
     ]
 
 
@@ -212,12 +214,18 @@ def _adam_steps(checkpoint: Path) -> float:
     return float(next(iter(optimizer.values()))["step"])
 
 
+def _module_state(checkpoint: Path) -> dict:
+    path = checkpoint / "learner_group" / "learner" / "rl_module" / DEFAULT_MODULE_ID / "module_state.pkl"
+    return pickle.loads(path.read_bytes())
+
+
 def _next_train_seed(checkpoint: Path) -> int:
     return pickle.loads((checkpoint / "env_runner" / "state.pkl").read_bytes())["next_train_seed"]
 
 
 @pytest.mark.slow
-def test_sigkill_mid_run_then_resume_continues_with_each_iteration_logged_once(tiny_model_path, tmp_path):
+@pytest.mark.parametrize("lora_rank", [0, 8], ids=["full", "lora8"])
+def test_sigkill_mid_run_then_resume_continues_with_each_iteration_logged_once(tiny_model_path, tmp_path, lora_rank):
     checkpoints, store = tmp_path / "ckpt", f"sqlite:///{tmp_path / 'mlflow.db'}"
     # Own Ray temp dir (short: Ray's socket paths must stay under 107 bytes) and
     # a local Ray per driver, never another test's cluster.
@@ -227,7 +235,7 @@ def test_sigkill_mid_run_then_resume_continues_with_each_iteration_logged_once(t
     try:
         with open(logs["killed"], "wb") as log:
             killed = subprocess.Popen(
-                _driver_command(tiny_model_path, checkpoints, store), stdout=log, stderr=subprocess.STDOUT,
+                _driver_command(tiny_model_path, checkpoints, store, lora_rank=lora_rank), stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, cwd=tmp_path, env=env,
             )
             try:
@@ -243,6 +251,8 @@ def test_sigkill_mid_run_then_resume_continues_with_each_iteration_logged_once(t
         restored = checkpoint_iteration(last)
         assert restored == CHECKPOINT_EVERY, logs["killed"].read_text()[-3000:]
         adam_steps_per_iteration = _adam_steps(last) / restored
+        # Under LoRA the checkpoint's module state is the adapters alone.
+        assert all(is_adapter_weight(name) for name in _module_state(last)) == (lora_rank > 0)
         assert adam_steps_per_iteration >= 1 and _next_train_seed(last) == TRAIN_SEED_START + N_GROUPS * restored
         client = MlflowClient(store)
         run_id = tracking_state(last)["run_id"]
@@ -251,7 +261,7 @@ def test_sigkill_mid_run_then_resume_continues_with_each_iteration_logged_once(t
 
         with open(logs["resumed"], "wb") as log:
             resumed = subprocess.Popen(
-                _driver_command(tiny_model_path, checkpoints, store, "--resume"), stdout=log,
+                _driver_command(tiny_model_path, checkpoints, store, "--resume", lora_rank=lora_rank), stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path, env=env,
             )
             try:
