@@ -44,8 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--starts", default="expert,random", help="comma-separated warm starts: expert, random")
     parser.add_argument("--minutes", type=float, default=30.0, help="RL time budget per run")
     parser.add_argument("--eval-size", type=int, default=128, help="fixed evaluation seeds")
-    parser.add_argument("--warm-start-examples", type=int, default=48,
-                        help="states the expert plays (random play keeps the tuned example's default)")
+    parser.add_argument("--warm-start-examples", type=int,
+                        help="states each warm start plays (default: the tuned example's, per player)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a StarPOConfig attribute in every run (repeatable)")
     parser.add_argument("--output", default="benchmarks/results/cpu_learning.md", help="where the table is written")
@@ -58,7 +58,7 @@ def run_one(env: str, start: str, args: argparse.Namespace, workdir: Path) -> di
     command = [
         sys.executable, str(ROOT / "tuned_examples" / f"{env}_starpo.py"),
         "--warm-start", start,
-        *(["--warm-start-examples", str(args.warm_start_examples)] if start == "expert" else []),
+        *(["--warm-start-examples", str(args.warm_start_examples)] if args.warm_start_examples else []),
         "--time-budget-min", str(args.minutes), "--stop-iters", "1000", "--eval-size", str(args.eval_size),
         "--summary-json", str(summary), "--checkpoint-dir", str(workdir / f"{env}-{start}-checkpoints"),
         "--checkpoint-every", "1000",  # the final checkpoint only: each is about 2 GB

@@ -29,7 +29,7 @@ from rllib_ragen.console import (
     quiet_progress_bars,
     route_library_logs,
 )
-from rllib_ragen.data.experts import WARM_START_PLAYERS, has_expert
+from rllib_ragen.data.experts import WARM_START_PLAYERS, WARM_START_STATES, has_expert
 from rllib_ragen.intervals import format_rate, paired_difference_interval
 from rllib_ragen.presets import PRESETS, preset
 
@@ -131,8 +131,10 @@ def add_config_flags(parser: argparse.ArgumentParser, *, env: str, stop_iters: i
     parser.add_argument("--warm-start", choices=WARM_START_PLAYERS, dest="warm_start_player",
                         help="who plays the warm start's demonstrations: random (the answer format only) or "
                              "expert (the env's solver: RAGEN's SFT start); default: expert where the env has one")
-    parser.add_argument("--warm-start-examples", type=positive_int, default=16,
-                        help="initial states played in the warm start (random play: 2 trajectories each)")
+    parser.add_argument("--warm-start-examples", type=positive_int,
+                        help="initial states played in the warm start (random play: 2 trajectories each; "
+                             f"default: {WARM_START_STATES['random']} for random play, "
+                             f"{WARM_START_STATES['expert']} for the expert)")
     parser.add_argument("--eval-size", type=positive_int, help="fixed evaluation seeds (default: the preset's)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="set any StarPOConfig attribute, e.g. --set actor_lr=1e-5 (repeatable; the value "
@@ -250,7 +252,7 @@ _SETTING_KINDS = (
 )
 
 
-def apply_warm_start(config: StarPOConfig, *, num_examples: int, player: str | None = None) -> None:
+def apply_warm_start(config: StarPOConfig, *, num_examples: int | None = None, player: str | None = None) -> None:
     """Replaces the model by its warm-started copy (built once, cached).
 
     `player` None: the expert where the env has one (a policy that already
@@ -260,6 +262,7 @@ def apply_warm_start(config: StarPOConfig, *, num_examples: int, player: str | N
     from rllib_ragen.warm_start import WarmStartConfig, warm_start
 
     player = player or ("expert" if has_expert(config.env) else "random")
+    num_examples = num_examples or WARM_START_STATES[player]
     tiny = config.llm_model == "tiny-random"
     ws = WarmStartConfig(
         env=config.env,
