@@ -538,16 +538,12 @@ def get_advantage_estimator(name: str) -> Estimator:
         ) from None
 
 
-def compute_advantages(
-    name: str, inputs: AdvantageInputs, *, whiten: bool = False, **hparams: float | bool | None
-) -> tuple[Tensor, Tensor]:
+def compute_advantages(name: str, inputs: AdvantageInputs, **hparams: float | bool | None) -> tuple[Tensor, Tensor]:
     """Runs the estimator ``name`` on ``inputs``; the learner's single entry point.
 
     Args:
         name: A key of :data:`ADVANTAGE_ESTIMATORS`.
         inputs: The batch tensors.
-        whiten: Whiten the advantages over ``inputs.advantage_mask`` afterwards
-            (RAGEN does for ``gae`` and ``bi_level_gae``). ``returns`` are not changed.
         **hparams: The estimator's keyword arguments, e.g. ``gamma=1.0, lam=1.0``.
 
     Returns:
@@ -563,8 +559,6 @@ def compute_advantages(
             # Critic-free estimators broadcast over every token: M_adv keeps the selected ones.
             selected = inputs.advantage_mask
             advantages, returns = (torch.where(selected, x, torch.zeros_like(x)) for x in (advantages, returns))
-        if whiten:
-            advantages = masked_whiten(advantages, inputs.advantage_mask)
     return advantages, returns
 
 

@@ -45,6 +45,7 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from envs import check_env, make_env
 from rllib_ragen.advantages import ADVANTAGE_ESTIMATORS, CRITIC_ESTIMATORS
+from rllib_ragen.checks import check_choice
 from rllib_ragen.async_rollouts import AsyncGroupSampler, AsyncRollouts, policy_version_of, staleness_counts
 from rllib_ragen.collapse_metrics import (
     COLLAPSE_RESULTS,
@@ -59,7 +60,7 @@ from rllib_ragen.connectors.chat_template import ChatTemplate
 from rllib_ragen.connectors.learner_connector import AdvantageSettings, StarPOLearnerConnector
 from rllib_ragen.connectors.protocol import ProtocolConfig
 from rllib_ragen.data.parquet import write_rollouts
-from rllib_ragen.distributed import count_training_rows, learner_minibatch_sizes, shard_groups, split_contiguous
+from rllib_ragen.distributed import count_training_rows, learner_minibatch_sizes, shard_groups
 from rllib_ragen.echo_trap import REWARD_VARIANCE, EchoTrapMonitor, EchoTrapRule
 from rllib_ragen.env_group import DEFAULT_GROUP_RANDOMNESS, GROUP_RANDOMNESS, TurnBudget
 from rllib_ragen.env_runner import LLMEnvRunner, policy_weights, rollout_statistics
@@ -74,6 +75,7 @@ from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model, re
 from rllib_ragen.module import CRITIC_KINDS, LLMModuleConfig, LLMRLModule, ScoringConfig
 from rllib_ragen.off_policy import OffPolicyCorrection
 from rllib_ragen.reward_shaping import RewardShaping
+from rllib_ragen.sharding import split_contiguous
 from rllib_ragen.token_masks import ALL_TOKENS, TOKEN_MASKS, ResponseSpanLabeller
 
 logger = logging.getLogger(__name__)
@@ -739,12 +741,12 @@ class StarPOConfig(AlgorithmConfig):
         """Checks every StarPO knob; raises ValueError naming the bad one."""
         # On the driver, at build time: a remote runner would fail on it with the cause in its own log.
         check_env(self.env, in_other_processes=self.num_env_runners > 0)
-        _choice("advantage_estimator", self.advantage_estimator, sorted(ADVANTAGE_ESTIMATORS))
-        _choice("critic", self.critic, CRITIC_KINDS)
-        _choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGGREGATIONS)
-        _choice("kl_type", self.kl_type, KL_KINDS)
-        _choice("loss_token_mask", self.loss_token_mask, sorted(TOKEN_MASKS))
-        _choice("adv_token_mask", self.adv_token_mask, sorted(TOKEN_MASKS))
+        check_choice("advantage_estimator", self.advantage_estimator, sorted(ADVANTAGE_ESTIMATORS))
+        check_choice("critic", self.critic, CRITIC_KINDS)
+        check_choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGGREGATIONS)
+        check_choice("kl_type", self.kl_type, KL_KINDS)
+        check_choice("loss_token_mask", self.loss_token_mask, sorted(TOKEN_MASKS))
+        check_choice("adv_token_mask", self.adv_token_mask, sorted(TOKEN_MASKS))
         if self.advantage_estimator in CRITIC_ESTIMATORS and self.critic == "none":
             raise ValueError(
                 f"advantage_estimator={self.advantage_estimator!r} needs a critic; set "
@@ -916,11 +918,6 @@ _ENGINE_SETTINGS = {
     "weight_sync": "weight_sync",
     "weight_sync_timeout_s": "weight_sync_timeout_s",
 }
-
-
-def _choice(name: str, value: Any, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
 
 
 def _sample_shard(runner: LLMEnvRunner, *, seeds: list[int], **sample_kwargs: Any) -> tuple[int, list, dict]:

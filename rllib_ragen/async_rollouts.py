@@ -31,7 +31,7 @@ from typing import Any
 
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
-from rllib_ragen.distributed import split_contiguous
+from rllib_ragen.sharding import split_contiguous
 
 logger = logging.getLogger(__name__)
 

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from rllib_ragen.advantages import masked_sum, masked_whiten, to_bool_mask
+from rllib_ragen.sharding import split_contiguous
 
 T = TypeVar("T")
 
@@ -31,22 +32,6 @@ T = TypeVar("T")
 def is_distributed() -> bool:
     """True inside a torch.distributed process group of more than one rank."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def split_contiguous(items: Sequence[T], num_shards: int) -> list[list[T]]:
-    """`items` in `num_shards` contiguous runs, lengths differing by at most one (longer ones first).
-
-    Concatenating the runs gives `items` back in order.
-    """
-    if num_shards < 1:
-        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-    size, extra = divmod(len(items), num_shards)
-    out, start = [], 0
-    for shard in range(num_shards):
-        end = start + size + (1 if shard < extra else 0)
-        out.append(list(items[start:end]))
-        start = end
-    return out
 
 
 def shard_groups(episodes: Sequence[T], num_learners: int) -> list[list[T]]:

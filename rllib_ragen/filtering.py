@@ -154,21 +154,6 @@ class GroupSelection:
         return torch.nonzero(self.keep).squeeze(1)
 
 
-def group_reward_std(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
-    """In-group standard deviation of trajectory reward.
-
-    Args:
-        scores: [B] trajectory rewards.
-        group_ids: [B] int group of each trajectory.
-
-    Returns:
-        ids [G] sorted distinct group ids, std [G] unbiased std per group
-        (0 for a group of one trajectory).
-    """
-    stats = group_statistics(scores, group_ids)
-    return stats.ids, stats.std
-
-
 def select_groups_by_variance(
     scores: Tensor, group_ids: Tensor, settings: FilterSettings = FilterSettings()
 ) -> GroupSelection:

@@ -217,16 +217,6 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
         values = self.value_head(selected).squeeze(-1).float()
         return _scatter(values, batch[Columns.LOSS_MASK])
 
-    @override(TorchRLModule)
-    def _forward_inference(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
-        """Next-token logits for the last position of each row (HF engine path)."""
-        out = self.policy(input_ids=batch[INPUT_IDS], attention_mask=batch[ATTENTION_MASK])
-        return {Columns.ACTION_DIST_INPUTS: out.logits[:, -1]}
-
-    @override(TorchRLModule)
-    def _forward_exploration(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
-        return self._forward_inference(batch, **kwargs)
-
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
         """The policy's weights under Hugging Face parameter names (for engines), LoRA adapters merged in."""
         return merged_state_dict(self.policy) if self.llm_config.lora.enabled else self.policy.state_dict()

@@ -53,7 +53,7 @@ from ray.rllib.offline.offline_data import OfflineData
 from ray.rllib.utils.annotations import override
 
 from rllib_ragen.algorithm import StarPO, StarPOConfig
-from rllib_ragen.connectors.token_batch import TokenBatch, build_token_batch, trajectories_from_episodes
+from rllib_ragen.connectors.token_batch import TokenBatch, token_batch_of_episodes
 from rllib_ragen.data.parquet import iter_group_episodes, map_to_trajectories
 from rllib_ragen.learner import StarPOTorchLearner
 from rllib_ragen.losses import aggregate_loss
@@ -193,9 +193,7 @@ class TokenBatchConnector(ConnectorV2):
 
     @override(ConnectorV2)
     def __call__(self, *, rl_module, batch, episodes, metrics=None, **kwargs) -> dict[str, Any]:
-        tokens = build_token_batch(
-            trajectories_from_episodes(episodes, history_window=self.history_window), pad_token_id=0
-        )
+        tokens = token_batch_of_episodes(episodes, history_window=self.history_window)
         device = rl_module[DEFAULT_MODULE_ID].policy.device
         batch[DEFAULT_MODULE_ID] = {k: v.to(device) for k, v in token_columns(tokens).items()}
         if metrics is not None:
@@ -255,7 +253,7 @@ def response_token_nll(
         history_window: The protocol's history window (decides the rows).
         micro_batch_size: Rows per forward pass.
     """
-    tokens = build_token_batch(trajectories_from_episodes(episodes, history_window=history_window), pad_token_id=0)
+    tokens = token_batch_of_episodes(episodes, history_window=history_window)
     columns = token_columns(tokens)
     total, count = 0.0, 0
     for start in range(0, tokens.input_ids.shape[0], micro_batch_size):

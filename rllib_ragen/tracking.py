@@ -136,10 +136,6 @@ class MLflowTracker:
     def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None:
         self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
 
-    def set_tags(self, tags: Mapping[str, str]) -> None:
-        for key, value in tags.items():
-            self.client.set_tag(self.run_id, key, value)
-
     def end(self, status: str = "FINISHED") -> None:
         """Marks the run FINISHED, FAILED or KILLED."""
         self.client.set_terminated(self.run_id, status=status)

@@ -81,6 +81,10 @@ def ray_session():
     """A local Ray for the tests of one module, shut down after them (tests ask for it by name)."""
     import ray
 
+    import gc
+
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
+    # Offline data of finished tests still holds an open Ray Data iterator: close it while Ray is up.
+    gc.collect()
     ray.shutdown()

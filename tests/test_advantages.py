@@ -280,14 +280,6 @@ def test_compute_advantages_grpo_sums_turn_rewards():
     assert_close(adv[:, 0], torch.tensor([1 / math.sqrt(2), -1 / math.sqrt(2)]))
 
 
-def test_compute_advantages_whitens_only_advantages():
-    inputs = AdvantageInputs(rewards=BI_REWARDS, mask=BI_MASK, values=BI_VALUES)
-    # A = [2, 1, -1, -2]: mean 0, unbiased var (4 + 1 + 1 + 4) / 3 = 10/3
-    adv, ret = compute_advantages("gae", inputs, whiten=True, gamma=1.0, lam=1.0)
-    torch.testing.assert_close(adv, t([2, 1, -1, -2]) / math.sqrt(10 / 3), rtol=0, atol=1e-5)
-    assert_close(ret, t([3, 3, 2, 2]))
-
-
 def test_compute_advantages_reports_missing_inputs_and_hparams():
     no_critic = AdvantageInputs(rewards=BI_REWARDS, mask=BI_MASK)
     with pytest.raises(ValueError, match="'gae' needs AdvantageInputs.values"):

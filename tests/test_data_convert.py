@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pyarrow as pa
 import pytest
-import ray
 import torch
 
 from rllib_ragen.algorithm import StarPOConfig
@@ -24,11 +23,7 @@ from rllib_ragen.data.convert import (
 from rllib_ragen.data.schema import FIELD_NAMES, TRAJECTORY_SCHEMA
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_session")  # conftest's: a local Ray for this module
 
 
 @pytest.fixture(scope="module")

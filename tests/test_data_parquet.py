@@ -23,11 +23,7 @@ from rllib_ragen.data.parquet import (
 from rllib_ragen.data.schema import TRAJECTORY_SCHEMA
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_session")  # conftest's: a local Ray for this module
 
 
 def sokoban_config(model_path) -> StarPOConfig:

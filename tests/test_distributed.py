@@ -17,18 +17,10 @@ from rllib_ragen.distributed import (
     count_training_rows,
     global_share,
     learner_minibatch_sizes,
-    split_contiguous,
     whiten_across_learners,
 )
 from rllib_ragen.env_runner import policy_weights
 from run_helpers import free_port, tiny_config
-
-
-def test_split_contiguous_keeps_order_and_balances():
-    assert split_contiguous([1, 2, 3, 4, 5], 2) == [[1, 2, 3], [4, 5]]
-    assert split_contiguous([1], 3) == [[1], [], []]
-    with pytest.raises(ValueError, match="num_shards"):
-        split_contiguous([1], 0)
 
 
 def test_learner_minibatch_sizes_take_each_shards_share():

@@ -10,7 +10,6 @@ import torch
 
 from rllib_ragen.filtering import (
     FilterSettings,
-    group_reward_std,
     kept_group_count,
     select_groups_by_variance,
     top_p_groups,
@@ -28,12 +27,6 @@ def top_k(ratio: float) -> FilterSettings:
 
 def top_p(share: float) -> FilterSettings:
     return FilterSettings(rollout_filter_strategy="top_p", rollout_filter_top_p=share)
-
-
-def test_group_reward_std_by_hand():
-    ids, std = group_reward_std(SCORES, GROUPS)
-    assert ids.tolist() == [0, 1, 2, 3]
-    torch.testing.assert_close(std, torch.tensor([0.0, math.sqrt(2), math.sqrt(0.5), 0.0]))
 
 
 def test_keeps_top_quarter():

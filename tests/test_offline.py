@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import gc
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import ray
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.offline.offline_prelearner import OfflinePreLearner
@@ -28,13 +26,7 @@ from rllib_ragen.offline import (
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    # Offline data of finished tests still holds an open Ray Data iterator: close it while Ray is up.
-    gc.collect()
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_session")  # conftest's: a local Ray for this module
 
 
 def base_config(model_path, **rollouts) -> StarPOConfig:

@@ -17,7 +17,6 @@ import torch
 import transformers
 
 from rllib_ragen.inference import factory
-from rllib_ragen.inference.batching import shard_bounds
 from rllib_ragen.inference.engine import SamplingParams
 from rllib_ragen.inference.factory import EngineConfig, make_engine, resolve_kind
 from rllib_ragen.inference.hf_engine import HFEngine
@@ -286,11 +285,3 @@ def test_tied_weights_are_packed_once(model_dir):
     assert "lm_head.weight" in model.state_dict() and "lm_head.weight" not in packed.names
     assert "model.embed_tokens.weight" in packed.names
     assert len(packed.names) == len(dict(model.named_parameters()))
-
-
-def test_shard_bounds_are_contiguous_and_balanced():
-    assert shard_bounds(5, 2) == [(0, 3), (3, 5)]
-    assert shard_bounds(1, 3) == [(0, 1), (1, 1), (1, 1)]
-    assert shard_bounds(0, 2) == [(0, 0), (0, 0)]
-    with pytest.raises(ValueError, match="n_shards"):
-        shard_bounds(3, 0)

@@ -29,7 +29,7 @@ from rllib_ragen.advantages import (
     estimator_hparam_names,
     masked_mean,
 )
-from rllib_ragen.connectors.token_batch import TokenBatch, build_token_batch, trajectories_from_episodes
+from rllib_ragen.connectors.token_batch import TokenBatch, token_batch_of_episodes
 from rllib_ragen.distributed import is_distributed, whiten_across_learners
 from rllib_ragen.module import ATTENTION_MASK, INPUT_IDS, TOKEN_LOGP
 from rllib_ragen.reward_shaping import RewardShaping, length_weighted_advantages
@@ -113,8 +113,7 @@ class StarPOLearnerConnector(ConnectorV2):
         # The module itself, not its DDP wrapper (num_learners >= 2): scoring is no training
         # step, so it must not run DDP's collective forward hooks.
         module = rl_module[DEFAULT_MODULE_ID].unwrapped()
-        trajectories = trajectories_from_episodes(episodes, history_window=self.history_window)
-        tokens = build_token_batch(trajectories, pad_token_id=0)
+        tokens = token_batch_of_episodes(episodes, history_window=self.history_window)
         old_logp, old_values = score_rows(
             module, tokens, self.micro_batch_size, with_logp=self.score_old_logp, with_values=self.advantages.needs_critic
         )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 from rllib_ragen.connectors.answer_parser import ACTION_SEPARATOR, ParsedAnswer, answer_spans, parse_answer
 from rllib_ragen.connectors.chat_template import ChatTemplate
@@ -181,12 +180,3 @@ def _example_answer(vocabulary: Sequence[str] | None, max_actions: int) -> str:
         return "your action"
     return f" {ACTION_SEPARATOR} ".join(vocabulary[:2])
 
-
-def summarize(parsed: ParsedAnswer) -> dict[str, Any]:
-    """Per-turn facts for logs and metrics."""
-    return {
-        "format_ok": parsed.format_ok,
-        "num_actions": len(parsed.actions),
-        "num_invalid_actions": len(parsed.invalid_actions),
-        "num_dropped_actions": len(parsed.dropped_actions),
-    }

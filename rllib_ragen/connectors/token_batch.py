@@ -25,6 +25,8 @@ CLOSE_IDS = "close_ids"
 SYSTEM_IDS = "system_ids"
 GROUP_ID = "group_id"
 RESPONSE_TEXT = "response_text"
+# Padding is masked out by the attention mask, so any id in the vocabulary does.
+PAD_TOKEN_ID = 0
 
 
 @dataclasses.dataclass
@@ -103,6 +105,13 @@ class TokenBatch:
         out = torch.zeros(self.loss_mask.shape, dtype=traj_values.dtype)
         out[self.row_of, self.col_of] = traj_values[self.traj_of, self.pos_of]
         return out
+
+
+def token_batch_of_episodes(
+    episodes: Iterable[MultiAgentEpisode | SingleAgentEpisode], *, history_window: int | None
+) -> TokenBatch:
+    """The padded token rows of every trajectory of `episodes` (the learner's first step)."""
+    return build_token_batch(trajectories_from_episodes(episodes, history_window=history_window), pad_token_id=PAD_TOKEN_ID)
 
 
 def build_token_batch(trajectories: Sequence[Trajectory], *, pad_token_id: int) -> TokenBatch:

@@ -1,4 +1,4 @@
-"""Token-id batches: validation, left padding, and splitting across engines."""
+"""Token-id batches: validation and left padding."""
 
 from __future__ import annotations
 
@@ -42,20 +42,3 @@ def left_pad(sequences: Sequence[Sequence[int]], *, pad_token_id: int) -> tuple[
             input_ids[row, width - len(sequence) :] = torch.as_tensor(sequence, dtype=torch.long)
             mask[row, width - len(sequence) :] = 1
     return input_ids, mask
-
-
-def shard_bounds(n_items: int, n_shards: int) -> list[tuple[int, int]]:
-    """Contiguous [start, stop) ranges splitting n_items into n_shards, sizes differing by <= 1.
-
-    Contiguous shards keep a StarPO group (same prompt, adjacent) on one engine,
-    where prefix caching can share its prompt.
-    """
-    if n_shards < 1:
-        raise ValueError(f"n_shards must be >= 1, got {n_shards}")
-    base, extra = divmod(n_items, n_shards)
-    bounds, start = [], 0
-    for shard in range(n_shards):
-        stop = start + base + (1 if shard < extra else 0)
-        bounds.append((start, stop))
-        start = stop
-    return bounds

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from rllib_ragen.checks import check_choice, check_positive
 from rllib_ragen.inference.engine import InferenceEngine
 
 ENGINE_KINDS = ("auto", "vllm", "hf")
@@ -76,14 +77,14 @@ class EngineConfig:
     weight_sync_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
-        _check_choice("kind", self.kind, ENGINE_KINDS)
-        _check_choice("dtype", self.dtype, DTYPES)
-        _check_choice("weight_sync", self.weight_sync, WEIGHT_SYNC_KINDS)
+        check_choice("kind", self.kind, ENGINE_KINDS)
+        check_choice("dtype", self.dtype, DTYPES)
+        check_choice("weight_sync", self.weight_sync, WEIGHT_SYNC_KINDS)
         for name in ("num_engines", "max_model_len", "tensor_parallel_size", "max_batch_size",
                      "start_timeout_s", "call_timeout_s", "weight_sync_timeout_s"):
-            _check_positive(name, getattr(self, name))
+            check_positive(name, getattr(self, name))
         if self.num_threads is not None:
-            _check_positive("num_threads", self.num_threads)
+            check_positive("num_threads", self.num_threads)
         if self.num_gpus_per_engine < 0 or self.num_cpus_per_engine < 0 or self.max_restarts_per_call < 0:
             raise ValueError(
                 f"num_gpus_per_engine, num_cpus_per_engine and max_restarts_per_call must be >= 0, got "
@@ -99,7 +100,7 @@ class EngineConfig:
     def _check_kv_cache_sizing(self) -> None:
         """On CPU the KV cache is sized in bytes, never as a share of memory; on GPU either way."""
         if self.kv_cache_gb is not None:
-            _check_positive("kv_cache_gb", self.kv_cache_gb)
+            check_positive("kv_cache_gb", self.kv_cache_gb)
         if self.num_gpus_per_engine == 0:
             if self.kv_cache_gb is None:
                 raise ValueError("a CPU engine (num_gpus_per_engine=0) needs kv_cache_gb: its KV cache is host RAM")
@@ -155,13 +156,3 @@ def make_engine(config: EngineConfig, model_path: str | Path) -> InferenceEngine
 
     dtype = torch.float32 if config.dtype == "auto" else getattr(torch, config.dtype)
     return HFEngine(model_path, dtype=dtype, max_batch_size=config.max_batch_size, num_threads=config.num_threads)
-
-
-def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-
-
-def _check_positive(name: str, value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value}")

@@ -25,7 +25,8 @@ import torch
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from torch import Tensor
 
-from rllib_ragen.inference.batching import check_score_inputs, check_token_ids, shard_bounds
+from rllib_ragen.inference.batching import check_score_inputs, check_token_ids
+from rllib_ragen.sharding import split_contiguous
 from rllib_ragen.inference.collective import GroupSpec, TensorLayout
 from rllib_ragen.inference.engine import Completion, EngineTimeoutError, InferenceEngine, SamplingParams
 from rllib_ragen.inference.factory import EngineConfig
@@ -199,7 +200,7 @@ class VLLMEnginePool(InferenceEngine):
 
     def _run_sharded(self, n_items: int, step: str, submit: Callable[[Any, int, int], ray.ObjectRef]) -> list:
         """Runs `submit(actor, lo, hi)` on contiguous shards in parallel; concatenates in order."""
-        bounds = shard_bounds(n_items, len(self.actors))
+        bounds = [(s[0], s[-1] + 1) if s else (0, 0) for s in split_contiguous(range(n_items), len(self.actors))]
         deadline = time.monotonic() + self.config.call_timeout_s
         refs = [submit(actor, lo, hi) if hi > lo else None for actor, (lo, hi) in zip(self.actors, bounds)]
         results = []
