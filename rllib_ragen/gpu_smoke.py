@@ -35,6 +35,7 @@ from rllib_ragen.inference.factory import WEIGHT_SYNC_KINDS
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.presets import ragen_preset
 from rllib_ragen.ray_session import init_ray
+from rllib_ragen.rllib_private import local_learner
 
 
 class SmokeFailure(RuntimeError):
@@ -103,7 +104,7 @@ def check_sync_carries_a_change(algo) -> None:
     Doubling and halving are exact, so the weights end as they started. The
     tied embedding is also the LM head, whose refresh a weight reload can miss.
     """
-    embedding = algo.learner_group._learner.module[DEFAULT_MODULE_ID].unwrapped().policy.get_input_embeddings()
+    embedding = local_learner(algo.learner_group).module[DEFAULT_MODULE_ID].unwrapped().policy.get_input_embeddings()
     synced = algo.weight_sync.check()
     with torch.no_grad():
         embedding.weight.mul_(2.0)

@@ -23,12 +23,18 @@ from typing import Any
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
-from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
 from rllib_ragen.advantages import masked_mean
 from rllib_ragen.connectors.learner_connector import POLICY_MASK, SAMPLING_LOGP, VALUE_MASK
 from rllib_ragen.distributed import all_reduce_gradients, all_reduce_sum, global_share
+from rllib_ragen.rllib_private import (
+    MiniBatchStepLearner,
+    learner_optimizers,
+    learner_parameters,
+    named_optimizers,
+    optimizer_module_id,
+)
 from rllib_ragen.losses import aggregate_loss, kl_penalty, policy_loss, value_loss
 from rllib_ragen.module import (
     ATTENTION_MASK,
@@ -42,10 +48,10 @@ POLICY_OPTIMIZER = "policy"
 CRITIC_OPTIMIZER = "critic"
 
 
-class StarPOTorchLearner(TorchLearner):
+class StarPOTorchLearner(MiniBatchStepLearner):
     """PPO-style StarPO update for an `LLMRLModule`."""
 
-    @override(TorchLearner)
+    @override(MiniBatchStepLearner)
     def build(self) -> None:
         super().build()
         # Set before any forward, so the connector's old log-probs and the
@@ -59,9 +65,9 @@ class StarPOTorchLearner(TorchLearner):
             self._reference = copy.deepcopy(self.module[DEFAULT_MODULE_ID].unwrapped().policy).eval()
             self._reference.requires_grad_(False)
 
-    @override(TorchLearner)
+    @override(MiniBatchStepLearner)
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
-        module = self._module[module_id]
+        module = self.module[module_id]
         critic_names = set(module.get_non_inference_attributes())
         policy_params, critic_params = [], []
         for name, param in module.named_parameters():
@@ -79,19 +85,19 @@ class StarPOTorchLearner(TorchLearner):
                     lr_or_lr_schedule=lr,
                 )
 
-    @override(TorchLearner)
-    def _get_optimizer_state(self) -> dict:
+    @override(MiniBatchStepLearner)
+    def optimizer_state(self) -> dict:
         # RLlib's numpy conversion fails on bfloat16, the dtype of AdamW's moments for a bf16 policy.
         return {
-            name: {"module_id": self._optimizer_name_to_module[name], "state": host_copy(optimizer.state_dict())}
-            for name, optimizer in self._named_optimizers.items()
+            name: {"module_id": optimizer_module_id(self, name), "state": host_copy(optimizer.state_dict())}
+            for name, optimizer in named_optimizers(self).items()
         }
 
-    @override(TorchLearner)
-    def _uncompiled_update(self, batch: dict, **kwargs):
+    @override(MiniBatchStepLearner)
+    def update_minibatch(self, batch: dict):
         """One optimiser step on a mini-batch, accumulating micro-batch gradients."""
         module_batch = batch[DEFAULT_MODULE_ID]
-        for optimizer in self._optimizer_parameters:
+        for optimizer in learner_optimizers(self):
             optimizer.zero_grad(set_to_none=True)
         weights = _micro_batch_weights(
             module_batch,
@@ -110,13 +116,14 @@ class StarPOTorchLearner(TorchLearner):
             loss = self.compute_losses(fwd_out=fwd_out, batch={DEFAULT_MODULE_ID: micro})[DEFAULT_MODULE_ID]
             (loss * weight * share).backward()
             total_loss += loss.detach() * weight * share
-        all_reduce_gradients(self._params.values())
+        params = learner_parameters(self)
+        all_reduce_gradients(params.values())
         total_loss = all_reduce_sum(total_loss)
-        grads = {pid: p.grad for pid, p in self._params.items()}
+        grads = {pid: p.grad for pid, p in params.items()}
         self.apply_gradients(self.postprocess_gradients(grads))
         return fwd_out, {DEFAULT_MODULE_ID: total_loss}, {}
 
-    @override(TorchLearner)
+    @override(MiniBatchStepLearner)
     def compute_loss_for_module(self, *, module_id, config, batch: dict[str, Any], fwd_out: dict[str, Any]):
         mask = mask_or_generated(batch, POLICY_MASK)
         agg = config.loss_agg_mode

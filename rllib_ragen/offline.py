@@ -57,6 +57,7 @@ from rllib_ragen.connectors.token_batch import TokenBatch, token_batch_of_episod
 from rllib_ragen.data.parquet import iter_group_episodes, map_to_trajectories
 from rllib_ragen.learner import StarPOTorchLearner
 from rllib_ragen.losses import aggregate_loss
+from rllib_ragen.rllib_private import set_learner_connector
 from rllib_ragen.advantages import masked_mean
 from rllib_ragen.module import ATTENTION_MASK, INPUT_IDS, TOKEN_ENTROPY, TOKEN_LOGP, score_generated_tokens, trunk_hidden
 
@@ -216,8 +217,8 @@ class BCTorchLearner(StarPOTorchLearner):
     @override(StarPOTorchLearner)
     def build(self) -> None:
         super().build()
-        self._learner_connector = LearnerConnectorPipeline(
-            connectors=[TokenBatchConnector(history_window=self.config.history_window)]
+        set_learner_connector(
+            self, LearnerConnectorPipeline(connectors=[TokenBatchConnector(history_window=self.config.history_window)])
         )
 
     @override(StarPOTorchLearner)

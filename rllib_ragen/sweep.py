@@ -23,6 +23,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 from envs import check_env
 from rllib_ragen.algorithm import StarPO, StarPOConfig
 from rllib_ragen.callbacks import MLflowSettings, with_mlflow
+from rllib_ragen.rllib_private import config_dict_value
 from rllib_ragen.experiment import progress_line, setting_value, split_assignment
 from rllib_ragen.tracking import TRIAL_TAG, experiment_id_of, find_run
 
@@ -213,7 +214,7 @@ def results_table(
         metrics = result.metrics or {}
         config = metrics.get("config", {})
         row: dict[str, Any] = {"trial": metrics.get("trial_id", "")}
-        row.update({key: config.get(_dict_key(key)) for key in swept})
+        row.update({key: config_dict_value(config, key) for key in swept})
         row.update({column: _nested(metrics, key) for column, key in TABLE_METRICS})
         row["error"] = type(result.error).__name__ if result.error else ""
         row["mlflow_run_id"] = find_run(client, settings.experiment, tag=TRIAL_TAG, value=Path(result.path).name)
@@ -224,11 +225,6 @@ def results_table(
         return table
     table = table.sort_values("_sort", ascending=(mode == "min"), na_position="last", kind="stable")
     return table.drop(columns="_sort").reset_index(drop=True)
-
-
-def _dict_key(attribute: str) -> str:
-    # `AlgorithmConfig.to_dict` renames the attributes that shadow Python keywords.
-    return attribute[:-1] if attribute in ("lambda_", "input_") else attribute
 
 
 def _nested(metrics: Mapping[str, Any], key: str) -> Any:

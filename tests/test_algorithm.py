@@ -14,6 +14,7 @@ from rllib_ragen.connectors.token_batch import trajectories_from_episodes
 from rllib_ragen.env_runner import policy_weights
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.module import TOKEN_LOGP
+from rllib_ragen.rllib_private import learner_connector, local_learner
 
 
 pytestmark = pytest.mark.usefixtures("ray_session")  # conftest's: a local Ray for this module
@@ -129,7 +130,7 @@ def test_top_p_filter_skips_a_batch_without_spread(tiny_model_path):
 
 
 def _learner_module(algo):
-    return algo.learner_group._learner.module[DEFAULT_MODULE_ID]
+    return local_learner(algo.learner_group).module[DEFAULT_MODULE_ID]
 
 
 def test_checkpoint_round_trip_restores_weights_optimizer_and_seed(tiny_model_path, tmp_path):
@@ -137,7 +138,7 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_seed(tiny_model_pa
     algo.train()
     algo.save_to_path(str(tmp_path / "ckpt"))
     weights = {k: v.clone() for k, v in _learner_module(algo).state_dict().items()}
-    optimizer_state = algo.learner_group._learner.get_optimizer(DEFAULT_MODULE_ID, "policy").state_dict()
+    optimizer_state = local_learner(algo.learner_group).get_optimizer(DEFAULT_MODULE_ID, "policy").state_dict()
     algo.stop()
 
     restored = StarPO.from_checkpoint(str(tmp_path / "ckpt"))
@@ -145,7 +146,7 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_seed(tiny_model_pa
         module = _learner_module(restored)
         for key, value in module.state_dict().items():
             torch.testing.assert_close(value, weights[key])
-        restored_opt = restored.learner_group._learner.get_optimizer(DEFAULT_MODULE_ID, "policy").state_dict()
+        restored_opt = local_learner(restored.learner_group).get_optimizer(DEFAULT_MODULE_ID, "policy").state_dict()
         first = next(iter(optimizer_state["state"]))
         torch.testing.assert_close(restored_opt["state"][first]["exp_avg"], optimizer_state["state"][first]["exp_avg"])
         assert restored.env_runner.get_state()["next_train_seed"] == 10_002
@@ -178,8 +179,8 @@ def test_learner_scores_match_the_engines_sampling_logprobs(tiny_model_path):
     algo = sokoban_config(tiny_model_path).rollouts(temperature=0.7).build_algo()
     try:
         episodes = algo.env_runner.sample()
-        learner = algo.learner_group._learner
-        batch = learner._learner_connector(
+        learner = local_learner(algo.learner_group)
+        batch = learner_connector(learner)(
             rl_module=learner.module, batch={}, episodes=episodes, shared_data={}, metrics=None
         )[DEFAULT_MODULE_ID]
         mask = batch[Columns.LOSS_MASK].bool()

@@ -16,6 +16,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_ragen.async_rollouts import staleness_counts
 from rllib_ragen.env_runner import policy_weights
+from rllib_ragen.rllib_private import env_runner_actors, mark_env_runner_healthy
 from tests.run_helpers import tiny_config
 
 N_GROUPS, GROUP_SIZE = 2, 2
@@ -73,7 +74,7 @@ def test_a_dead_runner_loses_no_finished_group_and_the_run_goes_on(tiny_model_pa
         first = algo.train()["async_rollouts"]
         assert first["staleness_0"] == N_GROUPS  # batch 0 was sampled with the learner's weights
         # Batch 1 (one group from each runner) finished during the update; runner 2 now dies for good.
-        ray.kill(algo.env_runner_group._worker_manager.actors()[2], no_restart=True)
+        ray.kill(env_runner_actors(algo.env_runner_group)[2], no_restart=True)
         second = algo.train()
         # Its group of batch 1 was already in the driver: both groups are trained.
         assert second["env_runners"]["num_trajectories"] == N_GROUPS * GROUP_SIZE
@@ -92,10 +93,9 @@ def test_a_broadcast_that_missed_a_runner_is_caught_by_the_version_tags(tiny_mod
     try:
         # A sync while runner 2 is out of service (as RLlib marks a runner whose call failed)
         # reaches runner 1 only; then runner 2 answers again and is back in service.
-        manager = algo.env_runner_group._worker_manager
-        manager.set_actor_state(2, healthy=False)
+        mark_env_runner_healthy(algo.env_runner_group, 2, False)
         algo.sync_engine_weights()
-        manager.set_actor_state(2, healthy=True)
+        mark_env_runner_healthy(algo.env_runner_group, 2, True)
         tags = algo.env_runner_group.foreach_env_runner(lambda runner: runner.policy_version, local_env_runner=False)
         assert tags == [algo.policy_version, algo.policy_version - 1]
         result = algo.train()

@@ -20,6 +20,7 @@ from rllib_ragen.distributed import (
     whiten_across_learners,
 )
 from rllib_ragen.env_runner import policy_weights
+from rllib_ragen.rllib_private import local_learner
 from run_helpers import free_port, tiny_config
 
 
@@ -105,9 +106,9 @@ def test_two_ddp_learners_take_the_single_learners_update(tiny_model_path, ray_s
         runner = local_algo.env_runner
         groups = runner.sample(seeds=[1, 2], group_size=3) + runner.sample(seeds=[3], group_size=2)
         assert count_training_rows(groups, history_window=None) == 8
-        initial_weights, _ = learner_state(local_algo.learner_group._learner)
+        initial_weights, _ = learner_state(local_learner(local_algo.learner_group))
         local_loss = _total_loss(local_algo.update_learners(groups)[0])
-        local_weights, local_grads = learner_state(local_algo.learner_group._learner)
+        local_weights, local_grads = learner_state(local_learner(local_algo.learner_group))
     finally:
         local_algo.stop()
 

@@ -16,6 +16,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_ragen.algorithm import StarPOConfig
 from rllib_ragen.inference.engine import EngineTimeoutError, SamplingParams
+from rllib_ragen.rllib_private import local_learner
 
 TIMEOUT_S = 4.0
 # fp32 learner and engines: vLLM-CPU and HF kernels differ by about 1e-3 on the probe; an engine
@@ -57,7 +58,7 @@ def stall(actor) -> None:
 
 def move_policy(algo, norm: float) -> None:
     """Sets the learner's final norm (the checkpoint's is 1.0): new weights of a bounded size."""
-    policy = algo.learner_group._learner.module[DEFAULT_MODULE_ID].unwrapped().policy
+    policy = local_learner(algo.learner_group).module[DEFAULT_MODULE_ID].unwrapped().policy
     with torch.no_grad():
         policy.model.norm.weight.fill_(norm)
 

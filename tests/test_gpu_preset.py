@@ -24,6 +24,7 @@ from rllib_ragen.checkpoints import checkpoint_iteration, latest_checkpoint, sav
 from rllib_ragen.gpu_smoke import SmokeFailure, check_iteration, main, on_cpu_tiny
 from rllib_ragen.models import install_vendored_tokenizer, load_causal_lm
 from rllib_ragen.presets import ragen_preset
+from rllib_ragen.rllib_private import local_learner
 from run_helpers import ROOT
 
 # A bfloat16 engine against the float32 learner: the engine's rounding, measured 1e-2 at most here.
@@ -63,7 +64,7 @@ def ray_cluster():
 
 
 def learner_module(algo):
-    return algo.learner_group._learner.module[DEFAULT_MODULE_ID].unwrapped()
+    return local_learner(algo.learner_group).module[DEFAULT_MODULE_ID].unwrapped()
 
 
 def test_only_model_device_and_budgets_differ_from_the_preset(tiny_model_path):

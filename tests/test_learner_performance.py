@@ -74,7 +74,7 @@ def _naive_loss(policy, batch: dict[str, torch.Tensor], agg: str) -> torch.Tenso
 
 def _update(learner, batch) -> tuple[float, dict[str, torch.Tensor]]:
     """One learner update (lr 0, no clipping): its loss and the accumulated gradients."""
-    _, losses, _ = learner._uncompiled_update({DEFAULT_MODULE_ID: batch})
+    _, losses, _ = learner.update_minibatch({DEFAULT_MODULE_ID: batch})
     module = learner.module[DEFAULT_MODULE_ID]
     return float(losses[DEFAULT_MODULE_ID]), {n: p.grad.clone() for n, p in module.policy.named_parameters()}
 

@@ -15,6 +15,7 @@ from rllib_ragen.algorithm import StarPO, StarPOConfig
 from rllib_ragen.checkpoints import latest_checkpoint, save_checkpoint
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.module import LLMRLModule
+from rllib_ragen.rllib_private import local_learner
 
 SPACE = gym.spaces.Text(max_length=8)
 
@@ -50,7 +51,7 @@ def ray_cluster():
 
 
 def learner_of(algo):
-    return algo.learner_group._learner
+    return local_learner(algo.learner_group)
 
 
 def test_bfloat16_policy_trains_saves_restores_and_exports(tiny_model_path, tmp_path, ray_cluster):

@@ -24,6 +24,7 @@ from rllib_ragen.offline import (
     offline_config,
     response_token_nll,
 )
+from rllib_ragen.rllib_private import local_learner
 
 
 pytestmark = pytest.mark.usefixtures("ray_session")  # conftest's: a local Ray for this module
@@ -59,7 +60,7 @@ def demo_dir(demos, tmp_path_factory):
 
 
 def _policy(algo):
-    return algo.learner_group._learner.module[DEFAULT_MODULE_ID].policy
+    return local_learner(algo.learner_group).module[DEFAULT_MODULE_ID].policy
 
 
 def test_behaviour_cloning_from_demonstrations_lowers_their_nll(tiny_model_path, demos, demo_dir):

@@ -14,6 +14,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_ragen.algorithm import StarPOConfig
 from rllib_ragen.inference.collective import GroupHost, TensorLayout, receive, send
+from rllib_ragen.rllib_private import local_learner
 
 GAP = "engine_logp_max_abs_diff"
 # fp32 engines against a bf16 learner: the learner's bf16 arithmetic is the only difference, about
@@ -61,7 +62,7 @@ def perturb_policy(learner) -> None:
 
 
 def local_learner(algo):
-    return algo.learner_group._learner
+    return local_learner(algo.learner_group)
 
 
 # ---------------------------------------------------------------------- the transport alone
