@@ -9,7 +9,7 @@ from envs.base import TextEnv
 from envs.corridor import CorridorConfig, CorridorEnv
 from envs.countdown import CountdownConfig, CountdownEnv, score_equation
 from envs.frozenlake import FrozenLakeConfig, FrozenLakeEnv
-from envs.registry import check_env, list_envs, make_env, register_env
+from envs.registry import check_env, check_env_config, list_envs, make_env, register_env
 from envs.sokoban import SokobanConfig, SokobanEnv
 from envs.sokoban_room import Room, parse_room, render_room
 from envs.sokoban_solver import solve
@@ -28,6 +28,7 @@ __all__ = [
     "SokobanEnv",
     "TextEnv",
     "check_env",
+    "check_env_config",
     "list_envs",
     "make_env",
     "parse_room",

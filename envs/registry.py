@@ -31,7 +31,7 @@ from envs.bandit import (
     V1_LOW_PAYOFF,
     BanditEnv,
 )
-from envs.base import TextEnv, config_field_names
+from envs.base import TextEnv, build_config, config_field_names
 from envs.corridor import CorridorEnv
 from envs.countdown import CountdownEnv
 from envs.frozenlake import FrozenLakeEnv
@@ -109,6 +109,24 @@ def check_env(name: str, *, in_other_processes: bool = False) -> None:
             "environment('my_module:MyEnv') (my_module.py on the workers' path: the working directory or "
             "PYTHONPATH)"
         )
+
+
+def check_env_config(name: str, env_config: dict[str, Any]) -> None:
+    """Raises ValueError unless env `name` accepts `env_config`, without building the env.
+
+    The keys are checked against the factory; a TextEnv with a `config_class`
+    also gets that dataclass built from its defaults and `env_config`, which runs
+    its checks (the env itself, its levels and solvers, is not made).
+    """
+    entry = _entry(name)
+    config = {**entry.default_config, **env_config}
+    try:
+        _check_keys(name, dict(env_config), entry.accepted_keys)
+        config_class = getattr(entry.factory, "config_class", None)
+        if isinstance(entry.factory, type) and issubclass(entry.factory, TextEnv) and config_class is not None:
+            build_config(config_class, None, config)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"env {name!r} rejects env_config {dict(env_config)}: {error}") from error
 
 
 def is_import_path(name: str) -> bool:

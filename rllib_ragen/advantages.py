@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
+from rllib_ragen.checks import check_choice
 from rllib_ragen.registry import add_to_registry
 
 Tensor = torch.Tensor
@@ -516,6 +518,17 @@ def register_advantage_estimator(
     (CRITIC_ESTIMATORS.add if needs_critic else CRITIC_ESTIMATORS.discard)(name)
 
 
+def needs_critic(name: str) -> bool:
+    """Estimator ``name`` reads ``AdvantageInputs.values``, so the module needs a critic."""
+    get_advantage_estimator(name)
+    return name in CRITIC_ESTIMATORS
+
+
+def critic_free_estimators() -> list[str]:
+    """The registered estimators that need no critic, sorted."""
+    return sorted(set(ADVANTAGE_ESTIMATORS) - CRITIC_ESTIMATORS)
+
+
 def unregister_advantage_estimator(name: str) -> None:
     """Removes a registered estimator (e.g. a test's)."""
     get_advantage_estimator(name)
@@ -524,8 +537,50 @@ def unregister_advantage_estimator(name: str) -> None:
 
 
 def estimator_hparam_names(name: str) -> tuple[str, ...]:
-    """The keyword hyper-parameters estimator ``name`` declares."""
+    """The keyword hyper-parameters estimator ``name`` declares (its defaults are declared there too)."""
     return tuple(p.name for p in list(inspect.signature(get_advantage_estimator(name)).parameters.values())[1:])
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageSettings:
+    """How advantages are estimated (`StarPOConfig.training` documents each setting).
+
+    The named settings are the hyper-parameters of the built-in estimators;
+    `advantage_hparams` sets any other keyword an estimator declares (grpo's
+    ``eps``, bi_level_gae's ``high_level_lam``, a registered estimator's own),
+    whose defaults stay declared once, in the estimator's signature.
+    """
+
+    advantage_estimator: str = "gae"
+    gamma: float = 1.0
+    lambda_: float = 1.0
+    high_level_gamma: float = 0.95
+    whiten_advantages: bool = True
+    grpo_norm_by_std: bool = True
+    advantage_hparams: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_choice("advantage_estimator", self.advantage_estimator, sorted(ADVANTAGE_ESTIMATORS))
+        declared = estimator_hparam_names(self.advantage_estimator)
+        unknown = sorted(set(self.advantage_hparams) - set(declared))
+        if unknown:
+            raise ValueError(
+                f"advantage_hparams {unknown} are not hyper-parameters of advantage estimator "
+                f"{self.advantage_estimator!r}; it declares {list(declared)}"
+            )
+
+    def hparams(self) -> dict[str, Any]:
+        """The configured value of every hyper-parameter the estimator declares and the config sets."""
+        named = {
+            "gamma": self.gamma, "lam": self.lambda_, "high_level_gamma": self.high_level_gamma,
+            "norm_by_std": self.grpo_norm_by_std,
+        }
+        declared = estimator_hparam_names(self.advantage_estimator)
+        return {name: named[name] for name in declared if name in named} | dict(self.advantage_hparams)
+
+    @property
+    def needs_critic(self) -> bool:
+        return needs_critic(self.advantage_estimator)
 
 
 def get_advantage_estimator(name: str) -> Estimator:

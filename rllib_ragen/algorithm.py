@@ -43,9 +43,8 @@ from ray.rllib.utils.metrics import (
 )
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
-from envs import check_env, make_env
-from rllib_ragen.advantages import ADVANTAGE_ESTIMATORS, CRITIC_ESTIMATORS
-from rllib_ragen.checks import check_choice
+from envs import check_env, check_env_config
+from rllib_ragen.advantages import AdvantageSettings, critic_free_estimators
 from rllib_ragen.async_rollouts import AsyncGroupSampler, AsyncRollouts, policy_version_of, staleness_counts
 from rllib_ragen.collapse_metrics import (
     COLLAPSE_RESULTS,
@@ -57,12 +56,12 @@ from rllib_ragen.collapse_metrics import (
     first_turn_samples,
 )
 from rllib_ragen.connectors.chat_template import ChatTemplate
-from rllib_ragen.connectors.learner_connector import AdvantageSettings, StarPOLearnerConnector
+from rllib_ragen.connectors.learner_connector import StarPOLearnerConnector
 from rllib_ragen.connectors.protocol import ProtocolConfig
 from rllib_ragen.data.parquet import write_rollouts
 from rllib_ragen.distributed import count_training_rows, learner_minibatch_sizes, shard_groups
 from rllib_ragen.echo_trap import REWARD_VARIANCE, EchoTrapMonitor, EchoTrapRule
-from rllib_ragen.env_group import DEFAULT_GROUP_RANDOMNESS, GROUP_RANDOMNESS, TurnBudget
+from rllib_ragen.env_group import TurnBudget
 from rllib_ragen.env_runner import LLMEnvRunner, policy_weights, rollout_statistics
 from rllib_ragen.evaluation import evaluate_on_seeds
 from rllib_ragen.filtering import TOP_P, FilterSettings, select_groups_by_variance
@@ -70,13 +69,21 @@ from rllib_ragen.inference.factory import EngineConfig, resolve_kind
 from rllib_ragen.inference.weight_sync import PolicyWeightSync
 from rllib_ragen.learner import StarPOTorchLearner
 from rllib_ragen.lora import LoraSettings, peft_model_with_adapters
-from rllib_ragen.losses import KL_KINDS, LOSS_AGGREGATIONS
 from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model, resolves_locally
-from rllib_ragen.module import CRITIC_KINDS, LLMModuleConfig, LLMRLModule, ScoringConfig
+from rllib_ragen.module import LLMModuleConfig, LLMRLModule, ScoringConfig
 from rllib_ragen.off_policy import OffPolicyCorrection
 from rllib_ragen.reward_shaping import RewardShaping
+from rllib_ragen.settings import (
+    EvalSettings,
+    LossSettings,
+    OptimizerSettings,
+    RecordingSettings,
+    RolloutSettings,
+    SettingsBinding,
+    UpdateSettings,
+)
 from rllib_ragen.sharding import split_contiguous
-from rllib_ragen.token_masks import ALL_TOKENS, TOKEN_MASKS, ResponseSpanLabeller
+from rllib_ragen.token_masks import ResponseSpanLabeller
 
 logger = logging.getLogger(__name__)
 
@@ -122,88 +129,10 @@ class StarPOConfig(AlgorithmConfig):
         self.env = "sokoban"
         self.grad_clip = 1.0
         self.grad_clip_by = "global_norm"
-        # .llm()
-        self.llm_model = "Qwen/Qwen2.5-0.5B-Instruct"
-        self.critic = "separate"
-        self.dtype = "float32"
-        self.gradient_checkpointing = False
-        lora_defaults = LoraSettings()
-        self.lora_rank = lora_defaults.rank
-        self.lora_alpha = lora_defaults.alpha
-        self.lora_target_modules = lora_defaults.target_modules
-        self.lora_dropout = lora_defaults.dropout
-        # .rollouts()
-        self.n_groups = 8
-        self.group_size = 16
-        self.max_turns = 5
-        self.max_actions_per_turn = 5
-        self.max_actions_per_traj = 10
-        self.response_length = 400
-        self.temperature = 1.0
-        self.history_window = None
-        self.think = True
-        self.prefill = False
-        self.format_penalty = -0.1
-        self.train_seed_start = 10_000
-        self.env_step_timeout_s = 60.0
-        self.group_randomness = DEFAULT_GROUP_RANDOMNESS
-        # .inference(): every engine setting defaults to EngineConfig's.
-        engine_defaults = EngineConfig()
-        for attribute, field in _ENGINE_SETTINGS.items():
-            setattr(self, attribute, getattr(engine_defaults, field))
-        self.torch_threads = None
-        # .training()
-        self.advantage_estimator = "gae"
-        self.gamma = 1.0
-        self.lambda_ = 1.0
-        self.high_level_gamma = 0.95
-        self.whiten_advantages = True
-        self.grpo_norm_by_std = True
-        self.loss_token_mask = ALL_TOKENS
-        self.adv_token_mask = ALL_TOKENS
-        self.clip_ratio_low = 0.2
-        self.clip_ratio_high = 0.28
-        self.clip_ratio_dual = 3.0
-        self.entropy_coeff = 0.001
-        self.kl_coeff = 0.0
-        self.kl_type = "k3"
-        self.value_clip = 0.5
-        self.vf_loss_coeff = 1.0
-        self.loss_agg_mode = "token-mean"
-        # rollout_filter_strategy, _ratio, _top_p and _metric: FilterSettings' defaults.
-        for field in dataclasses.fields(FilterSettings):
-            setattr(self, field.name, field.default)
-        self.rollout_frequency = 1
-        self.mini_batch_size = 32
-        self.micro_batch_size = 4
-        self.micro_batch_tokens = None
-        self.autocast_dtype = None
-        self.logit_chunk_size = 1024
-        self.actor_lr = 1e-6
-        self.critic_lr = 1e-5
-        self.adam_betas = (0.9, 0.999)
-        self.weight_decay = 0.01
-        # .diagnostics(): CollapseMetricsSettings' and EchoTrapRule's defaults.
-        for field in dataclasses.fields(CollapseMetricsSettings):
-            setattr(self, field.name, field.default)
-        for field in dataclasses.fields(EchoTrapRule):
-            setattr(self, f"echo_trap_{field.name}", field.default)
-        # .reward_shaping(): every term defaults to RewardShaping's (off).
-        for field in dataclasses.fields(RewardShaping):
-            setattr(self, field.name, field.default)
-        # Off-policy rollouts: .rollouts(async_rollouts, max_staleness) and .training(off_policy_correction,
-        # tis_cap, mis_low, mis_high); every default is AsyncRollouts' / OffPolicyCorrection's.
-        for settings in (AsyncRollouts, OffPolicyCorrection):
-            for field in dataclasses.fields(settings):
-                setattr(self, field.name, field.default)
-        # .starpo_evaluation()
-        self.eval_interval = 10
-        self.eval_size = 256
-        self.eval_temperature = 0.5
-        self.eval_seed = 123
-        # .rollout_recording()
-        self.rollout_parquet_dir = None
-        self.write_rollouts_every = 1
+        # Every StarPO setting, with the default its settings group declares.
+        for binding in SETTINGS_GROUPS:
+            for attribute, default in binding.defaults().items():
+                setattr(self, attribute, default)
 
     # ------------------------------------------------------------------ builders
     def llm(
@@ -387,6 +316,7 @@ class StarPOConfig(AlgorithmConfig):
         high_level_gamma: float | None = NotProvided,
         whiten_advantages: bool | None = NotProvided,
         grpo_norm_by_std: bool | None = NotProvided,
+        advantage_hparams: dict[str, Any] | None = NotProvided,
         loss_token_mask: str | None = NotProvided,
         adv_token_mask: str | None = NotProvided,
         clip_ratio_low: float | None = NotProvided,
@@ -429,6 +359,10 @@ class StarPOConfig(AlgorithmConfig):
             high_level_gamma: Turn-level discount of bi-level GAE.
             whiten_advantages: Whiten GAE advantages over the tokens that have them (M_adv).
             grpo_norm_by_std: Divide grpo/brpo advantages by the std.
+            advantage_hparams: Any other hyper-parameter the estimator declares, by
+                name, e.g. {"eps": 1e-4} (grpo/brpo's std offset) or
+                {"high_level_lam": 0.9} (bi_level_gae's turn-level lambda; None =
+                lambda_); unset ones keep the estimator's own default.
             loss_token_mask: Which generated tokens enter the policy loss (VAGEN's
                 M_loss), a token mask policy of `rllib_ragen.token_masks`: "all",
                 "think_and_answer" (no template tokens such as end-of-turn) or
@@ -484,12 +418,16 @@ class StarPOConfig(AlgorithmConfig):
             tis_cap: "tis": upper bound of a token's weight exp(old_logp - sampling_logp).
             mis_low: "mis": lowest geometric-mean ratio of a kept row, in (0, 1].
             mis_high: "mis": highest geometric-mean ratio of a kept row, >= 1.
+            **kwargs: RLlib's own training settings (e.g. grad_clip); those StarPO
+                does not read (lr, minibatch_size, num_epochs, train_batch_size...)
+                raise ValueError naming the StarPO setting to use.
         """
+        refuse_ignored_rllib_settings(kwargs)
         super().training(**kwargs)
         return self._set(
             advantage_estimator=advantage_estimator, gamma=gamma, lambda_=lambda_,
             high_level_gamma=high_level_gamma, whiten_advantages=whiten_advantages,
-            grpo_norm_by_std=grpo_norm_by_std, loss_token_mask=loss_token_mask, adv_token_mask=adv_token_mask,
+            grpo_norm_by_std=grpo_norm_by_std, advantage_hparams=advantage_hparams, loss_token_mask=loss_token_mask, adv_token_mask=adv_token_mask,
             clip_ratio_low=clip_ratio_low,
             clip_ratio_high=clip_ratio_high, clip_ratio_dual=clip_ratio_dual,
             entropy_coeff=entropy_coeff, kl_coeff=kl_coeff, kl_type=kl_type, value_clip=value_clip,
@@ -616,6 +554,7 @@ class StarPOConfig(AlgorithmConfig):
         `LLMEnvRunner` actors, each with its own engine; unless
         `create_local_env_runner` is given too, no local runner is built then.
         """
+        refuse_ignored_rllib_settings(kwargs)
         super().env_runners(**kwargs)
         if "num_env_runners" in kwargs and "create_local_env_runner" not in kwargs:
             self.create_local_env_runner = self.num_env_runners == 0
@@ -628,77 +567,83 @@ class StarPOConfig(AlgorithmConfig):
         return self
 
     # ------------------------------------------------------------ derived parts
+    def _group(self, group: type, **derived: Any) -> Any:
+        return _BINDINGS[group].build(self, **derived)
+
+    def settings_groups(self) -> list[Any]:
+        """Every settings group of this config; building them runs each group's checks."""
+        return [self._group(b.group) for b in SETTINGS_GROUPS if b.group not in _BUILT_WITH_DERIVED] + [
+            self.llm_module_config, self.engine_config
+        ]
+
+    @property
+    def rollout_settings(self) -> RolloutSettings:
+        return self._group(RolloutSettings)
+
     @property
     def turn_budget(self) -> TurnBudget:
-        return TurnBudget(self.max_turns, self.max_actions_per_traj, self.format_penalty)
+        return self._group(TurnBudget)
 
     @property
     def protocol_config(self) -> ProtocolConfig:
-        return ProtocolConfig(
-            max_actions_per_turn=self.max_actions_per_turn, think=self.think, prefill=self.prefill,
-            history_window=self.history_window,
-        )
+        return self._group(ProtocolConfig)
 
     @property
     def engine_config(self) -> EngineConfig:
-        return EngineConfig(
-            **{field: getattr(self, attribute) for attribute, field in _ENGINE_SETTINGS.items()},
-            seed=self.seed if self.seed is not None else 0,
-        )
+        return self._group(EngineConfig, seed=self.seed if self.seed is not None else 0)
 
     @property
     def advantage_settings(self) -> AdvantageSettings:
-        return AdvantageSettings(
-            estimator=self.advantage_estimator, gamma=self.gamma, lam=self.lambda_,
-            high_level_gamma=self.high_level_gamma, whiten=self.whiten_advantages,
-            norm_by_std=self.grpo_norm_by_std,
-        )
+        return self._group(AdvantageSettings)
+
+    @property
+    def loss_settings(self) -> LossSettings:
+        return self._group(LossSettings)
+
+    @property
+    def update_settings(self) -> UpdateSettings:
+        return self._group(UpdateSettings)
+
+    @property
+    def scoring_config(self) -> ScoringConfig:
+        return self._group(ScoringConfig)
 
     @property
     def filter_settings(self) -> FilterSettings:
-        return FilterSettings(**{field.name: getattr(self, field.name) for field in dataclasses.fields(FilterSettings)})
+        return self._group(FilterSettings)
 
     @property
     def collapse_metrics_settings(self) -> CollapseMetricsSettings:
-        return CollapseMetricsSettings(
-            **{field.name: getattr(self, field.name) for field in dataclasses.fields(CollapseMetricsSettings)}
-        )
+        return self._group(CollapseMetricsSettings)
 
     @property
     def echo_trap_rule(self) -> EchoTrapRule:
-        return EchoTrapRule(**{field.name: getattr(self, f"echo_trap_{field.name}") for field in dataclasses.fields(EchoTrapRule)})
+        return self._group(EchoTrapRule)
 
     @property
     def off_policy_correction_config(self) -> OffPolicyCorrection:
-        return OffPolicyCorrection(**{f.name: getattr(self, f.name) for f in dataclasses.fields(OffPolicyCorrection)})
+        return self._group(OffPolicyCorrection)
 
     @property
     def async_rollouts_config(self) -> AsyncRollouts:
-        return AsyncRollouts(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AsyncRollouts)})
+        return self._group(AsyncRollouts)
 
     @property
     def reward_shaping_config(self) -> RewardShaping:
-        return RewardShaping(**{field.name: getattr(self, field.name) for field in dataclasses.fields(RewardShaping)})
+        return self._group(RewardShaping)
 
     @property
     def needs_token_spans(self) -> bool:
         """A token mask policy other than "all" is set: the learner labels tokens with protocol spans."""
-        return (self.loss_token_mask, self.adv_token_mask) != (ALL_TOKENS, ALL_TOKENS)
+        return self.loss_settings.needs_token_spans
 
     @property
     def llm_module_config(self) -> LLMModuleConfig:
-        return LLMModuleConfig(
-            model=self.llm_model, critic=self.critic, dtype=self.dtype,
-            logit_temperature=self.temperature, gradient_checkpointing=self.gradient_checkpointing,
-            lora=self.lora_settings,
-        )
+        return self._group(LLMModuleConfig, logit_temperature=self.temperature, lora=self.lora_settings)
 
     @property
     def lora_settings(self) -> LoraSettings:
-        return LoraSettings(
-            rank=self.lora_rank, alpha=self.lora_alpha, target_modules=self.lora_target_modules,
-            dropout=self.lora_dropout,
-        )
+        return self._group(LoraSettings)
 
     @override(AlgorithmConfig)
     def get_default_rl_module_spec(self) -> RLModuleSpec:
@@ -738,33 +683,26 @@ class StarPOConfig(AlgorithmConfig):
         self.validate_starpo()
 
     def validate_starpo(self) -> None:
-        """Checks every StarPO knob; raises ValueError naming the bad one."""
+        """Checks every StarPO setting; raises ValueError naming the bad one.
+
+        No side effects: nothing is built, loaded or read from disk (an env given by
+        import path is imported). `check_inputs` reads the model directory, at build.
+        """
+        check_no_ignored_rllib_settings(self)
         # On the driver, at build time: a remote runner would fail on it with the cause in its own log.
         check_env(self.env, in_other_processes=self.num_env_runners > 0)
-        check_choice("advantage_estimator", self.advantage_estimator, sorted(ADVANTAGE_ESTIMATORS))
-        check_choice("critic", self.critic, CRITIC_KINDS)
-        check_choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGGREGATIONS)
-        check_choice("kl_type", self.kl_type, KL_KINDS)
-        check_choice("loss_token_mask", self.loss_token_mask, sorted(TOKEN_MASKS))
-        check_choice("adv_token_mask", self.adv_token_mask, sorted(TOKEN_MASKS))
-        if self.advantage_estimator in CRITIC_ESTIMATORS and self.critic == "none":
+        check_env_config(self.env, self.env_config or {})
+        self.settings_groups()
+        if self.advantage_settings.needs_critic and self.critic == "none":
             raise ValueError(
                 f"advantage_estimator={self.advantage_estimator!r} needs a critic; set "
-                ".llm(critic='head' or 'separate') or use grpo/brpo/arpo"
+                f".llm(critic='head' or 'separate') or use one of {critic_free_estimators()}"
             )
-        for name in ("n_groups", "group_size", "rollout_frequency", "mini_batch_size", "micro_batch_size",
-                     "response_length", "eval_size", "num_engines", "write_rollouts_every"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.micro_batch_tokens is not None and int(self.micro_batch_tokens) < 1:
-            raise ValueError(f"micro_batch_tokens must be >= 1 or None, got {self.micro_batch_tokens}")
-        ScoringConfig(autocast_dtype=self.autocast_dtype, logit_chunk_size=self.logit_chunk_size)
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0 for rollouts, got {self.temperature}")
-        if self.eval_interval < 0 or self.eval_temperature < 0:
-            raise ValueError("eval_interval and eval_temperature must be >= 0")
-        if self.actor_lr < 0 or self.critic_lr < 0 or self.kl_coeff < 0 or self.entropy_coeff < 0:
-            raise ValueError("actor_lr, critic_lr, kl_coeff and entropy_coeff must be >= 0")
+        if self.max_model_len <= self.response_length:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} leaves no room for a prompt with "
+                f"response_length={self.response_length} tokens"
+            )
         self._validate_scale_out()
         self._validate_precision()
         if self.is_offline and self.offline_data_class is None:
@@ -772,11 +710,13 @@ class StarPOConfig(AlgorithmConfig):
                 "offline StarPO reads trajectory Parquet files into group episodes: set it up with "
                 "rllib_ragen.offline.offline_config(config, OfflineSettings(...))"
             )
-        # Building these runs their own validation with clear messages.
-        (self.turn_budget, self.protocol_config, self.engine_config, self.llm_module_config, self.reward_shaping_config,
-         self.filter_settings, self.collapse_metrics_settings, self.echo_trap_rule,
-         self.off_policy_correction_config, self.async_rollouts_config)
-        self._validate_rollout_inputs()
+        self._warn_when_mini_batches_repeat_rows()
+
+    def check_inputs(self) -> None:
+        """Checks what validation does not read: a local model directory has its config, weights,
+        tokenizer and chat template (raises `ModelNotFoundError` or ValueError naming what is missing)."""
+        if resolves_locally(str(self.llm_model)):
+            resolve_model(str(self.llm_model))
 
     def _validate_scale_out(self) -> None:
         """Remote env runners and several learners: what they need to give the local results."""
@@ -839,27 +779,7 @@ class StarPOConfig(AlgorithmConfig):
                 self.actor_lr, _BF16_SMALLEST_VISIBLE_STEP,
             )
 
-    def _validate_rollout_inputs(self) -> None:
-        """Env config, model directory and sizes that would only fail (or silently misbehave) mid-run."""
-        try:
-            make_env(self.env, **(self.env_config or {}))
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"env {self.env!r} rejects env_config {dict(self.env_config or {})}: {error}") from error
-        if resolves_locally(str(self.llm_model)):
-            resolve_model(str(self.llm_model))  # config, weights, tokenizer and chat template are there
-        if self.env_step_timeout_s is not None and not self.env_step_timeout_s > 0:
-            raise ValueError(f"env_step_timeout_s must be > 0 or None, got {self.env_step_timeout_s}")
-        if self.group_randomness not in GROUP_RANDOMNESS:
-            raise ValueError(f"group_randomness must be one of {GROUP_RANDOMNESS}, got {self.group_randomness!r}")
-        if self.max_model_len <= self.response_length:
-            raise ValueError(
-                f"max_model_len={self.max_model_len} leaves no room for a prompt with "
-                f"response_length={self.response_length} tokens"
-            )
-        if self.micro_batch_size > self.mini_batch_size:
-            raise ValueError(
-                f"micro_batch_size={self.micro_batch_size} is larger than mini_batch_size={self.mini_batch_size}"
-            )
+    def _warn_when_mini_batches_repeat_rows(self) -> None:
         # A warning, not an error: sampling-only uses keep the training defaults.
         kept_groups, kept_rows = self.filter_settings.max_kept_groups(self.n_groups), self.max_rows_per_update
         if self.mini_batch_size > kept_rows:
@@ -897,27 +817,71 @@ class StarPOConfig(AlgorithmConfig):
         )
 
 
-# StarPOConfig attribute -> EngineConfig field, for every engine setting but the seed (`.debugging`).
-_ENGINE_SETTINGS = {
-    "engine": "kind",
-    "num_engines": "num_engines",
-    "kv_cache_gb": "kv_cache_gb",
-    "gpu_memory_utilization": "gpu_memory_utilization",
-    "engine_dtype": "dtype",
-    "max_model_len": "max_model_len",
-    "enable_prefix_caching": "enable_prefix_caching",
-    "num_gpus_per_engine": "num_gpus_per_engine",
-    "tensor_parallel_size": "tensor_parallel_size",
-    "engine_threads": "num_threads",
-    "num_cpus_per_engine": "num_cpus_per_engine",
-    "max_batch_size": "max_batch_size",
-    "enforce_eager": "enforce_eager",
-    "max_engine_restarts_per_call": "max_restarts_per_call",
-    "engine_start_timeout_s": "start_timeout_s",
-    "engine_call_timeout_s": "call_timeout_s",
-    "weight_sync": "weight_sync",
-    "weight_sync_timeout_s": "weight_sync_timeout_s",
+# Every settings group of StarPOConfig: each default and each check is declared in its group.
+SETTINGS_GROUPS = (
+    SettingsBinding(LLMModuleConfig, {"model": "llm_model"}, derived=frozenset({"logit_temperature", "lora"})),
+    SettingsBinding(LoraSettings, {f: f"lora_{f}" for f in ("rank", "alpha", "target_modules", "dropout")}),
+    SettingsBinding(RolloutSettings),
+    SettingsBinding(TurnBudget),
+    SettingsBinding(ProtocolConfig),
+    SettingsBinding(AsyncRollouts),
+    SettingsBinding(
+        EngineConfig,
+        {
+            "kind": "engine", "dtype": "engine_dtype", "num_threads": "engine_threads",
+            "max_restarts_per_call": "max_engine_restarts_per_call", "start_timeout_s": "engine_start_timeout_s",
+            "call_timeout_s": "engine_call_timeout_s",
+        },
+        derived=frozenset({"seed"}),  # RLlib's `.debugging(seed=...)`
+    ),
+    SettingsBinding(AdvantageSettings),
+    SettingsBinding(LossSettings),
+    SettingsBinding(UpdateSettings),
+    SettingsBinding(ScoringConfig),
+    SettingsBinding(OptimizerSettings),
+    SettingsBinding(FilterSettings),
+    SettingsBinding(OffPolicyCorrection),
+    SettingsBinding(RewardShaping),
+    SettingsBinding(CollapseMetricsSettings),
+    SettingsBinding(EchoTrapRule, {f.name: f"echo_trap_{f.name}" for f in dataclasses.fields(EchoTrapRule)}),
+    SettingsBinding(EvalSettings),
+    SettingsBinding(RecordingSettings),
+)
+_BINDINGS = {binding.group: binding for binding in SETTINGS_GROUPS}
+_BUILT_WITH_DERIVED = (LLMModuleConfig, EngineConfig)
+
+# RLlib settings StarPO does not read, and the StarPO setting that does their job.
+IGNORED_RLLIB_SETTINGS = {
+    "lr": "actor_lr and critic_lr (.training())",
+    "minibatch_size": "mini_batch_size (.training())",
+    "num_epochs": "rollout_frequency (.training())",
+    "train_batch_size": "n_groups and group_size (.rollouts())",
+    "train_batch_size_per_learner": "n_groups and group_size (.rollouts())",
+    "rollout_fragment_length": "n_groups and group_size (.rollouts())",
+    "num_envs_per_env_runner": "n_groups (.rollouts())",
 }
+
+
+def refuse_ignored_rllib_settings(settings: dict[str, Any]) -> None:
+    """Raises ValueError if `settings` sets an RLlib knob StarPO ignores, naming StarPO's own."""
+    for name in settings:
+        if name in IGNORED_RLLIB_SETTINGS:
+            raise ValueError(
+                f"StarPO does not use RLlib's {name}; set {IGNORED_RLLIB_SETTINGS[name]} instead"
+            )
+
+
+def check_no_ignored_rllib_settings(config: AlgorithmConfig) -> None:
+    """`refuse_ignored_rllib_settings` for knobs set as attributes (e.g. `config.lr = ...`, a dict)."""
+    refuse_ignored_rllib_settings(
+        {name: value for name, value in _rllib_defaults().items() if getattr(config, name) != value}
+    )
+
+
+@functools.cache
+def _rllib_defaults() -> dict[str, Any]:
+    defaults = AlgorithmConfig()
+    return {name: getattr(defaults, name) for name in IGNORED_RLLIB_SETTINGS}
 
 
 def _sample_shard(runner: LLMEnvRunner, *, seeds: list[int], **sample_kwargs: Any) -> tuple[int, list, dict]:
@@ -977,6 +941,7 @@ class StarPO(Algorithm):
         # Ray gives actors (e.g. Tune trials) OMP_NUM_THREADS=1; the synchronous
         # loop alternates rollout and update, so each may use every core it has.
         torch.set_num_threads(config.torch_threads or os.cpu_count() or 1)
+        config.check_inputs()
         super().setup(config)
         self.echo_trap = EchoTrapMonitor(self.config.echo_trap_rule)
         self._echo_trap_active: set[str] = set()  # signals warned about: logged once per collapse

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envs import check_env
+from rllib_ragen.advantages import ADVANTAGE_ESTIMATORS, needs_critic
 from rllib_ragen.console import (
     IterationProgress,
     quiet_progress_bars,
@@ -122,7 +123,7 @@ def add_config_flags(parser: argparse.ArgumentParser, *, env: str, stop_iters: i
     parser.add_argument("--n-groups", type=positive_int, help="groups per iteration")
     parser.add_argument("--group-size", type=positive_int, help="trajectories per group")
     parser.add_argument("--max-turns", type=positive_int, help="turns per trajectory")
-    parser.add_argument("--estimator", choices=("gae", "bi_level_gae", "grpo", "brpo", "arpo"), help="advantage estimator")
+    parser.add_argument("--estimator", choices=sorted(ADVANTAGE_ESTIMATORS), help="advantage estimator")
     parser.add_argument("--no-think", action="store_true", help="answer with <answer> only (no-think mode)")
     parser.add_argument("--no-warm-start", action="store_true", help="skip the supervised format warm start")
     parser.add_argument("--warm-start-model", metavar="DIR",
@@ -174,7 +175,7 @@ def config_from_args(args: argparse.Namespace) -> StarPOConfig:
     )
     if args.estimator:
         config.training(advantage_estimator=args.estimator)
-        if args.estimator in ("grpo", "brpo", "arpo"):
+        if not needs_critic(args.estimator):
             config.llm(critic="none")
     if args.seed is not None:
         config.debugging(seed=args.seed)

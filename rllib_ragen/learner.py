@@ -40,7 +40,6 @@ from rllib_ragen.module import (
     ATTENTION_MASK,
     TOKEN_ENTROPY,
     TOKEN_LOGP,
-    ScoringConfig,
     host_copy,
 )
 
@@ -56,9 +55,7 @@ class StarPOTorchLearner(MiniBatchStepLearner):
         super().build()
         # Set before any forward, so the connector's old log-probs and the
         # update's new ones are computed the same way (PPO ratio 1 at start).
-        self.module[DEFAULT_MODULE_ID].unwrapped().scoring = ScoringConfig(
-            autocast_dtype=self.config.autocast_dtype, logit_chunk_size=self.config.logit_chunk_size
-        )
+        self.module[DEFAULT_MODULE_ID].unwrapped().scoring = self.config.scoring_config
         self._reference = None
         if self.config.kl_coeff > 0:
             # A frozen copy of the initial policy, the anchor of the KL term.

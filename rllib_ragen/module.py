@@ -29,6 +29,7 @@ from ray.rllib.core.rl_module.torch import TorchRLModule
 from ray.rllib.utils.annotations import override
 from torch import nn
 
+from rllib_ragen.advantages import critic_free_estimators
 from rllib_ragen.lora import LoraSettings, add_adapters, merged_state_dict, shared_trunk_copy
 from rllib_ragen.losses import entropy_from_logits, token_logprobs
 from rllib_ragen.models import load_causal_lm, resolve_model
@@ -41,6 +42,8 @@ TOKEN_ENTROPY = "token_entropy"
 CRITIC_KINDS = ("none", "head", "separate")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 AUTOCAST_DTYPES = ("bfloat16", "float16")
+# Generated positions whose [chunk, vocab] logits exist at once (`ScoringConfig.logit_chunk_size`).
+LOGIT_CHUNK_SIZE = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +66,8 @@ class LLMModuleConfig:
             trains every weight.
     """
 
-    model: str = "smollm2-135m-instruct"
-    critic: str = "head"
+    model: str = "Qwen/Qwen2.5-0.5B-Instruct"
+    critic: str = "separate"
     dtype: str = "float32"
     logit_temperature: float = 1.0
     gradient_checkpointing: bool = False
@@ -100,7 +103,7 @@ class ScoringConfig:
     """
 
     autocast_dtype: str | None = None
-    logit_chunk_size: int = 1024
+    logit_chunk_size: int = LOGIT_CHUNK_SIZE
 
     def __post_init__(self) -> None:
         if self.autocast_dtype is not None and self.autocast_dtype not in AUTOCAST_DTYPES:
@@ -207,7 +210,7 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
         separate critic runs its own trunk.
         """
         if not self.has_critic:
-            raise ValueError("this module has no critic (critic='none'); use grpo/brpo/arpo")
+            raise ValueError(f"this module has no critic (critic='none'); use one of {critic_free_estimators()}")
         if self.llm_config.critic == "separate":
             hidden = trunk_hidden(self.critic_trunk, batch)
         else:
@@ -280,7 +283,7 @@ def score_generated_tokens(
     temperature: float,
     *,
     with_entropy: bool = True,
-    chunk_size: int = 1024,
+    chunk_size: int = LOGIT_CHUNK_SIZE,
 ) -> dict[str, torch.Tensor]:
     """Log-prob (and entropy) of every generated token, [B, L] each.
 

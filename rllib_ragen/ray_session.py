@@ -9,7 +9,11 @@ from pathlib import Path
 
 import ray
 
-from rllib_ragen.rllib_private import canonicalize_bootstrap_address, get_ray_address_file, parse_address
+from rllib_ragen.rllib_private import (
+    canonicalize_bootstrap_address,
+    get_ray_address_file,
+    parse_address,
+)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # How long a cluster Ray would attach to may take to accept a connection.

@@ -23,8 +23,8 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 from envs import check_env
 from rllib_ragen.algorithm import StarPO, StarPOConfig
 from rllib_ragen.callbacks import MLflowSettings, with_mlflow
-from rllib_ragen.rllib_private import config_dict_value
 from rllib_ragen.experiment import progress_line, setting_value, split_assignment
+from rllib_ragen.rllib_private import config_dict_value
 from rllib_ragen.tracking import TRIAL_TAG, experiment_id_of, find_run
 
 SCHEDULERS = ("fifo", "asha")

@@ -79,9 +79,9 @@ def chat_template(tiny_tokenizer):
 @pytest.fixture(scope="module")
 def ray_session():
     """A local Ray for the tests of one module, shut down after them (tests ask for it by name)."""
-    import ray
-
     import gc
+
+    import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield

@@ -16,7 +16,6 @@ from rllib_ragen.models import load_causal_lm
 from rllib_ragen.module import TOKEN_LOGP
 from rllib_ragen.rllib_private import learner_connector, local_learner
 
-
 pytestmark = pytest.mark.usefixtures("ray_session")  # conftest's: a local Ray for this module
 
 

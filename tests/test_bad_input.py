@@ -105,15 +105,15 @@ def test_model_dir_without_tokenizer_or_chat_template(tiny_model_path, tmp_path)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (no_tokenizer / name).unlink()
     with pytest.raises(ModelNotFoundError, match="has no tokenizer files"):
-        tiny_config(no_tokenizer).validate_starpo()
+        tiny_config(no_tokenizer).check_inputs()
     no_template = Path(shutil.copytree(tiny_model_path, tmp_path / "no_template"))
     tokenizer_config = json.loads((no_template / "tokenizer_config.json").read_text())
     del tokenizer_config["chat_template"]
     (no_template / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     with pytest.raises(ValueError, match="has no chat template"):
-        tiny_config(no_template).validate_starpo()
+        tiny_config(no_template).check_inputs()
     with pytest.raises(ModelNotFoundError, match="does not exist"):
-        tiny_config(tmp_path / "missing").validate_starpo()
+        tiny_config(tmp_path / "missing").check_inputs()
 
 
 @pytest.fixture

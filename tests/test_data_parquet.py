@@ -22,7 +22,6 @@ from rllib_ragen.data.parquet import (
 )
 from rllib_ragen.data.schema import TRAJECTORY_SCHEMA
 
-
 pytestmark = pytest.mark.usefixtures("ray_session")  # conftest's: a local Ray for this module
 
 

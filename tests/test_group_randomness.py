@@ -123,7 +123,7 @@ def test_setting_is_checked_and_defaults_once():
         EnvGroup("bandit", group_size=2, budget=TurnBudget(), group_randomness="per_member")
     config = StarPOConfig().environment("bandit").rollouts(group_randomness="per_member")
     with pytest.raises(ValueError, match="group_randomness"):
-        config._validate_rollout_inputs()
+        config.validate_starpo()
 
 
 def test_the_rollout_runner_applies_the_setting(tiny_model_path, tiny_tokenizer):

@@ -26,7 +26,7 @@ def _batch():
 
 
 def test_logprobs_and_entropy_match_a_full_softmax(tiny_model_path):
-    module = _module(tiny_model_path, logit_temperature=0.7)
+    module = _module(tiny_model_path, critic="head", logit_temperature=0.7)
     batch = _batch()
     with torch.no_grad():
         out = module.forward_train(batch)

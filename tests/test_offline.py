@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -25,7 +24,6 @@ from rllib_ragen.offline import (
     response_token_nll,
 )
 from rllib_ragen.rllib_private import local_learner
-
 
 pytestmark = pytest.mark.usefixtures("ray_session")  # conftest's: a local Ray for this module
 

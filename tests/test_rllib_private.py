@@ -6,7 +6,12 @@ import pytest
 import ray
 
 from rllib_ragen import rllib_private
-from rllib_ragen.rllib_private import PRIVATE_NAMES, WRITTEN_FOR_RAY, check_ray_version, config_dict_value
+from rllib_ragen.rllib_private import (
+    PRIVATE_NAMES,
+    WRITTEN_FOR_RAY,
+    check_ray_version,
+    config_dict_value,
+)
 
 
 def test_the_installed_ray_is_the_one_the_adapter_was_written_for():

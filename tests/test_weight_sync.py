@@ -61,10 +61,6 @@ def perturb_policy(learner) -> None:
         policy.model.norm.weight.mul_(1.2)
 
 
-def local_learner(algo):
-    return local_learner(algo.learner_group)
-
-
 # ---------------------------------------------------------------------- the transport alone
 def test_layout_groups_tensors_by_dtype_within_the_bucket_size():
     pairs = [("a", torch.zeros(10)), ("b", torch.zeros(10, dtype=torch.bfloat16)),
@@ -134,12 +130,12 @@ def local_algo(tiny_model_path):
 @pytest.mark.vllm
 def test_bf16_policy_synced_by_broadcast_scores_like_the_learner_and_a_stale_engine_shows(local_algo):
     assert local_algo.metrics.peek(("weight_sync", GAP)) < TOLERANCE  # the sync at start
-    perturb_policy(local_learner(local_algo))
+    perturb_policy(local_learner(local_algo.learner_group))
     assert local_algo.weight_sync.check() > STALE  # engines not synced yet: the probe sees it
     local_algo.sync_engine_weights()
     assert local_algo.weight_sync.check() < TOLERANCE
 
-    policy = local_learner(local_algo).module[DEFAULT_MODULE_ID].unwrapped().policy
+    policy = local_learner(local_algo.learner_group).module[DEFAULT_MODULE_ID].unwrapped().policy
     before = {name: tensor.clone() for name, tensor in policy.state_dict().items()}
     result = local_algo.train()
     assert any(not torch.equal(before[n], t) for n, t in policy.state_dict().items())  # the update moved it
@@ -153,7 +149,7 @@ def test_bf16_policy_synced_by_broadcast_scores_like_the_learner_and_a_stale_eng
 @pytest.mark.vllm
 def test_an_engine_killed_between_syncs_is_restored_from_the_learner_before_it_serves(local_algo):
     pool = local_algo.env_runner.engine
-    perturb_policy(local_learner(local_algo))
+    perturb_policy(local_learner(local_algo.learner_group))
     local_algo.sync_engine_weights()
     restarts = pool.restarts
     ray.kill(pool.actors[0])
@@ -171,7 +167,7 @@ def test_remote_runner_engines_get_the_broadcast_and_a_replaced_one_joins_the_ne
         assert algo.env_runner is None
         assert algo.train()["weight_sync"][GAP] < TOLERANCE
         algo.env_runner_group.foreach_env_runner(lambda r: ray.kill(r.engine.actors[0]), local_env_runner=False)
-        perturb_policy(local_learner(algo))
+        perturb_policy(local_learner(algo.learner_group))
         algo.sync_engine_weights()  # replaces the dead engine, forms a new group, broadcasts
         assert algo.weight_sync.check() < TOLERANCE
         assert algo.env_runner_group.foreach_env_runner(lambda r: r.engine.restarts, local_env_runner=False) == [1]
@@ -233,7 +229,7 @@ def test_lora_policy_reaches_vllm_as_merged_weights_and_scores_like_the_learner(
     pytest.importorskip("vllm")
     algo = vllm_config(tiny_model_path).llm(lora_rank=8).build_algo()
     try:
-        perturb_adapters(local_learner(algo))
+        perturb_adapters(local_learner(algo.learner_group))
         stale = algo.weight_sync.check()
         algo.sync_engine_weights()
         synced = algo.weight_sync.check()

@@ -13,7 +13,6 @@ Runs once per `learner_group.update(...)` call, before any mini-batch:
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
@@ -23,46 +22,26 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.utils.annotations import override
 
 from rllib_ragen.advantages import (
-    CRITIC_ESTIMATORS,
     AdvantageInputs,
+    AdvantageSettings,
     compute_advantages,
-    estimator_hparam_names,
     masked_mean,
 )
 from rllib_ragen.connectors.token_batch import TokenBatch, token_batch_of_episodes
 from rllib_ragen.distributed import is_distributed, whiten_across_learners
 from rllib_ragen.module import ATTENTION_MASK, INPUT_IDS, TOKEN_LOGP
 from rllib_ragen.reward_shaping import RewardShaping, length_weighted_advantages
-from rllib_ragen.token_masks import ALL_TOKENS, ResponseSpanLabeller, TokenSpans, build_token_mask
+from rllib_ragen.token_masks import (
+    ALL_TOKENS,
+    ResponseSpanLabeller,
+    TokenSpans,
+    build_token_mask,
+)
 
 SAMPLING_LOGP = "sampling_logp"
 # [rows, L] 0/1 masks inside `Columns.LOSS_MASK` (the generated tokens, which the module scores):
 POLICY_MASK = "policy_mask"  # M_loss: tokens in the policy, entropy and KL terms
 VALUE_MASK = "value_mask"  # M_adv: tokens with values, hence value targets
-
-
-@dataclasses.dataclass(frozen=True)
-class AdvantageSettings:
-    """How advantages are estimated (see `StarPOConfig.training` for each knob)."""
-
-    estimator: str = "gae"
-    gamma: float = 1.0
-    lam: float = 1.0
-    high_level_gamma: float = 0.95
-    whiten: bool = True
-    norm_by_std: bool = True
-
-    def hparams(self) -> dict[str, Any]:
-        """The configured value of every hyper-parameter the estimator declares."""
-        settings = {
-            "gamma": self.gamma, "lam": self.lam, "high_level_gamma": self.high_level_gamma,
-            "norm_by_std": self.norm_by_std,
-        }
-        return {name: settings[name] for name in estimator_hparam_names(self.estimator) if name in settings}
-
-    @property
-    def needs_critic(self) -> bool:
-        return self.estimator in CRITIC_ESTIMATORS
 
 
 class StarPOLearnerConnector(ConnectorV2):
@@ -126,8 +105,8 @@ class StarPOLearnerConnector(ConnectorV2):
             group_ids=tokens.group_ids,
             adv_mask=None if self.adv_token_mask == ALL_TOKENS else build_token_mask(self.adv_token_mask, spans),
         )
-        advantages, returns = compute_advantages(self.advantages.estimator, inputs, **self.advantages.hparams())
-        if self.advantages.whiten and self.advantages.needs_critic and _can_whiten(inputs.advantage_mask):
+        advantages, returns = compute_advantages(self.advantages.advantage_estimator, inputs, **self.advantages.hparams())
+        if self.advantages.whiten_advantages and self.advantages.needs_critic and _can_whiten(inputs.advantage_mask):
             advantages = whiten_across_learners(advantages, inputs.advantage_mask)
         if self.advantage_length_weight > 0:
             advantages, length_weights = length_weighted_advantages(

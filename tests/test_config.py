@@ -1,0 +1,123 @@
+"""StarPOConfig: one source per default, every setting reachable, RLlib knobs StarPO ignores refused,
+estimators that declare their needs, and validation that builds and reads nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from envs import register_env
+from envs.corridor import CorridorEnv
+from rllib_ragen.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageInputs,
+    AdvantageSettings,
+    compute_advantages,
+    register_advantage_estimator,
+    unregister_advantage_estimator,
+)
+from rllib_ragen.algorithm import IGNORED_RLLIB_SETTINGS, SETTINGS_GROUPS, StarPOConfig
+from rllib_ragen.models import ModelNotFoundError
+
+
+def test_every_setting_defaults_to_its_groups_default_and_builds_its_group():
+    config = StarPOConfig()
+    for binding in SETTINGS_GROUPS:
+        for attribute, default in binding.defaults().items():
+            assert getattr(config, attribute) == default, attribute
+    groups = {type(group) for group in config.settings_groups()}
+    assert groups == {binding.group for binding in SETTINGS_GROUPS}
+
+
+def test_no_setting_belongs_to_two_groups():
+    attributes = [a for binding in SETTINGS_GROUPS for a in binding.attributes().values()]
+    assert len(attributes) == len(set(attributes))
+
+
+@pytest.mark.parametrize(
+    "builder, setting, value",
+    [
+        ("inference", "num_cpus_per_engine", 0.5),
+        ("training", "advantage_hparams", {"eps": 0.5}),
+        ("training", "grpo_norm_by_std", False),
+        ("inference", "torch_threads", 2),
+        ("llm", "lora_dropout", 0.1),
+    ],
+)
+def test_settings_are_reachable_through_the_builders(builder, setting, value):
+    config = getattr(StarPOConfig(), builder)(**{setting: value})
+    assert getattr(config, setting) == value
+
+
+def test_advantage_hparams_reach_the_estimator():
+    # One group, scores 3 and 1: mean 2, std sqrt(2); eps=1 gives +-1 / (sqrt(2) + 1).
+    settings = dataclasses.replace(AdvantageSettings(), advantage_estimator="grpo", advantage_hparams={"eps": 1.0})
+    assert settings.hparams() == {"norm_by_std": True, "eps": 1.0}
+    inputs = AdvantageInputs(
+        rewards=torch.tensor([[0.0, 3.0], [0.0, 1.0]]), mask=torch.ones(2, 2), group_ids=torch.tensor([0, 0])
+    )
+    advantages, _ = compute_advantages("grpo", inputs, **settings.hparams())
+    expected = 1 / (2**0.5 + 1)
+    torch.testing.assert_close(advantages[:, 0], torch.tensor([expected, -expected]))
+    with pytest.raises(ValueError, match=r"advantage_hparams \['high_level_lam'\] are not hyper-parameters of .*'grpo'"):
+        StarPOConfig().training(advantage_estimator="grpo", advantage_hparams={"high_level_lam": 0.9}).llm(
+            critic="none"
+        ).settings_groups()
+    config = StarPOConfig().training(advantage_estimator="bi_level_gae", advantage_hparams={"high_level_lam": 0.9})
+    assert config.advantage_settings.hparams()["high_level_lam"] == 0.9
+
+
+@pytest.mark.parametrize("name", sorted(IGNORED_RLLIB_SETTINGS))
+def test_an_rllib_knob_starpo_ignores_is_refused_naming_starpos(name):
+    message = rf"StarPO does not use RLlib's {name}; set {IGNORED_RLLIB_SETTINGS[name].split(' ')[0]}"
+    builder = "env_runners" if name in ("rollout_fragment_length", "num_envs_per_env_runner") else "training"
+    with pytest.raises(ValueError, match=message):
+        getattr(StarPOConfig(), builder)(**{name: 7})
+    config = StarPOConfig()
+    setattr(config, name, 7)  # e.g. from a dict of settings
+    with pytest.raises(ValueError, match=message):
+        config.validate_starpo()
+
+
+def test_lr_names_the_learning_rates():
+    with pytest.raises(ValueError, match=r"RLlib's lr; set actor_lr and critic_lr \(.training\(\)\)"):
+        StarPOConfig().training(lr=1e-4)
+
+
+def test_a_registered_estimator_declares_its_critic_and_hparams():
+    def scaled(inputs: AdvantageInputs, *, scale: float = 2.0):
+        return inputs.values * scale, inputs.values
+
+    register_advantage_estimator("scaled_values", scaled, needs_critic=True)
+    try:
+        config = StarPOConfig().training(advantage_estimator="scaled_values", advantage_hparams={"scale": 3.0})
+        assert config.advantage_settings.needs_critic
+        assert config.advantage_settings.hparams() == {"scale": 3.0}
+        config.llm(critic="none")
+        with pytest.raises(ValueError, match=r"'scaled_values' needs a critic.*\['arpo', 'brpo', 'grpo'\]"):
+            config.validate_starpo()
+    finally:
+        unregister_advantage_estimator("scaled_values")
+    assert "scaled_values" not in ADVANTAGE_ESTIMATORS
+
+
+class _CountingEnv(CorridorEnv):
+    built = 0
+
+    def __init__(self, *args, **kwargs) -> None:
+        type(self).built += 1
+        super().__init__(*args, **kwargs)
+
+
+def test_validation_builds_no_env_and_reads_no_model(tmp_path):
+    register_env("counting_corridor", _CountingEnv, overwrite=True)
+    config = StarPOConfig().environment("counting_corridor").llm(model=str(tmp_path / "missing"), critic="head")
+    config.validate_starpo()
+    assert _CountingEnv.built == 0
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        config.check_inputs()
+    with pytest.raises(ValueError, match=r"rejects env_config .*'no_such_key'"):
+        config.environment("counting_corridor", env_config={"no_such_key": 1}).validate_starpo()
+    assert _CountingEnv.built == 0
