@@ -554,7 +554,6 @@ class StarPOConfig(AlgorithmConfig):
         `LLMEnvRunner` actors, each with its own engine; unless
         `create_local_env_runner` is given too, no local runner is built then.
         """
-        refuse_ignored_rllib_settings(kwargs)
         super().env_runners(**kwargs)
         if "num_env_runners" in kwargs and "create_local_env_runner" not in kwargs:
             self.create_local_env_runner = self.num_env_runners == 0
@@ -857,8 +856,6 @@ IGNORED_RLLIB_SETTINGS = {
     "num_epochs": "rollout_frequency (.training())",
     "train_batch_size": "n_groups and group_size (.rollouts())",
     "train_batch_size_per_learner": "n_groups and group_size (.rollouts())",
-    "rollout_fragment_length": "n_groups and group_size (.rollouts())",
-    "num_envs_per_env_runner": "n_groups (.rollouts())",
 }
 
 
