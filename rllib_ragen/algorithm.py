@@ -877,8 +877,9 @@ def check_no_ignored_rllib_settings(config: AlgorithmConfig) -> None:
 
 @functools.cache
 def _rllib_defaults() -> dict[str, Any]:
+    # train_batch_size_per_learner is derived from train_batch_size when unset (so it changes with num_learners).
     defaults = AlgorithmConfig()
-    return {name: getattr(defaults, name) for name in IGNORED_RLLIB_SETTINGS}
+    return {name: getattr(defaults, name) for name in IGNORED_RLLIB_SETTINGS if name != "train_batch_size_per_learner"}
 
 
 def _sample_shard(runner: LLMEnvRunner, *, seeds: list[int], **sample_kwargs: Any) -> tuple[int, list, dict]:

@@ -74,10 +74,14 @@ def test_an_rllib_knob_starpo_ignores_is_refused_naming_starpos(name):
     message = rf"StarPO does not use RLlib's {name}; set {IGNORED_RLLIB_SETTINGS[name].split(' ')[0]}"
     with pytest.raises(ValueError, match=message):
         StarPOConfig().training(**{name: 7})
+    if name == "train_batch_size_per_learner":  # derived from train_batch_size when unset
+        return
     config = StarPOConfig()
     setattr(config, name, 7)  # e.g. from a dict of settings
     with pytest.raises(ValueError, match=message):
         config.validate_starpo()
+    config = StarPOConfig().learners(num_learners=2)  # RLlib derives its per-learner batch from it
+    config.validate()
 
 
 def test_lr_names_the_learning_rates():
