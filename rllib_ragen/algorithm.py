@@ -21,17 +21,23 @@ import dataclasses
 import functools
 import logging
 import os
-from typing import Any
-
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import ray
 import torch
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
-from ray.rllib.connectors.learner.learner_connector_pipeline import LearnerConnectorPipeline
-from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.connectors.learner.learner_connector_pipeline import (
+    LearnerConnectorPipeline,
+)
+from ray.rllib.core import (
+    COMPONENT_LEARNER,
+    COMPONENT_LEARNER_GROUP,
+    COMPONENT_RL_MODULE,
+    DEFAULT_MODULE_ID,
+)
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.metrics import (
@@ -45,7 +51,12 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from envs import check_env, check_env_config
 from rllib_ragen.advantages import AdvantageSettings, critic_free_estimators
-from rllib_ragen.async_rollouts import AsyncGroupSampler, AsyncRollouts, policy_version_of, staleness_counts
+from rllib_ragen.async_rollouts import (
+    AsyncGroupSampler,
+    AsyncRollouts,
+    policy_version_of,
+    staleness_counts,
+)
 from rllib_ragen.collapse_metrics import (
     COLLAPSE_RESULTS,
     CONDITIONAL_ENTROPY,
@@ -56,10 +67,18 @@ from rllib_ragen.collapse_metrics import (
     first_turn_samples,
 )
 from rllib_ragen.connectors.chat_template import ChatTemplate
-from rllib_ragen.connectors.learner_connector import StarPOLearnerConnector
+from rllib_ragen.connectors.learner_connector import (
+    GroupAdvantages,
+    OldLogProbsAndValues,
+    TokenRows,
+)
 from rllib_ragen.connectors.protocol import ProtocolConfig
 from rllib_ragen.data.parquet import write_rollouts
-from rllib_ragen.distributed import count_training_rows, learner_minibatch_sizes, shard_groups
+from rllib_ragen.distributed import (
+    count_training_rows,
+    learner_minibatch_sizes,
+    shard_groups,
+)
 from rllib_ragen.echo_trap import REWARD_VARIANCE, EchoTrapMonitor, EchoTrapRule
 from rllib_ragen.env_group import TurnBudget
 from rllib_ragen.env_runner import LLMEnvRunner, policy_weights, rollout_statistics
@@ -69,7 +88,12 @@ from rllib_ragen.inference.factory import EngineConfig, resolve_kind
 from rllib_ragen.inference.weight_sync import PolicyWeightSync
 from rllib_ragen.learner import StarPOTorchLearner
 from rllib_ragen.lora import LoraSettings, peft_model_with_adapters
-from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model, resolves_locally
+from rllib_ragen.models import (
+    load_causal_lm,
+    load_tokenizer,
+    resolve_model,
+    resolves_locally,
+)
 from rllib_ragen.module import LLMModuleConfig, LLMRLModule, ScoringConfig
 from rllib_ragen.off_policy import OffPolicyCorrection
 from rllib_ragen.reward_shaping import RewardShaping
@@ -655,23 +679,35 @@ class StarPOConfig(AlgorithmConfig):
     @override(AlgorithmConfig)
     def build_learner_connector(self, input_observation_space, input_action_space, device=None):
         return LearnerConnectorPipeline(
-            connectors=[
-                StarPOLearnerConnector(
-                    input_observation_space,
-                    input_action_space,
-                    advantages=self.advantage_settings,
-                    history_window=self.history_window,
-                    micro_batch_size=self.micro_batch_size,
-                    score_old_logp=not self.update_is_one_on_policy_step,
-                    loss_token_mask=self.loss_token_mask,
-                    adv_token_mask=self.adv_token_mask,
-                    span_labeller=self._span_labeller() if self.needs_token_spans else None,
-                    advantage_length_weight=self.advantage_length_weight,
-                )
-            ],
+            connectors=self.learner_connector_pieces(),
             input_observation_space=input_observation_space,
             input_action_space=input_action_space,
         )
+
+    def learner_connector_pieces(self, *, score_old_logp: bool | None = None) -> list:
+        """Token rows -> old log-probs and values -> advantages (`rllib_ragen.connectors.learner_connector`).
+
+        Args:
+            score_old_logp: Score the old log-probs in a separate pass; None =
+                unless each update is one on-policy step (`update_is_one_on_policy_step`).
+        """
+        if score_old_logp is None:
+            score_old_logp = not self.update_is_one_on_policy_step
+        advantages = self.advantage_settings
+        return [
+            TokenRows(history_window=self.history_window),
+            OldLogProbsAndValues(
+                micro_batch_size=self.micro_batch_size, score_old_logp=score_old_logp,
+                with_values=advantages.needs_critic,
+            ),
+            GroupAdvantages(
+                advantages=advantages,
+                loss_token_mask=self.loss_token_mask,
+                adv_token_mask=self.adv_token_mask,
+                span_labeller=self._span_labeller() if self.needs_token_spans else None,
+                advantage_length_weight=self.advantage_length_weight,
+            ),
+        ]
 
     def _span_labeller(self) -> ResponseSpanLabeller:
         return ResponseSpanLabeller(load_tokenizer(resolve_model(self.llm_model)), self.protocol_config)

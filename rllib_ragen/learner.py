@@ -181,7 +181,7 @@ class StarPOTorchLearner(MiniBatchStepLearner):
 
 def mask_or_generated(batch: dict[str, torch.Tensor], column: str) -> torch.Tensor:
     """The [rows, L] mask ``column``, or every generated token (`Columns.LOSS_MASK`) when the
-    batch has no such column (batches not made by `StarPOLearnerConnector`, e.g. behaviour cloning)."""
+    batch has no such column (batches without `GroupAdvantages`' masks, e.g. behaviour cloning)."""
     return batch[column] if column in batch else batch[Columns.LOSS_MASK]
 
 

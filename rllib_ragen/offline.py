@@ -31,8 +31,8 @@ is a plain function (tasks on pooled workers, no model in the data workers).
 
 Behaviour cloning is the same learner with another loss (`BCTorchLearner`):
 the negative log-likelihood of the dataset's response tokens, aggregated like
-the StarPO loss (`loss_agg_mode`). Its connector only builds the token rows
-(`TokenBatchConnector`): no scoring pass, no advantages, no critic.
+the StarPO loss (`loss_agg_mode`). Its connector is the first piece of StarPO's,
+the token rows (`TokenRows`): no scoring pass, no advantages, no critic.
 """
 
 from __future__ import annotations
@@ -44,22 +44,29 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ray.rllib.connectors.connector_v2 import ConnectorV2
-from ray.rllib.connectors.learner.learner_connector_pipeline import LearnerConnectorPipeline
+from ray.rllib.connectors.learner.learner_connector_pipeline import (
+    LearnerConnectorPipeline,
+)
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.offline.offline_data import OfflineData
 from ray.rllib.utils.annotations import override
 
+from rllib_ragen.advantages import masked_mean
 from rllib_ragen.algorithm import StarPO, StarPOConfig
-from rllib_ragen.connectors.token_batch import TokenBatch, token_batch_of_episodes
+from rllib_ragen.connectors.learner_connector import TokenRows, micro_batches
+from rllib_ragen.connectors.token_batch import token_batch_of_episodes
 from rllib_ragen.data.parquet import iter_group_episodes, map_to_trajectories
 from rllib_ragen.learner import StarPOTorchLearner
 from rllib_ragen.losses import aggregate_loss
+from rllib_ragen.module import (
+    TOKEN_ENTROPY,
+    TOKEN_LOGP,
+    score_generated_tokens,
+    trunk_hidden,
+)
 from rllib_ragen.rllib_private import set_learner_connector
-from rllib_ragen.advantages import masked_mean
-from rllib_ragen.module import ATTENTION_MASK, INPUT_IDS, TOKEN_ENTROPY, TOKEN_LOGP, score_generated_tokens, trunk_hidden
 
 OBJECTIVES = ("bc", "starpo")
 
@@ -177,40 +184,6 @@ class TrajectoryOfflineData(OfflineData):
                 raise ValueError(f"offline dataset {self.path} holds no trajectories")
 
 
-class TokenBatchConnector(ConnectorV2):
-    """Episodes -> padded token rows (`input_ids`, `attention_mask`, `loss_mask`), nothing else.
-
-    What a likelihood loss needs: no scoring pass and no advantages.
-
-    Args:
-        history_window: The protocol's history window (decides the row layout).
-    """
-
-    def __init__(
-        self, input_observation_space=None, input_action_space=None, *, history_window: int | None, **kwargs
-    ) -> None:
-        super().__init__(input_observation_space, input_action_space, **kwargs)
-        self.history_window = history_window
-
-    @override(ConnectorV2)
-    def __call__(self, *, rl_module, batch, episodes, metrics=None, **kwargs) -> dict[str, Any]:
-        tokens = token_batch_of_episodes(episodes, history_window=self.history_window)
-        device = rl_module[DEFAULT_MODULE_ID].policy.device
-        batch[DEFAULT_MODULE_ID] = {k: v.to(device) for k, v in token_columns(tokens).items()}
-        if metrics is not None:
-            metrics.log_value((DEFAULT_MODULE_ID, "num_trained_tokens"), float(tokens.loss_mask.sum()), window=1)
-        return batch
-
-
-def token_columns(tokens: TokenBatch) -> dict[str, torch.Tensor]:
-    """The module's input columns of a token batch, each [R, L]."""
-    return {
-        INPUT_IDS: tokens.input_ids,
-        ATTENTION_MASK: tokens.attention_mask,
-        Columns.LOSS_MASK: tokens.loss_mask,
-    }
-
-
 class BCTorchLearner(StarPOTorchLearner):
     """Behaviour cloning: minimises the NLL of the response tokens (same module, optimiser, micro-batching)."""
 
@@ -218,7 +191,10 @@ class BCTorchLearner(StarPOTorchLearner):
     def build(self) -> None:
         super().build()
         set_learner_connector(
-            self, LearnerConnectorPipeline(connectors=[TokenBatchConnector(history_window=self.config.history_window)])
+            self,
+            LearnerConnectorPipeline(
+                connectors=[TokenRows(history_window=self.config.history_window, log_trained_tokens=True)]
+            ),
         )
 
     @override(StarPOTorchLearner)
@@ -255,10 +231,8 @@ def response_token_nll(
         micro_batch_size: Rows per forward pass.
     """
     tokens = token_batch_of_episodes(episodes, history_window=history_window)
-    columns = token_columns(tokens)
     total, count = 0.0, 0
-    for start in range(0, tokens.input_ids.shape[0], micro_batch_size):
-        micro = {k: v[start : start + micro_batch_size].to(policy.device) for k, v in columns.items()}
+    for micro in micro_batches(tokens, micro_batch_size, policy.device):
         n = int(micro[Columns.LOSS_MASK].sum())
         total += float(response_nll(policy, micro)) * n
         count += n

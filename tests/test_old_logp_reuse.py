@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ray.rllib.connectors.learner.learner_connector_pipeline import (
+    LearnerConnectorPipeline,
+)
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 
 from rllib_ragen.algorithm import StarPOConfig
-from rllib_ragen.connectors.learner_connector import StarPOLearnerConnector
 from rllib_ragen.module import TOKEN_LOGP
 
 
@@ -58,9 +60,10 @@ def test_skipping_the_old_logp_pass_changes_nothing(tiny_model_path, ray_session
         episodes = algo.env_runner.sample()
 
         def compare(learner):
-            settings = dict(advantages=config.advantage_settings, history_window=None, micro_batch_size=4)
-            scored = _loss_and_grads(learner, StarPOLearnerConnector(score_old_logp=True, **settings), episodes)
-            reused = _loss_and_grads(learner, StarPOLearnerConnector(score_old_logp=False, **settings), episodes)
+            scored, reused = (
+                _loss_and_grads(learner, LearnerConnectorPipeline(config.learner_connector_pieces(score_old_logp=s)), episodes)
+                for s in (True, False)
+            )
             return scored, reused
 
         [result] = algo.learner_group.foreach_learner(compare)
