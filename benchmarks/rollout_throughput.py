@@ -31,7 +31,8 @@ import torch  # noqa: E402
 
 from rllib_ragen.inference.batching import left_pad  # noqa: E402
 from rllib_ragen.inference.engine import InferenceEngine, SamplingParams  # noqa: E402
-from rllib_ragen.inference.factory import EngineConfig, make_engine  # noqa: E402
+from rllib_ragen.inference.engine_config import EngineConfig  # noqa: E402
+from rllib_ragen.inference.factory import make_engine  # noqa: E402
 from rllib_ragen.inference.hf_engine import HFEngine  # noqa: E402
 from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
 

@@ -84,7 +84,7 @@ from rllib_ragen.env_group import TurnBudget
 from rllib_ragen.env_runner import LLMEnvRunner, policy_weights, rollout_statistics
 from rllib_ragen.evaluation import evaluate_on_seeds
 from rllib_ragen.filtering import TOP_P, FilterSettings, select_groups_by_variance
-from rllib_ragen.inference.factory import EngineConfig, resolve_kind
+from rllib_ragen.inference.engine_config import EngineConfig, resolve_kind
 from rllib_ragen.inference.weight_sync import PolicyWeightSync
 from rllib_ragen.learner import StarPOTorchLearner
 from rllib_ragen.lora import LoraSettings, peft_model_with_adapters

@@ -31,7 +31,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_ragen.algorithm import StarPO, StarPOConfig
 from rllib_ragen.checkpoints import save_checkpoint
-from rllib_ragen.inference.factory import WEIGHT_SYNC_KINDS
+from rllib_ragen.inference.engine_config import WEIGHT_SYNC_KINDS
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.presets import ragen_preset
 from rllib_ragen.ray_session import init_ray

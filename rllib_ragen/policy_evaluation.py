@@ -31,7 +31,7 @@ from rllib_ragen.checkpoints import latest_checkpoint
 from rllib_ragen.env_runner import LLMEnvRunner
 from rllib_ragen.evaluation import Evaluation, evaluate_on_seeds, evaluation_page
 from rllib_ragen.experiment import apply_setting
-from rllib_ragen.inference.factory import resolve_kind
+from rllib_ragen.inference.engine_config import resolve_kind
 from rllib_ragen.models import resolve_model
 from rllib_ragen.presets import preset
 from rllib_ragen.ray_session import init_ray

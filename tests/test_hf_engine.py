@@ -8,9 +8,10 @@ import os
 import pytest
 import torch
 
-from rllib_ragen.inference.engine import SamplingParams
-from rllib_ragen.inference.factory import EngineConfig, make_engine
 from rllib_ragen.inference.batching import left_pad
+from rllib_ragen.inference.engine import SamplingParams
+from rllib_ragen.inference.engine_config import EngineConfig
+from rllib_ragen.inference.factory import make_engine
 from rllib_ragen.inference.hf_engine import HFEngine
 from rllib_ragen.inference.sampling import mask_top_p, processed_logprobs
 from rllib_ragen.models import load_causal_lm

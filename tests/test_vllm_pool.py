@@ -16,9 +16,10 @@ import ray
 import torch
 import transformers
 
-from rllib_ragen.inference import factory
+from rllib_ragen.inference import engine_config
 from rllib_ragen.inference.engine import SamplingParams
-from rllib_ragen.inference.factory import EngineConfig, make_engine, resolve_kind
+from rllib_ragen.inference.engine_config import EngineConfig, resolve_kind
+from rllib_ragen.inference.factory import make_engine
 from rllib_ragen.inference.hf_engine import HFEngine
 from rllib_ragen.inference.vllm_pool import VLLMEnginePool
 from rllib_ragen.inference.weights import pack_weights, unpack_weights
@@ -264,7 +265,7 @@ def test_auto_picks_vllm_when_importable():
 
 
 def test_vllm_kind_without_vllm_says_which_extra_to_install(monkeypatch):
-    monkeypatch.setattr(factory, "vllm_available", lambda: False)
+    monkeypatch.setattr(engine_config, "vllm_available", lambda: False)
     assert resolve_kind("auto") == "hf"
     with pytest.raises(ImportError, match='"cpu" extra'):
         resolve_kind("vllm")

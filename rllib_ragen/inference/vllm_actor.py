@@ -17,7 +17,7 @@ import torch
 
 from rllib_ragen.inference.collective import GroupSpec, TensorLayout, receive
 from rllib_ragen.inference.engine import Completion, SamplingParams
-from rllib_ragen.inference.factory import EngineConfig
+from rllib_ragen.inference.engine_config import EngineConfig
 from rllib_ragen.inference.vllm_reload import reload_in_worker
 from rllib_ragen.inference.weights import PackedWeights, unpack_weights
 

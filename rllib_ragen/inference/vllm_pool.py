@@ -26,12 +26,22 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from torch import Tensor
 
 from rllib_ragen.inference.batching import check_score_inputs, check_token_ids
-from rllib_ragen.sharding import split_contiguous
 from rllib_ragen.inference.collective import GroupSpec, TensorLayout
-from rllib_ragen.inference.engine import Completion, EngineTimeoutError, InferenceEngine, SamplingParams
-from rllib_ragen.inference.factory import EngineConfig
+from rllib_ragen.inference.engine import (
+    Completion,
+    EngineTimeoutError,
+    InferenceEngine,
+    SamplingParams,
+)
+from rllib_ragen.inference.engine_config import EngineConfig
 from rllib_ragen.inference.vllm_actor import VLLMEngineActor, actor_env_vars
-from rllib_ragen.inference.weights import PackedWeights, check_weights, hf_weight_shapes, pack_weights
+from rllib_ragen.inference.weights import (
+    PackedWeights,
+    check_weights,
+    hf_weight_shapes,
+    pack_weights,
+)
+from rllib_ragen.sharding import split_contiguous
 
 logger = logging.getLogger(__name__)
 

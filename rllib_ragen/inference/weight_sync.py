@@ -40,7 +40,7 @@ from torch import Tensor
 
 from rllib_ragen.inference.collective import GroupHost, GroupSpec, TensorLayout, send
 from rllib_ragen.inference.engine import EngineTimeoutError
-from rllib_ragen.inference.factory import EngineConfig
+from rllib_ragen.inference.engine_config import EngineConfig
 from rllib_ragen.inference.weights import pack_weights, unique_weights
 from rllib_ragen.losses import token_logprobs
 
