@@ -60,15 +60,20 @@ from ray.rllib.core.columns import Columns  # noqa: E402
 
 from envs import make_env  # noqa: E402
 from rllib_ragen.algorithm import StarPOConfig  # noqa: E402
+from rllib_ragen.columns import (  # noqa: E402
+    ATTENTION_MASK,
+    INPUT_IDS,
+    OLD_LOGP,
+    SAMPLING_LOGP,
+    TOKEN_LOGP,
+)
 from rllib_ragen.connectors.chat_template import ChatTemplate  # noqa: E402
-from rllib_ragen.connectors.learner_connector import SAMPLING_LOGP  # noqa: E402
-from rllib_ragen.connectors.protocol import ProtocolConfig, PromptProtocol  # noqa: E402
+from rllib_ragen.connectors.protocol import PromptProtocol, ProtocolConfig  # noqa: E402
 from rllib_ragen.connectors.token_batch import Trajectory, build_token_batch  # noqa: E402
 from rllib_ragen.connectors.token_history import TokenHistory  # noqa: E402
 from rllib_ragen.inference.weights import pack_weights  # noqa: E402
 from rllib_ragen.losses import aggregate_loss, policy_loss  # noqa: E402
 from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
-from rllib_ragen.module import ATTENTION_MASK, INPUT_IDS, TOKEN_LOGP  # noqa: E402
 
 VARIANTS = ("naive", "fast-fp32", "fast", "lora8", "lora64")
 LORA_RANKS = {"lora8": 8, "lora64": 64}
@@ -193,7 +198,7 @@ def naive_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The StarPO loss (PPO clip + entropy bonus, token-mean) on the naive scores."""
     logp, entropy = naive_token_scores(model, batch)
     mask = batch[Columns.LOSS_MASK]
-    pg, _ = policy_loss(logp, batch[Columns.ACTION_LOGP], batch[Columns.ADVANTAGES], mask)
+    pg, _ = policy_loss(logp, batch[OLD_LOGP], batch[Columns.ADVANTAGES], mask)
     return pg - ENTROPY_COEFF * aggregate_loss(entropy, mask)
 
 
@@ -273,8 +278,8 @@ def run_variant(args: argparse.Namespace) -> Result:
     else:
         updater = FastUpdater(model_path, args, autocast_dtype="bfloat16" if args.run_variant == "fast" else None,
                               lora_rank=LORA_RANKS.get(args.run_variant, 0))
-    batch[Columns.ACTION_LOGP] = updater.old_logp(batch)
-    batch[SAMPLING_LOGP] = batch[Columns.ACTION_LOGP]
+    batch[OLD_LOGP] = updater.old_logp(batch)
+    batch[SAMPLING_LOGP] = batch[OLD_LOGP]
     shortest = int(batch[ATTENTION_MASK].sum(1).argmin())
     length = int(batch[ATTENTION_MASK][shortest].sum())
     updater.update({k: v[shortest : shortest + 1, :length] for k, v in batch.items()})

@@ -31,11 +31,11 @@ from typing import Any
 
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
+from rllib_ragen.episode_keys import POLICY_VERSION
 from rllib_ragen.sharding import split_contiguous
 
 logger = logging.getLogger(__name__)
 
-POLICY_VERSION = "policy_version"
 _SAMPLE_TAG = "rllib_ragen_async_sample"
 
 

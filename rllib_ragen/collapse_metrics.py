@@ -36,13 +36,8 @@ import numpy as np
 import torch
 
 from rllib_ragen.connectors.learner_connector import score_rows
-from rllib_ragen.connectors.token_batch import (
-    GROUP_ID,
-    RESPONSE_TEXT,
-    SYSTEM_IDS,
-    USER_IDS,
-)
 from rllib_ragen.env_runner import think_text
+from rllib_ragen.episode_keys import GROUP_ID, RESPONSE_TEXT, SYSTEM_IDS, USER_IDS
 
 Tensor = torch.Tensor
 

@@ -23,7 +23,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-from rllib_ragen.advantages import masked_sum, masked_whiten, to_bool_mask
+from rllib_ragen.masked import masked_sum, masked_whiten, to_bool_mask
 from rllib_ragen.sharding import split_contiguous
 
 T = TypeVar("T")

@@ -41,12 +41,18 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
 
-from rllib_ragen.async_rollouts import POLICY_VERSION
 from rllib_ragen.connectors.chat_template import ChatTemplate
 from rllib_ragen.connectors.protocol import PromptProtocol, feedback_for
-from rllib_ragen.connectors.token_batch import CLOSE_IDS, GROUP_ID, RESPONSE_TEXT, SYSTEM_IDS, USER_IDS
 from rllib_ragen.connectors.token_history import TokenHistory
 from rllib_ragen.env_group import EnvGroup
+from rllib_ragen.episode_keys import (
+    CLOSE_IDS,
+    GROUP_ID,
+    POLICY_VERSION,
+    RESPONSE_TEXT,
+    SYSTEM_IDS,
+    USER_IDS,
+)
 from rllib_ragen.inference.engine import InferenceEngine, SamplingParams
 from rllib_ragen.inference.factory import make_engine
 from rllib_ragen.models import load_tokenizer, resolve_model

@@ -25,22 +25,25 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 from ray.rllib.utils.annotations import override
 
-from rllib_ragen.advantages import masked_mean
-from rllib_ragen.connectors.learner_connector import POLICY_MASK, SAMPLING_LOGP, VALUE_MASK
+from rllib_ragen.columns import (
+    ATTENTION_MASK,
+    OLD_LOGP,
+    POLICY_MASK,
+    SAMPLING_LOGP,
+    TOKEN_ENTROPY,
+    TOKEN_LOGP,
+    VALUE_MASK,
+)
 from rllib_ragen.distributed import all_reduce_gradients, all_reduce_sum, global_share
+from rllib_ragen.losses import aggregate_loss, kl_penalty, policy_loss, value_loss
+from rllib_ragen.masked import masked_mean
+from rllib_ragen.module import host_copy
 from rllib_ragen.rllib_private import (
     MiniBatchStepLearner,
     learner_optimizers,
     learner_parameters,
     named_optimizers,
     optimizer_module_id,
-)
-from rllib_ragen.losses import aggregate_loss, kl_penalty, policy_loss, value_loss
-from rllib_ragen.module import (
-    ATTENTION_MASK,
-    TOKEN_ENTROPY,
-    TOKEN_LOGP,
-    host_copy,
 )
 
 POLICY_OPTIMIZER = "policy"
@@ -125,7 +128,7 @@ class StarPOTorchLearner(MiniBatchStepLearner):
         mask = mask_or_generated(batch, POLICY_MASK)
         agg = config.loss_agg_mode
         # No scored old log-probs: the update is one on-policy step, so the old policy is this one.
-        old_logp = batch[Columns.ACTION_LOGP] if Columns.ACTION_LOGP in batch else fwd_out[TOKEN_LOGP].detach()
+        old_logp = batch[OLD_LOGP] if OLD_LOGP in batch else fwd_out[TOKEN_LOGP].detach()
         correction, correction_stats = config.off_policy_correction_config.weights(old_logp, batch[SAMPLING_LOGP], mask)
         pg_loss, pg_stats = policy_loss(
             fwd_out[TOKEN_LOGP],

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rllib_ragen.advantages import masked_mean, masked_sum, masked_var, to_bool_mask
+from rllib_ragen.masked import masked_mean, masked_sum, masked_var, to_bool_mask
 
 Tensor = torch.Tensor
 

@@ -30,14 +30,15 @@ from ray.rllib.utils.annotations import override
 from torch import nn
 
 from rllib_ragen.advantages import critic_free_estimators
-from rllib_ragen.lora import LoraSettings, add_adapters, merged_state_dict, shared_trunk_copy
+from rllib_ragen.columns import ATTENTION_MASK, INPUT_IDS, TOKEN_ENTROPY, TOKEN_LOGP
+from rllib_ragen.lora import (
+    LoraSettings,
+    add_adapters,
+    merged_state_dict,
+    shared_trunk_copy,
+)
 from rllib_ragen.losses import entropy_from_logits, token_logprobs
 from rllib_ragen.models import load_causal_lm, resolve_model
-
-INPUT_IDS = "input_ids"
-ATTENTION_MASK = "attention_mask"
-TOKEN_LOGP = "token_logp"
-TOKEN_ENTROPY = "token_entropy"
 
 CRITIC_KINDS = ("none", "head", "separate")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

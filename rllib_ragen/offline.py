@@ -53,19 +53,15 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.offline.offline_data import OfflineData
 from ray.rllib.utils.annotations import override
 
-from rllib_ragen.advantages import masked_mean
 from rllib_ragen.algorithm import StarPO, StarPOConfig
+from rllib_ragen.columns import TOKEN_ENTROPY, TOKEN_LOGP
 from rllib_ragen.connectors.learner_connector import TokenRows, micro_batches
 from rllib_ragen.connectors.token_batch import token_batch_of_episodes
 from rllib_ragen.data.parquet import iter_group_episodes, map_to_trajectories
 from rllib_ragen.learner import StarPOTorchLearner
 from rllib_ragen.losses import aggregate_loss
-from rllib_ragen.module import (
-    TOKEN_ENTROPY,
-    TOKEN_LOGP,
-    score_generated_tokens,
-    trunk_hidden,
-)
+from rllib_ragen.masked import masked_mean
+from rllib_ragen.module import score_generated_tokens, trunk_hidden
 from rllib_ragen.rllib_private import set_learner_connector
 
 OBJECTIVES = ("bc", "starpo")

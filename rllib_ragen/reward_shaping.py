@@ -27,8 +27,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from rllib_ragen.advantages import to_bool_mask
 from rllib_ragen.connectors.answer_parser import ParsedAnswer
+from rllib_ragen.masked import to_bool_mask
 
 Tensor = torch.Tensor
 

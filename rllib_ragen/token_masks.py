@@ -23,13 +23,13 @@ from typing import Any
 
 import torch
 
-from rllib_ragen.advantages import to_bool_mask
 from rllib_ragen.connectors.protocol import (
     SPAN_ANSWER,
     SPAN_THINK,
     ProtocolConfig,
     response_token_spans,
 )
+from rllib_ragen.masked import to_bool_mask
 from rllib_ragen.registry import add_to_registry
 
 Tensor = torch.Tensor

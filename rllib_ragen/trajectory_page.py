@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rllib_ragen.connectors.answer_parser import parse_answer
-from rllib_ragen.connectors.token_batch import RESPONSE_TEXT
 from rllib_ragen.env_runner import succeeded, turn_validity
+from rllib_ragen.episode_keys import RESPONSE_TEXT
 
 # (word in a symbol's meaning, cell colour): the first word found decides, so the
 # more specific meanings ("box on a target", "you fell") come before the general ones.

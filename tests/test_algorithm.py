@@ -10,10 +10,10 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 
 from rllib_ragen.algorithm import StarPO, StarPOConfig
+from rllib_ragen.columns import TOKEN_LOGP
 from rllib_ragen.connectors.token_batch import trajectories_from_episodes
 from rllib_ragen.env_runner import policy_weights
 from rllib_ragen.models import load_causal_lm
-from rllib_ragen.module import TOKEN_LOGP
 from rllib_ragen.rllib_private import learner_connector, local_learner
 
 pytestmark = pytest.mark.usefixtures("ray_session")  # conftest's: a local Ray for this module

@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from rllib_ragen.algorithm import StarPOConfig
-from rllib_ragen.connectors.token_batch import build_token_batch, trajectories_from_episodes
+from rllib_ragen.connectors.token_batch import (
+    build_token_batch,
+    trajectories_from_episodes,
+)
 from rllib_ragen.data.convert import (
-    RESPONSE_TEXT,
     TrajectoryRowError,
     episodes_to_rows,
     row_to_trajectory,
@@ -21,7 +23,7 @@ from rllib_ragen.data.convert import (
     turn_spans,
 )
 from rllib_ragen.data.schema import FIELD_NAMES, TRAJECTORY_SCHEMA
-
+from rllib_ragen.episode_keys import RESPONSE_TEXT
 
 pytestmark = pytest.mark.usefixtures("ray_session")  # conftest's: a local Ray for this module
 

@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from ray.rllib.core import DEFAULT_MODULE_ID
+from run_helpers import free_port, tiny_config
 
-from rllib_ragen.advantages import masked_whiten
 from rllib_ragen.distributed import (
     all_reduce_gradients,
     count_training_rows,
@@ -20,8 +20,8 @@ from rllib_ragen.distributed import (
     whiten_across_learners,
 )
 from rllib_ragen.env_runner import policy_weights
+from rllib_ragen.masked import masked_whiten
 from rllib_ragen.rllib_private import local_learner
-from run_helpers import free_port, tiny_config
 
 
 def test_learner_minibatch_sizes_take_each_shards_share():

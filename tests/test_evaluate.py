@@ -12,7 +12,7 @@ import json
 import pytest
 from run_helpers import tiny_config
 
-from rllib_ragen.connectors.token_batch import RESPONSE_TEXT
+from rllib_ragen.episode_keys import RESPONSE_TEXT
 from rllib_ragen.evaluate import build_parser, chosen_envs, main
 from rllib_ragen.evaluation import TABLE_HEADER, table_row
 from rllib_ragen.intervals import format_rate

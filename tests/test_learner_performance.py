@@ -17,10 +17,17 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 
 from rllib_ragen.algorithm import StarPOConfig
-from rllib_ragen.connectors.learner_connector import SAMPLING_LOGP
+from rllib_ragen.columns import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    OLD_LOGP,
+    SAMPLING_LOGP,
+    TOKEN_ENTROPY,
+    TOKEN_LOGP,
+)
 from rllib_ragen.learner import _micro_batch_weights, token_budget_groups
 from rllib_ragen.losses import aggregate_loss, policy_loss
-from rllib_ragen.module import ATTENTION_MASK, INPUT_IDS, TOKEN_ENTROPY, TOKEN_LOGP, ScoringConfig
+from rllib_ragen.module import ScoringConfig
 
 SPACE = gym.spaces.Text(max_length=8)
 ENTROPY_COEFF = 0.01
@@ -58,7 +65,7 @@ def _with_old_logp(batch: dict[str, torch.Tensor], old_logp: torch.Tensor) -> di
     # Old log-probs a little off the current ones, so the PPO ratio is not 1 everywhere.
     shifted = (old_logp + 0.05 * torch.sin(torch.arange(old_logp.numel()).reshape(old_logp.shape))).detach()
     shifted = shifted * batch[Columns.LOSS_MASK]
-    return {**batch, Columns.ACTION_LOGP: shifted, SAMPLING_LOGP: shifted}
+    return {**batch, OLD_LOGP: shifted, SAMPLING_LOGP: shifted}
 
 
 def _naive_loss(policy, batch: dict[str, torch.Tensor], agg: str) -> torch.Tensor:
@@ -68,7 +75,7 @@ def _naive_loss(policy, batch: dict[str, torch.Tensor], agg: str) -> torch.Tenso
     logp = torch.cat([pad, logp_all.gather(-1, batch[INPUT_IDS][:, 1:, None]).squeeze(-1)], dim=1)
     entropy = torch.cat([pad, -(logp_all.exp() * logp_all).sum(-1)], dim=1)
     mask = batch[Columns.LOSS_MASK]
-    pg, _ = policy_loss(logp, batch[Columns.ACTION_LOGP], batch[Columns.ADVANTAGES], mask, agg=agg)
+    pg, _ = policy_loss(logp, batch[OLD_LOGP], batch[Columns.ADVANTAGES], mask, agg=agg)
     return pg - ENTROPY_COEFF * aggregate_loss(entropy, mask, agg=agg)
 
 

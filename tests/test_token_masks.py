@@ -13,11 +13,10 @@ from rllib_ragen.advantages import (
     restrict_to_selected,
 )
 from rllib_ragen.algorithm import StarPOConfig
-from rllib_ragen.connectors.learner_connector import POLICY_MASK
+from rllib_ragen.columns import ATTENTION_MASK, POLICY_MASK
 from rllib_ragen.connectors.protocol import ProtocolConfig, response_token_spans
 from rllib_ragen.learner import _micro_batch_weights
 from rllib_ragen.losses import policy_loss
-from rllib_ragen.module import ATTENTION_MASK
 from rllib_ragen.token_masks import (
     TOKEN_MASKS,
     ResponseSpanLabeller,

@@ -9,9 +9,8 @@ import torch
 from envs import make_env
 from rllib_ragen.connectors.chat_template import ChatTemplate
 from rllib_ragen.connectors.protocol import PromptProtocol, ProtocolConfig
-from rllib_ragen.connectors.token_batch import SYSTEM_IDS, USER_IDS
-from rllib_ragen.data.convert import RESPONSE_TEXT
 from rllib_ragen.env_group import TurnBudget
+from rllib_ragen.episode_keys import RESPONSE_TEXT, SYSTEM_IDS, USER_IDS
 from rllib_ragen.models import load_causal_lm, load_tokenizer
 from rllib_ragen.warm_start import WarmStartConfig, demonstrations, warm_start
 

@@ -29,11 +29,19 @@ from rllib_ragen.advantages import (
     AdvantageInputs,
     AdvantageSettings,
     compute_advantages,
-    masked_mean,
+)
+from rllib_ragen.columns import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    OLD_LOGP,
+    POLICY_MASK,
+    SAMPLING_LOGP,
+    TOKEN_LOGP,
+    VALUE_MASK,
 )
 from rllib_ragen.connectors.token_batch import TokenBatch, token_batch_of_episodes
 from rllib_ragen.distributed import is_distributed, whiten_across_learners
-from rllib_ragen.module import ATTENTION_MASK, INPUT_IDS, TOKEN_LOGP
+from rllib_ragen.masked import masked_mean
 from rllib_ragen.reward_shaping import RewardShaping, length_weighted_advantages
 from rllib_ragen.token_masks import (
     ALL_TOKENS,
@@ -42,10 +50,6 @@ from rllib_ragen.token_masks import (
     build_token_mask,
 )
 
-SAMPLING_LOGP = "sampling_logp"
-# [rows, L] 0/1 masks inside `Columns.LOSS_MASK` (the generated tokens, which the module scores):
-POLICY_MASK = "policy_mask"  # M_loss: tokens in the policy, entropy and KL terms
-VALUE_MASK = "value_mask"  # M_adv: tokens with values, hence value targets
 # The `shared_data` keys the pieces pass on: the token batch and the old values [R, L] (None without critic).
 TOKEN_BATCH = "token_batch"
 OLD_VALUES = "old_values"
@@ -92,7 +96,7 @@ class TokenRows(ConnectorV2):
 
 
 class OldLogProbsAndValues(ConnectorV2):
-    """Scores the token rows under the current weights: old log-probs (`Columns.ACTION_LOGP`) and
+    """Scores the token rows under the current weights: old log-probs (`OLD_LOGP`) and
     old values (`Columns.VF_PREDS`), [R, L] each, without gradient.
 
     Args:
@@ -130,7 +134,7 @@ class OldLogProbsAndValues(ConnectorV2):
         shared_data[OLD_VALUES] = old_values
         columns, device = _module_batch(batch, rl_module)
         if old_logp is not None:  # else the update is one on-policy step: the loss takes its own, detached
-            columns[Columns.ACTION_LOGP] = old_logp.to(device)
+            columns[OLD_LOGP] = old_logp.to(device)
         if old_values is not None:
             columns[Columns.VF_PREDS] = old_values.to(device)
         return batch

@@ -19,12 +19,8 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
 from rllib_ragen.connectors.token_history import TokenHistory
+from rllib_ragen.episode_keys import CLOSE_IDS, GROUP_ID, SYSTEM_IDS, USER_IDS
 
-USER_IDS = "user_ids"
-CLOSE_IDS = "close_ids"
-SYSTEM_IDS = "system_ids"
-GROUP_ID = "group_id"
-RESPONSE_TEXT = "response_text"
 # Padding is masked out by the attention mask, so any id in the vocabulary does.
 PAD_TOKEN_ID = 0
 

@@ -38,10 +38,15 @@ from envs.sokoban_solver import DEFAULT_MAX_STATES
 from rllib_ragen.connectors.answer_parser import ACTION_SEPARATOR
 from rllib_ragen.connectors.chat_template import ChatTemplate
 from rllib_ragen.connectors.protocol import PromptProtocol, ProtocolConfig, feedback_for
-from rllib_ragen.connectors.token_batch import CLOSE_IDS, GROUP_ID, SYSTEM_IDS, USER_IDS
-from rllib_ragen.data.convert import RESPONSE_TEXT
 from rllib_ragen.data.experts import Turn, TurnBudgetLeft, expert_for
 from rllib_ragen.env_group import EnvGroup, TurnBudget, agent_id
+from rllib_ragen.episode_keys import (
+    CLOSE_IDS,
+    GROUP_ID,
+    RESPONSE_TEXT,
+    SYSTEM_IDS,
+    USER_IDS,
+)
 
 AGENT = agent_id(0)
 
