@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_config(args: argparse.Namespace, *, is_async: bool, max_staleness: int):
-    from rllib_ragen.algorithm import StarPOConfig
+    from rllib_ragen.algorithm.starpo import StarPOConfig
 
     return (
         StarPOConfig()
@@ -101,7 +101,7 @@ def measure(args: argparse.Namespace, *, is_async: bool, max_staleness: int) -> 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    from rllib_ragen.ray_session import init_ray
+    from rllib_ragen.run.ray_session import init_ray
 
     init_ray()
     results = {}

@@ -6,7 +6,7 @@ the env's tuned example (`tuned_examples/<env>_starpo.py`: CPU preset,
 SmolLM2-135M-Instruct, vLLM on CPU) with a training time budget, in a fresh
 process, exactly as a user would. The example evaluates the warm-started
 policy on the fixed evaluation seeds before RL and the trained one on the same
-seeds after (`rllib_ragen.evaluation`, the code `python -m rllib_ragen.evaluate`
+seeds after (`rllib_ragen.rollout.evaluation`, the code `python -m rllib_ragen.run.evaluate`
 runs too); this prints each evaluation's table row, collects both into a table
 with Wilson intervals and the paired interval of the change, and writes it to
 `--output`.
@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rllib_ragen.evaluation import TABLE_HEADER, table_row  # noqa: E402
+from rllib_ragen.rollout.evaluation import TABLE_HEADER, table_row  # noqa: E402
 from rllib_ragen.intervals import format_rate, paired_difference_interval  # noqa: E402
 
 HEADER = (

@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from envs.bandit import BanditEnv
 from envs.frozenlake import ACTIONS as LAKE_ACTIONS
 from envs.frozenlake import FrozenLakeEnv
-from rllib_ragen.advantages import brpo, grpo
-from rllib_ragen.env_group import GROUP_RANDOMNESS, EnvGroup, TurnBudget
+from rllib_ragen.training.advantages import brpo, grpo
+from rllib_ragen.rollout.env_group import GROUP_RANDOMNESS, EnvGroup, TurnBudget
 
 BETTER, WORSE, OTHER = "better", "worse", "other"
 

@@ -46,8 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def measure(env: str, iters: int, warmup: int) -> dict:
     """Times `iters` training iterations of the CPU preset of the imported rllib_ragen."""
-    from rllib_ragen.presets import cpu_preset
-    from rllib_ragen.ray_session import init_ray
+    from rllib_ragen.algorithm.presets import cpu_preset
+    from rllib_ragen.run.ray_session import init_ray
 
     init_ray()
     config = cpu_preset(env).starpo_evaluation(eval_interval=0)

@@ -59,7 +59,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID  # noqa: E402
 from ray.rllib.core.columns import Columns  # noqa: E402
 
 from envs import make_env  # noqa: E402
-from rllib_ragen.algorithm import StarPOConfig  # noqa: E402
+from rllib_ragen.algorithm.starpo import StarPOConfig  # noqa: E402
 from rllib_ragen.columns import (  # noqa: E402
     ATTENTION_MASK,
     INPUT_IDS,
@@ -67,12 +67,12 @@ from rllib_ragen.columns import (  # noqa: E402
     SAMPLING_LOGP,
     TOKEN_LOGP,
 )
-from rllib_ragen.connectors.chat_template import ChatTemplate  # noqa: E402
-from rllib_ragen.connectors.protocol import PromptProtocol, ProtocolConfig  # noqa: E402
-from rllib_ragen.connectors.token_batch import Trajectory, build_token_batch  # noqa: E402
-from rllib_ragen.connectors.token_history import TokenHistory  # noqa: E402
+from rllib_ragen.rollout.prompt.chat_template import ChatTemplate  # noqa: E402
+from rllib_ragen.rollout.prompt.protocol import PromptProtocol, ProtocolConfig  # noqa: E402
+from rllib_ragen.training.token_batch import Trajectory, build_token_batch  # noqa: E402
+from rllib_ragen.rollout.prompt.token_history import TokenHistory  # noqa: E402
 from rllib_ragen.inference.weights import pack_weights  # noqa: E402
-from rllib_ragen.losses import aggregate_loss, policy_loss  # noqa: E402
+from rllib_ragen.training.losses import aggregate_loss, policy_loss  # noqa: E402
 from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
 
 VARIANTS = ("naive", "fast-fp32", "fast", "lora8", "lora64")

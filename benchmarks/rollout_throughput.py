@@ -157,8 +157,8 @@ def measure_vllm_pool(setup: Setup) -> Throughput:
 def measure_starpo_rollout(setup: Setup) -> Throughput:
     """(c) a full StarPO rollout on Sokoban through `LLMEnvRunner` on the same vLLM pool settings:
     prompt building, one batched engine call per turn, answer parsing, env steps, episodes."""
-    from rllib_ragen.algorithm import StarPOConfig
-    from rllib_ragen.env_runner import LLMEnvRunner
+    from rllib_ragen.algorithm.starpo import StarPOConfig
+    from rllib_ragen.rollout.env_runner import LLMEnvRunner
 
     args = setup.args
     group_size = 8

@@ -9,8 +9,8 @@
 #   bash scripts/gpu_smoke.sh --model DIR      # a local Hugging Face model directory instead
 #   bash scripts/gpu_smoke.sh --cpu-tiny       # no GPU: the same steps on CPU with the tiny random model
 #
-# Further flags: python -m rllib_ragen.gpu_smoke --help. PYTHON picks the interpreter.
+# Further flags: python -m rllib_ragen.run.gpu_smoke --help. PYTHON picks the interpreter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-.venv/bin/python}"
-exec "$PYTHON" -m rllib_ragen.gpu_smoke "$@"
+exec "$PYTHON" -m rllib_ragen.run.gpu_smoke "$@"

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rllib_ragen.advantages import (
+from rllib_ragen.training.advantages import (
     ADVANTAGE_ESTIMATORS,
     AdvantageInputs,
     arpo,

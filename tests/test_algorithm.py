@@ -9,12 +9,12 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 
-from rllib_ragen.algorithm import StarPO, StarPOConfig
+from rllib_ragen.algorithm.starpo import StarPO, StarPOConfig
 from rllib_ragen.columns import TOKEN_LOGP
-from rllib_ragen.connectors.token_batch import trajectories_from_episodes
-from rllib_ragen.env_runner import policy_weights
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.rllib_private import learner_connector, local_learner
+from rllib_ragen.rollout.env_runner import policy_weights
+from rllib_ragen.training.token_batch import trajectories_from_episodes
 
 pytestmark = pytest.mark.usefixtures("ray_session")  # conftest's: a local Ray for this module
 

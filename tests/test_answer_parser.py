@@ -1,6 +1,6 @@
 import pytest
 
-from rllib_ragen.connectors.answer_parser import parse_answer
+from rllib_ragen.rollout.prompt.answer_parser import parse_answer
 
 VOCAB = ("Up", "Down", "Left", "Right")
 

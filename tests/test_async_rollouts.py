@@ -1,4 +1,4 @@
-"""Asynchronous rollouts (`rllib_ragen.async_rollouts`) on real remote env runners (tiny model, HF engine).
+"""Asynchronous rollouts (`rllib_ragen.rollout.async_rollouts`) on real remote env runners (tiny model, HF engine).
 
 - max_staleness=0 samples and updates exactly as the synchronous loop;
 - a runner that dies with a shard in flight loses no finished group, its seeds are
@@ -14,9 +14,9 @@ import ray
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
-from rllib_ragen.async_rollouts import staleness_counts
-from rllib_ragen.env_runner import policy_weights
 from rllib_ragen.rllib_private import env_runner_actors, mark_env_runner_healthy
+from rllib_ragen.rollout.async_rollouts import staleness_counts
+from rllib_ragen.rollout.env_runner import policy_weights
 from tests.run_helpers import tiny_config
 
 N_GROUPS, GROUP_SIZE = 2, 2

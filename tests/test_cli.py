@@ -14,7 +14,7 @@ from run_helpers import ROOT, write_readme_env
 
 BANDIT = str(ROOT / "tuned_examples" / "bandit_starpo.py")
 
-# Every line the tuned-example driver (rllib_ragen/experiment.py) prints to stdout in a run
+# Every line the tuned-example driver (rllib_ragen/run/experiment.py) prints to stdout in a run
 # without warm start or resume; a line of Ray, RLlib, vLLM or transformers matches none.
 CLI_LINES = (
     r"library logs: \S+run\.log \(--verbose: on the console too\)",

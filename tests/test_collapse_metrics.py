@@ -12,7 +12,15 @@ import torch
 from mlflow.tracking import MlflowClient
 from run_helpers import driver_args, tiny_config
 
-from rllib_ragen.collapse_metrics import (
+from rllib_ragen.data.demonstrations import DemonstrationConfig, expert_demonstrations
+from rllib_ragen.data.offline import OfflineSettings, offline_config
+from rllib_ragen.data.parquet import write_trajectories
+from rllib_ragen.models import load_causal_lm
+from rllib_ragen.rollout.env_group import TurnBudget
+from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
+from rllib_ragen.rollout.prompt.protocol import ProtocolConfig
+from rllib_ragen.run.experiment import run
+from rllib_ragen.training.collapse_metrics import (
     CollapseMetricsSettings,
     ReasoningSample,
     collapse_metrics,
@@ -21,15 +29,7 @@ from rllib_ragen.collapse_metrics import (
     first_turn_samples,
     information_estimates,
 )
-from rllib_ragen.connectors.chat_template import ChatTemplate
-from rllib_ragen.connectors.protocol import ProtocolConfig
-from rllib_ragen.data.demonstrations import DemonstrationConfig, expert_demonstrations
-from rllib_ragen.data.parquet import write_trajectories
-from rllib_ragen.env_group import TurnBudget
-from rllib_ragen.experiment import run
-from rllib_ragen.models import load_causal_lm
-from rllib_ragen.module import LLMRLModule
-from rllib_ragen.offline import OfflineSettings, offline_config
+from rllib_ragen.training.module import LLMRLModule
 
 LOG2 = math.log(2)
 # ln(1 + e^-10): what the other prompt adds to a diagonal-dominant row's mixture.

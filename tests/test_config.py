@@ -10,7 +10,13 @@ import torch
 
 from envs import register_env
 from envs.corridor import CorridorEnv
-from rllib_ragen.advantages import (
+from rllib_ragen.algorithm.starpo import (
+    IGNORED_RLLIB_SETTINGS,
+    SETTINGS_GROUPS,
+    StarPOConfig,
+)
+from rllib_ragen.models import ModelNotFoundError
+from rllib_ragen.training.advantages import (
     ADVANTAGE_ESTIMATORS,
     AdvantageInputs,
     AdvantageSettings,
@@ -18,8 +24,6 @@ from rllib_ragen.advantages import (
     register_advantage_estimator,
     unregister_advantage_estimator,
 )
-from rllib_ragen.algorithm import IGNORED_RLLIB_SETTINGS, SETTINGS_GROUPS, StarPOConfig
-from rllib_ragen.models import ModelNotFoundError
 
 
 def test_every_setting_defaults_to_its_groups_default_and_builds_its_group():

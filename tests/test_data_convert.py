@@ -10,11 +10,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from rllib_ragen.algorithm import StarPOConfig
-from rllib_ragen.connectors.token_batch import (
-    build_token_batch,
-    trajectories_from_episodes,
-)
+from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.data.convert import (
     TrajectoryRowError,
     episodes_to_rows,
@@ -24,6 +20,10 @@ from rllib_ragen.data.convert import (
 )
 from rllib_ragen.data.schema import FIELD_NAMES, TRAJECTORY_SCHEMA
 from rllib_ragen.episode_keys import RESPONSE_TEXT
+from rllib_ragen.training.token_batch import (
+    build_token_batch,
+    trajectories_from_episodes,
+)
 
 pytestmark = pytest.mark.usefixtures("ray_session")  # conftest's: a local Ray for this module
 

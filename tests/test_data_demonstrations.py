@@ -9,12 +9,16 @@ import ray
 from envs import make_env
 from envs.sokoban import BOX_ON_TARGET_REWARD, SOLVED_REWARD, STEP_PENALTY
 from envs.sokoban_solver import solve
-from rllib_ragen.algorithm import StarPOConfig
-from rllib_ragen.connectors.chat_template import ChatTemplate
-from rllib_ragen.connectors.protocol import PromptProtocol, ProtocolConfig
+from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.data.convert import episodes_to_rows, rows_to_episodes
-from rllib_ragen.data.demonstrations import DemonstrationConfig, demonstration_response, expert_demonstrations
-from rllib_ragen.env_group import TurnBudget
+from rllib_ragen.data.demonstrations import (
+    DemonstrationConfig,
+    demonstration_response,
+    expert_demonstrations,
+)
+from rllib_ragen.rollout.env_group import TurnBudget
+from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
+from rllib_ragen.rollout.prompt.protocol import PromptProtocol, ProtocolConfig
 
 SEEDS = tuple(range(8))
 PROTOCOL = ProtocolConfig(max_actions_per_turn=3, think=True)

@@ -8,8 +8,7 @@ import pytest
 import ray
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
-from rllib_ragen.algorithm import StarPOConfig
-from rllib_ragen.connectors.token_batch import trajectories_from_episodes
+from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.data.convert import episodes_to_rows
 from rllib_ragen.data.parquet import (
     TRAJECTORY,
@@ -21,6 +20,7 @@ from rllib_ragen.data.parquet import (
     write_trajectories,
 )
 from rllib_ragen.data.schema import TRAJECTORY_SCHEMA
+from rllib_ragen.training.token_batch import trajectories_from_episodes
 
 pytestmark = pytest.mark.usefixtures("ray_session")  # conftest's: a local Ray for this module
 

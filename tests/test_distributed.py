@@ -12,16 +12,16 @@ import torch.multiprocessing as mp
 from ray.rllib.core import DEFAULT_MODULE_ID
 from run_helpers import free_port, tiny_config
 
-from rllib_ragen.distributed import (
+from rllib_ragen.masked import masked_whiten
+from rllib_ragen.rllib_private import local_learner
+from rllib_ragen.rollout.env_runner import policy_weights
+from rllib_ragen.training.distributed import (
     all_reduce_gradients,
     count_training_rows,
     global_share,
     learner_minibatch_sizes,
     whiten_across_learners,
 )
-from rllib_ragen.env_runner import policy_weights
-from rllib_ragen.masked import masked_whiten
-from rllib_ragen.rllib_private import local_learner
 
 
 def test_learner_minibatch_sizes_take_each_shards_share():

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from rllib_ragen.echo_trap import EchoTrapMonitor, EchoTrapRule
+from rllib_ragen.training.echo_trap import EchoTrapMonitor, EchoTrapRule
 
 # In-group reward std per iteration of a 20-iteration default run as issue 15 measured it:
 # 0.215 at the start, 0.025 by iteration 11, 0.000 from iteration 15 (no warning was given).

@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from rllib_ragen.algorithm import StarPOConfig
+from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.inference.engine_config import EngineConfig
-from rllib_ragen.inference.vllm_actor import llm_kwargs
+from rllib_ragen.inference.vllm.actor import llm_kwargs
 
 # A value different from the default for every field .inference() sets (the seed comes from .debugging()).
 NON_DEFAULTS = {

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from rllib_ragen.env_group import (
+from rllib_ragen.rollout.env_group import (
     EnvFault,
     EnvGroup,
     TurnBudget,

@@ -17,8 +17,8 @@ from envs.sokoban_room import (
     render_room,
 )
 from envs.sokoban_solver import solve
-from rllib_ragen.connectors.answer_parser import parse_answer
 from rllib_ragen.data.experts import TurnBudgetLeft, expert_for
+from rllib_ragen.rollout.prompt.answer_parser import parse_answer
 
 
 def _play(env: SokobanEnv, actions: list[str]) -> tuple[float, bool, bool, dict]:

@@ -1,4 +1,4 @@
-"""`python -m rllib_ragen.evaluate`: a trained tiny-model checkpoint evaluated by
+"""`python -m rllib_ragen.run.evaluate`: a trained tiny-model checkpoint evaluated by
 the CLI gives the same trajectories as the training's own evaluation on the same
 seeds (one code path, the checkpoint's policy exported exactly), and prints the
 table with 95% intervals; bad input is one `error:` line and exit code 2."""
@@ -13,9 +13,9 @@ import pytest
 from run_helpers import tiny_config
 
 from rllib_ragen.episode_keys import RESPONSE_TEXT
-from rllib_ragen.evaluate import build_parser, chosen_envs, main
-from rllib_ragen.evaluation import TABLE_HEADER, table_row
 from rllib_ragen.intervals import format_rate
+from rllib_ragen.rollout.evaluation import TABLE_HEADER, table_row
+from rllib_ragen.run.evaluate import build_parser, chosen_envs, main
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from rllib_ragen.filtering import (
+from rllib_ragen.training.filtering import (
     FilterSettings,
     kept_group_count,
     select_groups_by_variance,

@@ -21,8 +21,12 @@ from hypothesis import strategies as st
 
 from envs import list_envs, make_env
 from envs.base import match_action
-from rllib_ragen.connectors.answer_parser import ACTION_SEPARATOR, ParsedAnswer, parse_answer
-from rllib_ragen.connectors.protocol import PromptProtocol, ProtocolConfig
+from rllib_ragen.rollout.prompt.answer_parser import (
+    ACTION_SEPARATOR,
+    ParsedAnswer,
+    parse_answer,
+)
+from rllib_ragen.rollout.prompt.protocol import PromptProtocol, ProtocolConfig
 
 PARSER_CASES = 400
 PROTOCOL_CASES = 100

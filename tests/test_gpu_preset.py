@@ -18,14 +18,18 @@ import ray
 import torch
 import transformers
 from ray.rllib.core import DEFAULT_MODULE_ID
-
-from rllib_ragen.algorithm import StarPO, StarPOConfig
-from rllib_ragen.checkpoints import checkpoint_iteration, latest_checkpoint, save_checkpoint
-from rllib_ragen.gpu_smoke import SmokeFailure, check_iteration, main, on_cpu_tiny
-from rllib_ragen.models import install_vendored_tokenizer, load_causal_lm
-from rllib_ragen.presets import ragen_preset
-from rllib_ragen.rllib_private import local_learner
 from run_helpers import ROOT
+
+from rllib_ragen.algorithm.presets import ragen_preset
+from rllib_ragen.algorithm.starpo import StarPO, StarPOConfig
+from rllib_ragen.models import install_vendored_tokenizer, load_causal_lm
+from rllib_ragen.rllib_private import local_learner
+from rllib_ragen.run.checkpoints import (
+    checkpoint_iteration,
+    latest_checkpoint,
+    save_checkpoint,
+)
+from rllib_ragen.run.gpu_smoke import SmokeFailure, check_iteration, main, on_cpu_tiny
 
 # A bfloat16 engine against the float32 learner: the engine's rounding, measured 1e-2 at most here.
 TOLERANCE = 0.05
@@ -137,7 +141,7 @@ def test_smoke_checks_fail_on_no_tokens_bad_losses_and_stale_engines():
 
 
 def test_smoke_exits_non_zero_on_a_failure_and_without_a_gpu(monkeypatch, capsys):
-    import rllib_ragen.gpu_smoke as smoke
+    import rllib_ragen.run.gpu_smoke as smoke
 
     def fail(*args, **kwargs):
         raise SmokeFailure("engines are stale")

@@ -10,9 +10,9 @@ from run_helpers import ForcedAnswerEngine
 
 from envs import make_env
 from envs.base import DYNAMICS_STREAM, dynamics_generator
-from rllib_ragen.algorithm import StarPOConfig
-from rllib_ragen.env_group import DEFAULT_GROUP_RANDOMNESS, EnvGroup, TurnBudget
-from rllib_ragen.env_runner import LLMEnvRunner
+from rllib_ragen.algorithm.starpo import StarPOConfig
+from rllib_ragen.rollout.env_group import DEFAULT_GROUP_RANDOMNESS, EnvGroup, TurnBudget
+from rllib_ragen.rollout.env_runner import LLMEnvRunner
 
 GROUP_SIZE = 8
 LAKE_MOVES = ["Down", "Right", "Down", "Right", "Up", "Left", "Down", "Right"]

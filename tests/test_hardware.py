@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rllib_ragen.hardware import cpu_flags
+from rllib_ragen.run.hardware import cpu_flags
 
 
 def test_cpu_flags_are_read_from_cpuinfo():

@@ -16,7 +16,7 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 
-from rllib_ragen.algorithm import StarPOConfig
+from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.columns import (
     ATTENTION_MASK,
     INPUT_IDS,
@@ -25,9 +25,9 @@ from rllib_ragen.columns import (
     TOKEN_ENTROPY,
     TOKEN_LOGP,
 )
-from rllib_ragen.learner import _micro_batch_weights, token_budget_groups
-from rllib_ragen.losses import aggregate_loss, policy_loss
-from rllib_ragen.module import ScoringConfig
+from rllib_ragen.training.learner import _micro_batch_weights, token_budget_groups
+from rllib_ragen.training.losses import aggregate_loss, policy_loss
+from rllib_ragen.training.module import ScoringConfig
 
 SPACE = gym.spaces.Text(max_length=8)
 ENTROPY_COEFF = 0.01

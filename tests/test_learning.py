@@ -15,11 +15,14 @@ from __future__ import annotations
 import pytest
 import ray
 
-from rllib_ragen.advantages import ADVANTAGE_ESTIMATORS, register_advantage_estimator
-from rllib_ragen.algorithm import StarPOConfig
-from rllib_ragen.connectors.protocol import ProtocolConfig
-from rllib_ragen.env_group import TurnBudget
-from rllib_ragen.warm_start import WarmStartConfig, warm_start
+from rllib_ragen.algorithm.starpo import StarPOConfig
+from rllib_ragen.data.warm_start import WarmStartConfig, warm_start
+from rllib_ragen.rollout.env_group import TurnBudget
+from rllib_ragen.rollout.prompt.protocol import ProtocolConfig
+from rllib_ragen.training.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    register_advantage_estimator,
+)
 
 pytestmark = pytest.mark.learning
 

@@ -15,18 +15,21 @@ import pytest
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
-from rllib_ragen.advantages import (
+from rllib_ragen.algorithm.starpo import StarPOConfig
+from rllib_ragen.data.warm_start import WarmStartConfig, warm_start
+from rllib_ragen.rollout.env_group import TurnBudget
+from rllib_ragen.rollout.prompt.protocol import ProtocolConfig
+from rllib_ragen.training.advantages import (
     ADVANTAGE_ESTIMATORS,
     CRITIC_ESTIMATORS,
     register_advantage_estimator,
     unregister_advantage_estimator,
 )
-from rllib_ragen.algorithm import StarPOConfig
-from rllib_ragen.connectors.learner_connector import score_rows
-from rllib_ragen.connectors.protocol import ProtocolConfig
-from rllib_ragen.connectors.token_batch import build_token_batch, trajectories_from_episodes
-from rllib_ragen.env_group import TurnBudget
-from rllib_ragen.warm_start import WarmStartConfig, warm_start
+from rllib_ragen.training.learner_connector import score_rows
+from rllib_ragen.training.token_batch import (
+    build_token_batch,
+    trajectories_from_episodes,
+)
 
 pytestmark = pytest.mark.learning
 

@@ -11,11 +11,11 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from safetensors.torch import load_file
 
-from rllib_ragen.algorithm import StarPO, StarPOConfig
-from rllib_ragen.checkpoints import latest_checkpoint, save_checkpoint
+from rllib_ragen.algorithm.starpo import StarPO, StarPOConfig
 from rllib_ragen.models import load_causal_lm
-from rllib_ragen.module import LLMRLModule
 from rllib_ragen.rllib_private import local_learner
+from rllib_ragen.run.checkpoints import latest_checkpoint, save_checkpoint
+from rllib_ragen.training.module import LLMRLModule
 
 SPACE = gym.spaces.Text(max_length=8)
 

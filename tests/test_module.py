@@ -8,7 +8,7 @@ import torch
 from ray.rllib.core.columns import Columns
 
 from rllib_ragen.columns import ATTENTION_MASK, INPUT_IDS, TOKEN_ENTROPY, TOKEN_LOGP
-from rllib_ragen.module import LLMModuleConfig, LLMRLModule
+from rllib_ragen.training.module import LLMModuleConfig, LLMRLModule
 
 SPACE = gym.spaces.Text(max_length=8)
 

@@ -12,9 +12,7 @@ from mlflow.tracking import MlflowClient
 from nbclient import NotebookClient
 from run_helpers import ROOT, driver_args, tiny_config
 
-from rllib_ragen.echo_trap import EchoTrapRule
-from rllib_ragen.experiment import run
-from rllib_ragen.run_analysis import (
+from rllib_ragen.run.analysis import (
     ECHO_TRAP_SIGNALS,
     EVALUATION_SUCCESS,
     IN_GROUP_STD,
@@ -26,7 +24,9 @@ from rllib_ragen.run_analysis import (
     read_text_artifact,
     trajectory_pages,
 )
-from rllib_ragen.tracking import MLflowTracker
+from rllib_ragen.run.experiment import run
+from rllib_ragen.run.tracking import MLflowTracker
+from rllib_ragen.training.echo_trap import EchoTrapRule
 
 NOTEBOOK = ROOT / "notebooks" / "starpo_runs.ipynb"
 

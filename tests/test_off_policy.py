@@ -1,4 +1,4 @@
-"""Off-policy correction (`rllib_ragen.off_policy`): TIS and MIS weights on a batch computed by hand."""
+"""Off-policy correction (`rllib_ragen.training.off_policy`): TIS and MIS weights on a batch computed by hand."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from rllib_ragen.losses import policy_loss
-from rllib_ragen.off_policy import (
+from rllib_ragen.training.losses import policy_loss
+from rllib_ragen.training.off_policy import (
     OffPolicyCorrection,
     masked_importance_weights,
     truncated_importance_weights,

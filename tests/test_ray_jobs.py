@@ -57,7 +57,7 @@ def test_a_cluster_that_is_gone_fails_fast_saying_what_to_do(tmp_path):
         [
             sys.executable,
             "-c",
-            "from rllib_ragen.ray_session import init_ray; init_ray()",
+            "from rllib_ragen.run.ray_session import init_ray; init_ray()",
         ],
         capture_output=True,
         text=True,
@@ -68,7 +68,7 @@ def test_a_cluster_that_is_gone_fails_fast_saying_what_to_do(tmp_path):
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(
-        "rllib_ragen.ray_session.ClusterUnreachableError: Ray would attach to the cluster at "
+        "rllib_ragen.run.ray_session.ClusterUnreachableError: Ray would attach to the cluster at "
     )
     assert (
         f"delete {tmp_path / 'ray' / 'ray_current_cluster'}" in last

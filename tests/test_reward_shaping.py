@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rllib_ragen.connectors.answer_parser import ParsedAnswer
-from rllib_ragen.reward_shaping import (
+from rllib_ragen.rollout.prompt.answer_parser import ParsedAnswer
+from rllib_ragen.rollout.reward_shaping import (
     RewardShaping,
     length_weighted_advantages,
     shaping_statistics,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ray.rllib.core import DEFAULT_MODULE_ID
 
-from rllib_ragen.algorithm import StarPOConfig
-from rllib_ragen.tracking import flatten_metrics
+from rllib_ragen.algorithm.starpo import StarPOConfig
+from rllib_ragen.run.tracking import flatten_metrics
 
 
 def test_iteration_with_shaping_logs_every_term(tiny_model_path, ray_session):

@@ -50,7 +50,7 @@ def test_no_other_module_uses_a_private_ray_name():
 
 
 def test_config_dict_value_undoes_rllibs_key_renaming():
-    from rllib_ragen.algorithm import StarPOConfig
+    from rllib_ragen.algorithm.starpo import StarPOConfig
 
     config = StarPOConfig().training(lambda_=0.9, gamma=0.8).to_dict()
     assert "lambda" in config and "lambda_" not in config

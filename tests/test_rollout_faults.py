@@ -23,10 +23,10 @@ from run_helpers import ForcedAnswerEngine
 
 from envs import register_env
 from envs.base import TextEnv
-from rllib_ragen.algorithm import StarPOConfig
-from rllib_ragen.connectors.token_batch import trajectories_from_episodes
-from rllib_ragen.env_group import EnvGroup, TurnBudget
-from rllib_ragen.env_runner import LLMEnvRunner
+from rllib_ragen.algorithm.starpo import StarPOConfig
+from rllib_ragen.rollout.env_group import EnvGroup, TurnBudget
+from rllib_ragen.rollout.env_runner import LLMEnvRunner
+from rllib_ragen.training.token_batch import trajectories_from_episodes
 
 TIMEOUT_S = 0.3
 FIRST_SEED = 10_000  # even: faulty group; FIRST_SEED + 1 is odd: healthy group
@@ -126,7 +126,7 @@ def test_faulty_step_ends_its_trajectories_and_the_batch_goes_on(
 ):
     runner = forced_runner(faulty_config(tiny_model_path, fault), tiny_tokenizer)
     try:
-        with caplog.at_level(logging.WARNING, logger="rllib_ragen.env_group"):
+        with caplog.at_level(logging.WARNING, logger="rllib_ragen.rollout.env_group"):
             faulty, healthy = runner.sample(seeds=[FIRST_SEED, FIRST_SEED + 1])
         metrics = runner.get_metrics()
         timing = runner.last_rollout_timing
@@ -156,7 +156,7 @@ def test_faulty_step_ends_its_trajectories_and_the_batch_goes_on(
 def test_faulty_reset_leaves_its_group_out(tiny_model_path, tiny_tokenizer, caplog, fault, message):
     runner = forced_runner(faulty_config(tiny_model_path, fault), tiny_tokenizer)
     try:
-        with caplog.at_level(logging.WARNING, logger="rllib_ragen.env_group"):
+        with caplog.at_level(logging.WARNING, logger="rllib_ragen.rollout.env_group"):
             episodes = runner.sample(seeds=[FIRST_SEED, FIRST_SEED + 1])
         assert runner.get_metrics()["env_errors"] == 2
         assert [e.get_infos(0)["traj_0"]["seed"] for e in episodes] == [FIRST_SEED + 1]

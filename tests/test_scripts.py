@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from rllib_ragen.experiment import apply_setting, build_parser, choose_starting_model, config_from_args
+from rllib_ragen.run.experiment import (
+    apply_setting,
+    build_parser,
+    choose_starting_model,
+    config_from_args,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "tuned_examples").glob("*.py")) + sorted((ROOT / "benchmarks").glob("*.py"))

@@ -14,15 +14,15 @@ from mlflow.tracking import MlflowClient
 from run_helpers import ROOT, tiny_config, write_readme_env
 
 from envs import BanditEnv, register_env, registry
-from rllib_ragen.presets import PRESETS, preset
-from rllib_ragen.sweep import (
+from rllib_ragen.algorithm.presets import PRESETS, preset
+from rllib_ragen.run.sweep import (
     DEFAULT_GRID,
     STOPPED_EARLY_TAG,
     SweepConfig,
     check_grid,
     parse_grid,
 )
-from rllib_ragen.tracking import TRIAL_TAG
+from rllib_ragen.run.tracking import TRIAL_TAG
 
 
 def _sweep_cli():

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from rllib_ragen.connectors.token_batch import Trajectory, build_token_batch
-from rllib_ragen.connectors.token_history import TokenHistory
+from rllib_ragen.rollout.prompt.token_history import TokenHistory
+from rllib_ragen.training.token_batch import Trajectory, build_token_batch
 
 
 def _trajectory(turns, rewards, group_id, window=None):

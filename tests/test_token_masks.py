@@ -7,17 +7,17 @@ import pytest
 import torch
 from ray.rllib.core.columns import Columns
 
-from rllib_ragen.advantages import (
+from rllib_ragen.algorithm.starpo import StarPOConfig
+from rllib_ragen.columns import ATTENTION_MASK, POLICY_MASK
+from rllib_ragen.rollout.prompt.protocol import ProtocolConfig, response_token_spans
+from rllib_ragen.training.advantages import (
     AdvantageInputs,
     compute_advantages,
     restrict_to_selected,
 )
-from rllib_ragen.algorithm import StarPOConfig
-from rllib_ragen.columns import ATTENTION_MASK, POLICY_MASK
-from rllib_ragen.connectors.protocol import ProtocolConfig, response_token_spans
-from rllib_ragen.learner import _micro_batch_weights
-from rllib_ragen.losses import policy_loss
-from rllib_ragen.token_masks import (
+from rllib_ragen.training.learner import _micro_batch_weights
+from rllib_ragen.training.losses import policy_loss
+from rllib_ragen.training.token_masks import (
     TOKEN_MASKS,
     ResponseSpanLabeller,
     TokenSpans,

@@ -12,11 +12,11 @@ import torch
 from mlflow.tracking import MlflowClient
 from run_helpers import driver_args, mlflow_server, tiny_config
 
-from rllib_ragen.callbacks import MLflowSettings, with_mlflow
-from rllib_ragen.checkpoints import latest_checkpoint, tracking_state
-from rllib_ragen.experiment import run
 from rllib_ragen.models import load_causal_lm
-from rllib_ragen.tracking import MLflowTracker, find_run, flatten_metrics
+from rllib_ragen.run.callbacks import MLflowSettings, with_mlflow
+from rllib_ragen.run.checkpoints import latest_checkpoint, tracking_state
+from rllib_ragen.run.experiment import run
+from rllib_ragen.run.tracking import MLflowTracker, find_run, flatten_metrics
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
 from envs import make_env
-from rllib_ragen.trajectory_page import cell_colour, grid_legend, trajectories_html
+from rllib_ragen.run.trajectory_page import cell_colour, grid_legend, trajectories_html
 
 SOKOBAN_LEGEND = grid_legend(make_env("sokoban").instructions)
 # .ci/run sets this: there a missing Chromium is a failure, not a skip.

@@ -21,7 +21,7 @@ from rllib_ragen.inference.engine import SamplingParams
 from rllib_ragen.inference.engine_config import EngineConfig, resolve_kind
 from rllib_ragen.inference.factory import make_engine
 from rllib_ragen.inference.hf_engine import HFEngine
-from rllib_ragen.inference.vllm_pool import VLLMEnginePool
+from rllib_ragen.inference.vllm.pool import VLLMEnginePool
 from rllib_ragen.inference.weights import pack_weights, unpack_weights
 from rllib_ragen.models import load_causal_lm, tiny_random_config
 

@@ -12,7 +12,7 @@ import ray
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
-from rllib_ragen.algorithm import StarPOConfig
+from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.inference.collective import GroupHost, TensorLayout, receive, send
 from rllib_ragen.rllib_private import local_learner
 

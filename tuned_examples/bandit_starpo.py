@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rllib_ragen.experiment import main  # noqa: E402
+from rllib_ragen.run.experiment import main  # noqa: E402
 
 if __name__ == "__main__":
     main(

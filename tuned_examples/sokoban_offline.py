@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from rllib_ragen.presets import PRESETS  # noqa: E402
+from rllib_ragen.algorithm.presets import PRESETS  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def make_config(args: argparse.Namespace):
     """The preset for Sokoban with the flags applied (online parts: evaluation only)."""
-    from rllib_ragen.presets import preset
+    from rllib_ragen.algorithm.presets import preset
 
     config = preset(args.preset, "sokoban")
     config.llm(model=args.model or config.llm_model)
@@ -77,11 +77,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-    from rllib_ragen.data.demonstrations import DemonstrationConfig, expert_demonstrations
+    from rllib_ragen.data.demonstrations import (
+        DemonstrationConfig,
+        expert_demonstrations,
+    )
+    from rllib_ragen.data.offline import OfflineSettings, learner_nll, offline_config
     from rllib_ragen.data.parquet import write_trajectories
     from rllib_ragen.models import load_tokenizer, resolve_model
-    from rllib_ragen.offline import OfflineSettings, learner_nll, offline_config
-    from rllib_ragen.ray_session import init_ray
+    from rllib_ragen.run.ray_session import init_ray
 
     config, demo_seeds = make_config(args)
     demo_config = DemonstrationConfig(

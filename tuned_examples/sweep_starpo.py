@@ -23,15 +23,22 @@ sys.path.insert(0, str(ROOT))
 
 import pandas as pd  # noqa: E402
 
-from rllib_ragen.experiment import (  # noqa: E402
+from rllib_ragen.run.experiment import (  # noqa: E402
     add_config_flags,
     add_tracking_flags,
     choose_starting_model,
     config_from_args,
     mlflow_settings,
 )
-from rllib_ragen.ray_session import init_ray  # noqa: E402
-from rllib_ragen.sweep import DEFAULT_GRID, DEFAULT_METRIC, SCHEDULERS, SweepConfig, parse_grid, run_sweep  # noqa: E402
+from rllib_ragen.run.ray_session import init_ray  # noqa: E402
+from rllib_ragen.run.sweep import (  # noqa: E402
+    DEFAULT_GRID,
+    DEFAULT_METRIC,
+    SCHEDULERS,
+    SweepConfig,
+    parse_grid,
+    run_sweep,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,8 +29,6 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
-from rllib_ragen.connectors.token_batch import trajectory_from_episode
-from rllib_ragen.connectors.token_history import TokenHistory
 from rllib_ragen.data.schema import FIELD_NAMES, FIELDS, FieldSpec
 from rllib_ragen.episode_keys import (
     CLOSE_IDS,
@@ -39,6 +37,8 @@ from rllib_ragen.episode_keys import (
     SYSTEM_IDS,
     USER_IDS,
 )
+from rllib_ragen.rollout.prompt.token_history import TokenHistory
+from rllib_ragen.training.token_batch import trajectory_from_episode
 
 # Info keys written by LLMEnvRunner / EnvGroup.
 SEED = "seed"

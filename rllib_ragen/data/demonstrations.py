@@ -35,17 +35,21 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
 from envs.sokoban_solver import DEFAULT_MAX_STATES
-from rllib_ragen.connectors.answer_parser import ACTION_SEPARATOR
-from rllib_ragen.connectors.chat_template import ChatTemplate
-from rllib_ragen.connectors.protocol import PromptProtocol, ProtocolConfig, feedback_for
 from rllib_ragen.data.experts import Turn, TurnBudgetLeft, expert_for
-from rllib_ragen.env_group import EnvGroup, TurnBudget, agent_id
 from rllib_ragen.episode_keys import (
     CLOSE_IDS,
     GROUP_ID,
     RESPONSE_TEXT,
     SYSTEM_IDS,
     USER_IDS,
+)
+from rllib_ragen.rollout.env_group import EnvGroup, TurnBudget, agent_id
+from rllib_ragen.rollout.prompt.answer_parser import ACTION_SEPARATOR
+from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
+from rllib_ragen.rollout.prompt.protocol import (
+    PromptProtocol,
+    ProtocolConfig,
+    feedback_for,
 )
 
 AGENT = agent_id(0)

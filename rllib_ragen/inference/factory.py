@@ -9,7 +9,7 @@ import torch
 from rllib_ragen.inference.engine import InferenceEngine
 from rllib_ragen.inference.engine_config import EngineConfig, resolve_kind
 from rllib_ragen.inference.hf_engine import HFEngine
-from rllib_ragen.inference.vllm_pool import VLLMEnginePool
+from rllib_ragen.inference.vllm.pool import VLLMEnginePool
 
 
 def make_engine(config: EngineConfig, model_path: str | Path) -> InferenceEngine:

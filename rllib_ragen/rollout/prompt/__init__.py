@@ -1,0 +1,1 @@
+"""The prompt protocol: chat template, prompts, answer parsing, token histories (token-in/token-out)."""

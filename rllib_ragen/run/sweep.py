@@ -1,0 +1,237 @@
+"""Ray Tune sweeps of StarPO: a grid over config keys, FIFO or ASHA scheduling,
+every trial an MLflow run (through `MLflowCallback`), a results table at the end.
+
+RAGEN's knobs worth sweeping are the rollout frequency (optimiser passes per
+rollout batch), the group size and the turn budget; any other `StarPOConfig`
+attribute can be swept the same way (`--grid KEY=V1,V2`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from mlflow.tracking import MlflowClient
+from ray import tune
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
+
+from envs import check_env
+from rllib_ragen.algorithm.starpo import StarPO, StarPOConfig
+from rllib_ragen.rllib_private import config_dict_value
+from rllib_ragen.run.callbacks import MLflowSettings, with_mlflow
+from rllib_ragen.run.experiment import progress_line, setting_value, split_assignment
+from rllib_ragen.run.tracking import TRIAL_TAG, experiment_id_of, find_run
+
+SCHEDULERS = ("fifo", "asha")
+DEFAULT_GRID: dict[str, list[Any]] = {"rollout_frequency": [1, 2], "group_size": [4, 8], "max_turns": [3, 5]}
+DEFAULT_METRIC = "env_runners/success_rate"
+STOPPED_EARLY_TAG = "rllib_ragen.stopped_by_scheduler"
+# Result columns of the table: (column, result key).
+TABLE_METRICS = (
+    ("success", "env_runners/success_rate"),
+    ("eval_success", "evaluation/success_rate"),
+    ("return", "env_runners/episode_return_mean"),
+    ("in_group_std", "env_runners/in_group_reward_std"),
+    ("iterations", "training_iteration"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepConfig:
+    """What a sweep tries and how trials are scheduled.
+
+    Args:
+        grid: Config attribute -> values; every combination is one trial.
+        stop_iters: Training iterations of a trial that runs to the end.
+        scheduler: "fifo" (all trials run to `stop_iters`) or "asha" (stops
+            the worse half of trials at each rung, from `grace_period` on).
+        metric: Result key the scheduler and the best-trial pick compare.
+        mode: "max" or "min" of `metric`.
+        max_concurrent: Trials at once (each holds 1 CPU on the local runner).
+        grace_period: ASHA: iterations before a trial can be stopped.
+        storage_path: Where Tune keeps trial results (default ~/ray_results).
+        name: Tune experiment name (a folder in `storage_path`).
+    """
+
+    grid: Mapping[str, Sequence[Any]]
+    stop_iters: int
+    scheduler: str = "fifo"
+    metric: str = DEFAULT_METRIC
+    mode: str = "max"
+    max_concurrent: int = 1
+    grace_period: int = 1
+    storage_path: str | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.grid:
+            raise ValueError("the sweep grid is empty: give at least one KEY=V1,V2")
+        for key, values in self.grid.items():
+            if isinstance(values, (str, bytes)) or len(values) == 0:
+                raise ValueError(f"grid values of {key!r} must be a non-empty list, got {values!r}")
+        if self.stop_iters < 1:
+            raise ValueError(f"stop_iters must be >= 1, got {self.stop_iters}")
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
+        if self.mode not in ("max", "min"):
+            raise ValueError(f"mode must be 'max' or 'min', got {self.mode!r}")
+        if self.max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be >= 1, got {self.max_concurrent}")
+        if not 1 <= self.grace_period <= self.stop_iters:
+            raise ValueError(f"grace_period must be in [1, stop_iters={self.stop_iters}], got {self.grace_period}")
+
+    @property
+    def num_trials(self) -> int:
+        return len(list(itertools.product(*self.grid.values())))
+
+
+def parse_grid(config: StarPOConfig, assignments: Sequence[str]) -> dict[str, list[Any]]:
+    """`["group_size=4,8", "actor_lr=1e-5,3e-5"]` -> {"group_size": [4, 8], ...}.
+
+    Values are Python literals (else strings) of each setting's type; keys must be config attributes.
+    """
+    grid: dict[str, list[Any]] = {}
+    for assignment in assignments:
+        key, raw = split_assignment(config, assignment, flag="--grid")
+        if key in grid:
+            raise ValueError(f"--grid gives {key!r} twice; list all its values once: {key}=V1,V2")
+        values = [setting_value(config, key, part.strip(), flag="--grid") for part in raw.split(",") if part.strip()]
+        if not values:
+            raise ValueError(f"--grid {assignment!r} has no values; expected {key}=V1,V2")
+        grid[key] = values
+    return grid
+
+
+def check_grid(config: StarPOConfig, grid: Mapping[str, Sequence[Any]]) -> None:
+    """Validates every combination up front, so a bad value fails here, not in a trial
+    (nor an env that the trials, in other processes, could not build)."""
+    for combination in itertools.product(*grid.values()):
+        trial_config = config.copy(copy_frozen=False)
+        for key, value in zip(grid, combination):
+            setattr(trial_config, key, value)
+        try:
+            trial_config.validate_starpo()
+            check_env(trial_config.env, in_other_processes=True)
+        except ValueError as error:
+            raise ValueError(f"grid point {dict(zip(grid, combination))} is invalid: {error}") from error
+
+
+def param_space(config: StarPOConfig, grid: Mapping[str, Sequence[Any]], settings: MLflowSettings) -> StarPOConfig:
+    """The config with MLflow tracking and one `tune.grid_search` per swept key."""
+    space = with_mlflow(config.copy(copy_frozen=False), settings)
+    for key, values in grid.items():
+        setattr(space, key, tune.grid_search(list(values)))
+    return space
+
+
+def make_scheduler(sweep: SweepConfig) -> TrialScheduler:
+    if sweep.scheduler == "asha":
+        return ASHAScheduler(
+            time_attr="training_iteration", max_t=sweep.stop_iters, grace_period=sweep.grace_period, reduction_factor=2
+        )
+    return FIFOScheduler()
+
+
+class EndMLflowRuns(tune.Callback):
+    """Closes the MLflow run of a trial that ended before its last iteration
+    (stopped by the scheduler: KILLED and tagged; errored: FAILED).
+
+    Runs that reached `stop_iters` were already closed FINISHED by `MLflowCallback`.
+    """
+
+    def __init__(self, settings: MLflowSettings) -> None:
+        self.settings = settings
+
+    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        self._end(trial, "KILLED", tags={STOPPED_EARLY_TAG: "true"})
+
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        self._end(trial, "FAILED", tags={})
+
+    def _end(self, trial: Trial, status: str, *, tags: Mapping[str, str]) -> None:
+        client = MlflowClient(self.settings.tracking_uri)
+        run_id = find_run(client, self.settings.experiment, tag=TRIAL_TAG, value=Path(trial.path).name)
+        if run_id is None or client.get_run(run_id).info.status != "RUNNING":
+            return
+        for key, value in tags.items():
+            client.set_tag(run_id, key, value)
+        client.set_terminated(run_id, status=status)
+
+
+class TrialProgress(tune.Callback):
+    """Prints one progress line per trial iteration (Tune's own output is off)."""
+
+    def __init__(self, stop_iters: int) -> None:
+        self.stop_iters = stop_iters
+
+    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict, **info: Any) -> None:
+        line = progress_line(result["training_iteration"], self.stop_iters, result, result.get("time_this_iter_s", 0.0))
+        print(f"{trial.trial_id} {line}", flush=True)
+
+
+def run_sweep(
+    config: StarPOConfig, sweep: SweepConfig, settings: MLflowSettings
+) -> tuple[tune.ResultGrid, pd.DataFrame]:
+    """Runs the sweep; returns Tune's results and the results table (best first).
+
+    `settings` says where the trials log; each trial gets its own run (named
+    after the trial, tagged with its trial id), ending at `sweep.stop_iters`.
+    """
+    check_grid(config, sweep.grid)
+    settings = dataclasses.replace(
+        settings, stop_iters=sweep.stop_iters, run_id=None, run_name=None, checkpoint_dir=None
+    )
+    # Created here, once: trials starting together would race to create it.
+    experiment_id_of(MlflowClient(settings.tracking_uri), settings.experiment)
+    tuner = tune.Tuner(
+        StarPO,
+        param_space=param_space(config, sweep.grid, settings),
+        tune_config=tune.TuneConfig(
+            metric=sweep.metric, mode=sweep.mode, scheduler=make_scheduler(sweep),
+            max_concurrent_trials=sweep.max_concurrent,
+        ),
+        run_config=tune.RunConfig(
+            name=sweep.name, storage_path=sweep.storage_path, stop={"training_iteration": sweep.stop_iters},
+            callbacks=[EndMLflowRuns(settings), TrialProgress(sweep.stop_iters)], verbose=0,
+        ),
+    )
+    results = tuner.fit()
+    return results, results_table(results, list(sweep.grid), settings, metric=sweep.metric, mode=sweep.mode)
+
+
+def results_table(
+    results: tune.ResultGrid, swept: Sequence[str], settings: MLflowSettings, *, metric: str, mode: str
+) -> pd.DataFrame:
+    """One row per trial: swept values, final metrics, MLflow run id; best `metric` first."""
+    client = MlflowClient(settings.tracking_uri)
+    rows = []
+    for result in results:
+        metrics = result.metrics or {}
+        config = metrics.get("config", {})
+        row: dict[str, Any] = {"trial": metrics.get("trial_id", "")}
+        row.update({key: config_dict_value(config, key) for key in swept})
+        row.update({column: _nested(metrics, key) for column, key in TABLE_METRICS})
+        row["error"] = type(result.error).__name__ if result.error else ""
+        row["mlflow_run_id"] = find_run(client, settings.experiment, tag=TRIAL_TAG, value=Path(result.path).name)
+        row["_sort"] = _nested(metrics, metric)
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    table = table.sort_values("_sort", ascending=(mode == "min"), na_position="last", kind="stable")
+    return table.drop(columns="_sort").reset_index(drop=True)
+
+
+def _nested(metrics: Mapping[str, Any], key: str) -> Any:
+    """`metrics["a"]["b"]` for key "a/b" (Tune results are nested dicts), or None."""
+    value: Any = metrics
+    for part in key.split("/"):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value

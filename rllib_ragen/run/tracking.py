@@ -1,0 +1,193 @@
+"""MLflow tracking of StarPO runs: params, per-iteration metrics, artifacts (trajectory pages, models).
+
+The default store is `sqlite:///<working dir>/mlflow.db` (MLflow's own default
+location, made explicit); `--tracking-uri http://host:5000` points at a server.
+Look at runs with `mlflow ui --backend-store-uri sqlite:///mlflow.db`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+
+DEFAULT_EXPERIMENT = "rllib-ragen"
+TRIAL_TAG = "rllib_ragen.trial_dir"  # the algorithm's log dir name (Tune: the trial dir)
+# Top-level entries of a Tune result that are not training metrics (the
+# config goes in as params; the rest are process bookkeeping).
+NOT_METRICS = frozenset({"config", "pid", "timestamp", "node_ip", "hostname", "date", "trial_id"})
+_MAX_PARAM_LENGTH = 500
+_PARAMS_PER_BATCH = 100
+_METRICS_PER_BATCH = 500
+
+
+def default_tracking_uri() -> str:
+    """The local store in the working directory: `sqlite:///<cwd>/mlflow.db`."""
+    return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+def flatten_metrics(result: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """Numeric leaves of a nested RLlib result dict as {"a/b/c": value}.
+
+    NaN/inf values and the top-level `NOT_METRICS` entries are left out.
+    """
+    flat: dict[str, float] = {}
+    for key, value in result.items():
+        if not prefix and key in NOT_METRICS:
+            continue
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_metrics(value, prefix=f"{name}/"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            flat[_metric_name(name)] = float(value)
+    return flat
+
+
+def _metric_name(name: str) -> str:
+    # MLflow allows alphanumerics, _ - . space / only.
+    return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in name)
+
+
+def config_params(config: Any) -> dict[str, str]:
+    """The StarPO config's plain settings as MLflow params (long values shortened).
+
+    Plain = str/number/bool/None or lists/tuples of those; objects such as the
+    callbacks are left out.
+    """
+    params = {}
+    for key, value in sorted(config.to_dict().items()):
+        if _is_plain(value) and not key.startswith("_"):
+            text = repr(value) if not isinstance(value, str) else value
+            params[key] = text[:_MAX_PARAM_LENGTH]
+    return params
+
+
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain(item) for item in value)
+    return isinstance(value, (str, int, float, bool, type(None)))
+
+
+class MLflowTracker:
+    """One MLflow run per training run (resumable by run id).
+
+    Args:
+        tracking_uri: MLflow tracking URI; None = the local store in the working dir.
+        experiment: Experiment name (created when missing).
+        run_name: Display name of a new run.
+        run_id: Continue this run instead of creating one.
+        tags: Tags of a new run.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracking_uri: str | None = None,
+        experiment: str = DEFAULT_EXPERIMENT,
+        run_name: str | None = None,
+        run_id: str | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> None:
+        self.tracking_uri = tracking_uri or default_tracking_uri()
+        self.client = MlflowClient(self.tracking_uri)
+        if run_id is None:
+            experiment_id = experiment_id_of(self.client, experiment)
+            run_id = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags or {})).info.run_id
+        elif self.client.get_run(run_id).info.status != "RUNNING":
+            self.client.update_run(run_id, status="RUNNING")
+        self.run_id = run_id
+
+    @property
+    def run_url(self) -> str:
+        run = self.client.get_run(self.run_id)
+        return f"{self.tracking_uri} experiment {run.info.experiment_id} run {self.run_id}"
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Logs params not logged yet (a resumed run keeps its first values)."""
+        existing = self.client.get_run(self.run_id).data.params
+        new = [Param(k, str(v)[:_MAX_PARAM_LENGTH]) for k, v in params.items() if k not in existing]
+        for start in range(0, len(new), _PARAMS_PER_BATCH):
+            self.client.log_batch(self.run_id, params=new[start : start + _PARAMS_PER_BATCH])
+
+    def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
+        self.log_metric_entities(metric_entities(metrics, step=step))
+
+    def log_metric_entities(self, metrics: Sequence[Metric]) -> None:
+        """Logs metrics with their own steps and timestamps."""
+        for start in range(0, len(metrics), _METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=list(metrics[start : start + _METRICS_PER_BATCH]))
+
+    def unlogged(self, metrics: Sequence[Metric]) -> list[Metric]:
+        """The metrics whose (key, step) the run has no value for yet."""
+        logged = {
+            key: {m.step for m in self.client.get_metric_history(self.run_id, key)} for key in {m.key for m in metrics}
+        }
+        return [m for m in metrics if m.step not in logged[m.key]]
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+
+    def end(self, status: str = "FINISHED") -> None:
+        """Marks the run FINISHED, FAILED or KILLED."""
+        self.client.set_terminated(self.run_id, status=status)
+
+
+def experiment_id_of(client: MlflowClient, name: str) -> str:
+    """The id of experiment `name`, created when missing (artifacts beside a SQLite store)."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment:
+        return experiment.experiment_id
+    return client.create_experiment(name, artifact_location=artifact_location_for(client.tracking_uri))
+
+
+def artifact_location_for(tracking_uri: str) -> str | None:
+    """`<database dir>/mlruns` for a SQLite store; None (the server's choice) otherwise.
+
+    MLflow's default artifact root for a database store is `./mlruns` of the
+    process's working directory, so a run tracked in `/tmp/x/mlflow.db` would
+    scatter its artifacts into whatever directory the job started in.
+    """
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix):
+        return None
+    return (Path(tracking_uri[len(prefix):]).resolve().parent / "mlruns").as_uri()
+
+
+def find_run(client: MlflowClient, experiment: str, *, tag: str, value: str) -> str | None:
+    """The id of the newest run of `experiment` tagged `tag=value`, or None."""
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    runs = client.search_runs(
+        [found.experiment_id], filter_string=f"tags.`{tag}` = '{value}'", order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return runs[0].info.run_id if runs else None
+
+
+def metric_entities(metrics: Mapping[str, float], *, step: int) -> list[Metric]:
+    """{key: value} at `step` as MLflow metrics stamped now."""
+    now = _now_ms()
+    return [Metric(key, value, now, step) for key, value in metrics.items()]
+
+
+def metrics_to_json(metrics: Iterable[Metric]) -> list[list[Any]]:
+    """Metrics as JSON rows `[key, value, timestamp_ms, step]` (read back by `metrics_from_json`)."""
+    return [[m.key, m.value, m.timestamp, m.step] for m in metrics]
+
+
+def metrics_from_json(rows: Iterable[Sequence[Any]]) -> list[Metric]:
+    """The metrics `metrics_to_json` wrote."""
+    return [Metric(str(key), float(value), int(timestamp), int(step)) for key, value, timestamp, step in rows]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

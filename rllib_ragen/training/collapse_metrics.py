@@ -1,0 +1,201 @@
+"""RAGEN-2's collapse diagnostics: I(X;Z) and H(Z|X) of the reasoning, by cross-scoring.
+
+RAGEN-2 separates two ways reasoning degrades under RL:
+
+- entropy collapse: for a given prompt the model writes (nearly) the same
+  reasoning every time, a low conditional entropy H(Z|X);
+- template collapse: the reasoning no longer depends on the prompt, a low
+  mutual information I(X;Z) between prompts X and reasoning Z.
+
+Both are estimated on M sampled first turns of a rollout batch. X is the
+first prompt up to and including the `<think>` tag (system prompt, state,
+assistant header); Z is the reasoning between `<think>` and `</think>`, tags
+excluded, re-tokenised from the stripped thought as RAGEN-2 does; turns
+without a thought are left out. Every reasoning z_i is scored under the
+prompt x_j of every sampled group (teacher forcing with the learner's model,
+at the rollout temperature), giving a matrix of log p(z_i | x_j). With the
+prompts weighted uniformly over the sampled groups (the batch's empirical
+distribution) and p_mix(z) = mean_j p(z | x_j):
+
+    H(Z|X) ~ -mean_i log p(z_i | x_own(i))
+    H(Z)   ~ -mean_i log p_mix(z_i)
+    I(X;Z) ~ H(Z) - H(Z|X) = mean_i [log p(z_i | x_own(i)) - log p_mix(z_i)]  (at most log N)
+
+Each is reported per token (each row's log-probs divided by the reasoning's
+length, RAGEN-2's headline numbers) and per sequence (`_seq`). A Monte Carlo
+estimate: I(X;Z) may dip slightly below 0 when the true value is about 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from rllib_ragen.episode_keys import GROUP_ID, RESPONSE_TEXT, SYSTEM_IDS, USER_IDS
+from rllib_ragen.rollout.env_runner import think_text
+from rllib_ragen.training.learner_connector import score_rows
+
+Tensor = torch.Tensor
+
+COLLAPSE_RESULTS = "collapse"
+MUTUAL_INFORMATION = "mutual_information"
+CONDITIONAL_ENTROPY = "conditional_entropy"
+REASONING_ENTROPY = "reasoning_entropy"
+THINK_OPEN = "<think>"
+
+
+@dataclasses.dataclass(frozen=True)
+class CollapseMetricsSettings:
+    """When and on how many samples the diagnostics run (`StarPOConfig.diagnostics` documents each knob).
+
+    Defaults are RAGEN-2's (`collapse_detection`: every 5 steps, 64 samples).
+    """
+
+    collapse_metrics_interval: int = 5
+    collapse_metrics_samples: int = 64
+
+    def __post_init__(self) -> None:
+        if self.collapse_metrics_interval < 0:
+            raise ValueError(f"collapse_metrics_interval must be >= 0 (0 = off), got {self.collapse_metrics_interval}")
+        if self.collapse_metrics_samples < 2:
+            raise ValueError(f"collapse_metrics_samples must be >= 2, got {self.collapse_metrics_samples}")
+
+    def due(self, iteration: int, *, first: bool) -> bool:
+        """Whether iteration `iteration` (from 1) measures: the run's first one (the early
+        level the echo-trap monitor compares with) and every `interval`-th."""
+        interval = self.collapse_metrics_interval
+        return interval > 0 and (first or iteration % interval == 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReasoningSample:
+    """One first turn: its prompt X (through `<think>`), its reasoning Z (no tags), and its group."""
+
+    prompt_ids: tuple[int, ...]
+    reasoning_ids: tuple[int, ...]
+    group_id: int
+
+
+def first_turn_samples(
+    episodes: Sequence, *, encode: Callable[[str], list[int]], prefill_text: str
+) -> list[ReasoningSample]:
+    """The (X, Z) pair of every trajectory's first turn that has a non-empty thought.
+
+    Args:
+        episodes: Group episodes (`MultiAgentEpisode`) as `LLMEnvRunner` makes them.
+        encode: Text -> token ids, the policy's tokenizer without special tokens added.
+        prefill_text: The protocol's answer prefill; `<think>` is appended to
+            the prompt unless the prefill already put it there.
+    """
+    think_tag = () if prefill_text.endswith(THINK_OPEN) else tuple(encode(THINK_OPEN))
+    samples = []
+    for episode in episodes:
+        for agent in episode.agent_episodes.values():
+            if len(agent) == 0:
+                continue
+            thought = think_text(str(agent.get_infos(1).get(RESPONSE_TEXT, "")))
+            if not thought:
+                continue
+            reset = agent.get_infos(0)
+            prompt = (*reset[SYSTEM_IDS], *agent.get_extra_model_outputs(USER_IDS, 0), *think_tag)
+            samples.append(ReasoningSample(tuple(int(i) for i in prompt), tuple(encode(thought)), int(reset[GROUP_ID])))
+    return samples
+
+
+def draw_samples(samples: Sequence[ReasoningSample], count: int, rng: np.random.Generator) -> list[ReasoningSample]:
+    """`count` samples drawn uniformly without replacement (all of them when there are fewer)."""
+    if len(samples) <= count:
+        return list(samples)
+    return [samples[i] for i in sorted(rng.choice(len(samples), size=count, replace=False))]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rows:
+    """Right-padded token rows in the layout `score_rows` scores ([R, L] each)."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    loss_mask: Tensor
+
+
+@torch.no_grad()
+def cross_log_probs(
+    module, prompts: Sequence[Sequence[int]], reasonings: Sequence[Sequence[int]], *, micro_batch_size: int
+) -> Tensor:
+    """[M, P] summed log-prob of reasoning i after prompt j under `module`'s policy (teacher forcing).
+
+    Args:
+        module: An `LLMRLModule` (scored as in training: its temperature, chunking, autocast).
+        prompts: P prompts X_j (token ids).
+        reasonings: M reasonings Z_i (token ids, each non-empty).
+        micro_batch_size: Rows per forward pass.
+    """
+    rows = [(list(x), list(z)) for z in reasonings for x in prompts]
+    width = max(len(x) + len(z) for x, z in rows)
+    input_ids = torch.zeros(len(rows), width, dtype=torch.long)
+    attention_mask = torch.zeros(len(rows), width, dtype=torch.long)
+    loss_mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for r, (x, z) in enumerate(rows):
+        input_ids[r, : len(x) + len(z)] = torch.tensor(x + z)
+        attention_mask[r, : len(x) + len(z)] = 1
+        loss_mask[r, len(x) : len(x) + len(z)] = 1
+    logp, _ = score_rows(module, _Rows(input_ids, attention_mask, loss_mask), micro_batch_size, with_values=False)
+    return logp.sum(dim=1).view(len(reasonings), len(prompts))
+
+
+def information_estimates(cross_logp: Tensor, own_prompt: Tensor) -> dict[str, float]:
+    """I(X;Z), H(Z|X) and H(Z) from cross log-probs, prompts weighted uniformly (module docstring).
+
+    Args:
+        cross_logp: [M, N] log p(z_i | x_j) of every reasoning i under every prompt j.
+        own_prompt: [M] long, the column of the prompt each reasoning was sampled from.
+
+    Returns:
+        {"mutual_information", "conditional_entropy", "reasoning_entropy"}, in nats.
+    """
+    if cross_logp.dim() != 2 or own_prompt.shape != cross_logp.shape[:1]:
+        raise ValueError(
+            f"cross_logp must be [M, N] and own_prompt [M], got {tuple(cross_logp.shape)} and {tuple(own_prompt.shape)}"
+        )
+    cross_logp = cross_logp.double()
+    matched = cross_logp[torch.arange(cross_logp.shape[0]), own_prompt]
+    marginal = torch.logsumexp(cross_logp, dim=1) - math.log(cross_logp.shape[1])
+    return {
+        MUTUAL_INFORMATION: float((matched - marginal).mean()),
+        CONDITIONAL_ENTROPY: float(-matched.mean()),
+        REASONING_ENTROPY: float(-marginal.mean()),
+    }
+
+
+def collapse_metrics(module, samples: Sequence[ReasoningSample], *, micro_batch_size: int) -> dict[str, float]:
+    """The diagnostics of `samples` under `module` (runs where the learner's module is).
+
+    Columns are the samples' groups (>= 2 needed); a prompt shared by several
+    groups is scored once.
+
+    Returns:
+        Per-token and per-sequence (`_seq`) estimates, `mi_upper_bound` (log N),
+        `num_samples` and `num_prompts`.
+    """
+    groups = sorted({s.group_id for s in samples})
+    if len(groups) < 2:
+        raise ValueError(f"the collapse diagnostics need samples of >= 2 groups, got {len(groups)}")
+    prompt_of_group = {s.group_id: s.prompt_ids for s in samples}
+    distinct = sorted(set(prompt_of_group.values()))
+    scored = cross_log_probs(module, distinct, [s.reasoning_ids for s in samples], micro_batch_size=micro_batch_size)
+    cross = scored[:, [distinct.index(prompt_of_group[g]) for g in groups]]  # [M, N]: one column per group
+    own = torch.tensor([groups.index(s.group_id) for s in samples])
+    lengths = torch.tensor([float(len(s.reasoning_ids)) for s in samples])
+    per_token = information_estimates(cross / lengths[:, None], own)
+    per_sequence = information_estimates(cross, own)
+    return {
+        **per_token,
+        **{f"{key}_seq": value for key, value in per_sequence.items()},
+        "mi_upper_bound": math.log(len(groups)),
+        "num_samples": float(len(samples)),
+        "num_prompts": float(len(groups)),
+    }

@@ -1,0 +1,259 @@
+"""`StarPOTorchLearner`: the trajectory-level StarPO update on token rows.
+
+Loss per mini-batch (all [rows, L]; policy terms masked to M_loss, the value
+loss to M_adv, see `rllib_ragen.training.token_masks`; both default to every generated token):
+    policy  PPO with decoupled clip (low/high) and dual clip     losses.policy_loss
+            per token weighted by the off-policy correction      off_policy (TIS / MIS, or none)
+    value   clipped value loss (critic-based estimators only)    losses.value_loss
+    entropy bonus  - entropy_coeff * mean entropy
+    KL      kl_coeff * KL(policy || frozen reference), only when kl_coeff > 0
+Mini-batches are split into micro-batches whose gradients are accumulated
+before one optimiser step, so memory is bounded by `micro_batch_size` rows or,
+with `micro_batch_tokens`, by a padded-token budget over length-sorted rows.
+Each micro-batch's loss is weighted by its share of the mini-batch (of its
+M_loss tokens or rows), so the accumulated gradient is the whole mini-batch's
+whatever the split (for the value loss only approximately when M_adv differs).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.columns import Columns
+from ray.rllib.utils.annotations import override
+
+from rllib_ragen.columns import (
+    ATTENTION_MASK,
+    OLD_LOGP,
+    POLICY_MASK,
+    SAMPLING_LOGP,
+    TOKEN_ENTROPY,
+    TOKEN_LOGP,
+    VALUE_MASK,
+)
+from rllib_ragen.masked import masked_mean
+from rllib_ragen.rllib_private import (
+    MiniBatchStepLearner,
+    learner_optimizers,
+    learner_parameters,
+    named_optimizers,
+    optimizer_module_id,
+)
+from rllib_ragen.training.distributed import (
+    all_reduce_gradients,
+    all_reduce_sum,
+    global_share,
+)
+from rllib_ragen.training.losses import (
+    aggregate_loss,
+    kl_penalty,
+    policy_loss,
+    value_loss,
+)
+from rllib_ragen.training.module import host_copy
+
+POLICY_OPTIMIZER = "policy"
+CRITIC_OPTIMIZER = "critic"
+
+
+class StarPOTorchLearner(MiniBatchStepLearner):
+    """PPO-style StarPO update for an `LLMRLModule`."""
+
+    @override(MiniBatchStepLearner)
+    def build(self) -> None:
+        super().build()
+        # Set before any forward, so the connector's old log-probs and the
+        # update's new ones are computed the same way (PPO ratio 1 at start).
+        self.module[DEFAULT_MODULE_ID].unwrapped().scoring = self.config.scoring_config
+        self._reference = None
+        if self.config.kl_coeff > 0:
+            # A frozen copy of the initial policy, the anchor of the KL term.
+            self._reference = copy.deepcopy(self.module[DEFAULT_MODULE_ID].unwrapped().policy).eval()
+            self._reference.requires_grad_(False)
+
+    @override(MiniBatchStepLearner)
+    def configure_optimizers_for_module(self, module_id, config=None) -> None:
+        module = self.module[module_id]
+        critic_names = set(module.get_non_inference_attributes())
+        policy_params, critic_params = [], []
+        for name, param in module.named_parameters():
+            if not param.requires_grad:  # LoRA's frozen base: no gradients, no optimiser state
+                continue
+            (critic_params if name.split(".")[0] in critic_names else policy_params).append(param)
+        groups = {POLICY_OPTIMIZER: (policy_params, config.actor_lr), CRITIC_OPTIMIZER: (critic_params, config.critic_lr)}
+        for name, (params, lr) in groups.items():
+            if params:
+                self.register_optimizer(
+                    module_id=module_id,
+                    optimizer_name=name,
+                    optimizer=torch.optim.AdamW(params, betas=config.adam_betas, weight_decay=config.weight_decay),
+                    params=params,
+                    lr_or_lr_schedule=lr,
+                )
+
+    @override(MiniBatchStepLearner)
+    def optimizer_state(self) -> dict:
+        # RLlib's numpy conversion fails on bfloat16, the dtype of AdamW's moments for a bf16 policy.
+        return {
+            name: {"module_id": optimizer_module_id(self, name), "state": host_copy(optimizer.state_dict())}
+            for name, optimizer in named_optimizers(self).items()
+        }
+
+    @override(MiniBatchStepLearner)
+    def update_minibatch(self, batch: dict):
+        """One optimiser step on a mini-batch, accumulating micro-batch gradients."""
+        module_batch = batch[DEFAULT_MODULE_ID]
+        for optimizer in learner_optimizers(self):
+            optimizer.zero_grad(set_to_none=True)
+        weights = _micro_batch_weights(
+            module_batch,
+            self.config.micro_batch_size,
+            self.config.loss_agg_mode,
+            token_budget=self.config.micro_batch_tokens,
+        )
+        # With several learners (num_learners >= 2) the module runs unwrapped (DDP's hooks
+        # would need equal micro-batch counts on every learner): each loss is weighted by
+        # its share of the global mini-batch and the gradients are summed over learners once.
+        module = self.module[DEFAULT_MODULE_ID].unwrapped()
+        share = global_share(mask_or_generated(module_batch, POLICY_MASK), self.config.loss_agg_mode)
+        total_loss, fwd_out = 0.0, None
+        for micro, weight in weights:
+            fwd_out = {DEFAULT_MODULE_ID: module.forward_train(micro)}
+            loss = self.compute_losses(fwd_out=fwd_out, batch={DEFAULT_MODULE_ID: micro})[DEFAULT_MODULE_ID]
+            (loss * weight * share).backward()
+            total_loss += loss.detach() * weight * share
+        params = learner_parameters(self)
+        all_reduce_gradients(params.values())
+        total_loss = all_reduce_sum(total_loss)
+        grads = {pid: p.grad for pid, p in params.items()}
+        self.apply_gradients(self.postprocess_gradients(grads))
+        return fwd_out, {DEFAULT_MODULE_ID: total_loss}, {}
+
+    @override(MiniBatchStepLearner)
+    def compute_loss_for_module(self, *, module_id, config, batch: dict[str, Any], fwd_out: dict[str, Any]):
+        mask = mask_or_generated(batch, POLICY_MASK)
+        agg = config.loss_agg_mode
+        # No scored old log-probs: the update is one on-policy step, so the old policy is this one.
+        old_logp = batch[OLD_LOGP] if OLD_LOGP in batch else fwd_out[TOKEN_LOGP].detach()
+        correction, correction_stats = config.off_policy_correction_config.weights(old_logp, batch[SAMPLING_LOGP], mask)
+        pg_loss, pg_stats = policy_loss(
+            fwd_out[TOKEN_LOGP],
+            old_logp,
+            batch[Columns.ADVANTAGES],
+            mask,
+            clip_low=config.clip_ratio_low,
+            clip_high=config.clip_ratio_high,
+            clip_c=config.clip_ratio_dual,
+            agg=agg,
+            weights=correction,
+        )
+        entropy = aggregate_loss(fwd_out[TOKEN_ENTROPY], mask, agg=agg)
+        total = pg_loss - config.entropy_coeff * entropy
+        ratio_max = correction_stats.pop("is_ratio_max", None)
+        stats = {"policy_loss": pg_loss, "entropy": entropy, **pg_stats, **correction_stats}
+        if Columns.VALUE_TARGETS in batch:
+            vf_loss, vf_stats = value_loss(
+                fwd_out[Columns.VF_PREDS],
+                batch[Columns.VF_PREDS],
+                batch[Columns.VALUE_TARGETS],
+                mask_or_generated(batch, VALUE_MASK),
+                clip=config.value_clip,
+                agg=agg,
+            )
+            total = total + config.vf_loss_coeff * vf_loss
+            stats.update(vf_loss=vf_loss, **vf_stats)
+        if self._reference is not None:
+            kl = aggregate_loss(
+                kl_penalty(fwd_out[TOKEN_LOGP], self._reference_logp(batch), kind=config.kl_type), mask, agg=agg
+            )
+            total = total + config.kl_coeff * kl
+            stats["kl"] = kl
+        # Train/inference mismatch: the learner's log-probs vs the engine's sampling ones, on every generated token.
+        generated = batch[Columns.LOSS_MASK]
+        gap = (old_logp.detach() - batch[SAMPLING_LOGP]).abs()
+        stats["ratio_to_sampling_mean"] = masked_mean(torch.exp(fwd_out[TOKEN_LOGP] - batch[SAMPLING_LOGP]), generated)
+        stats["train_inference_logp_gap_mean"] = masked_mean(gap, generated)
+        for key, value in stats.items():
+            self.metrics.log_value((module_id, key), float(value.detach()), reduce="mean")
+        gap_max = gap[generated.bool()].max() if generated.any() else gap.new_zeros(())
+        self.metrics.log_value((module_id, "train_inference_logp_gap_max"), float(gap_max), reduce="max")
+        if ratio_max is not None:
+            self.metrics.log_value((module_id, "is_ratio_max"), float(ratio_max), reduce="max")
+        return total
+
+    @torch.no_grad()
+    def _reference_logp(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Log-probs of the generated tokens under the frozen reference policy, [rows, L]."""
+        module = self.module[DEFAULT_MODULE_ID].unwrapped()
+        return module.score_with(self._reference, batch, with_entropy=False)[TOKEN_LOGP]
+
+
+def mask_or_generated(batch: dict[str, torch.Tensor], column: str) -> torch.Tensor:
+    """The [rows, L] mask ``column``, or every generated token (`Columns.LOSS_MASK`) when the
+    batch has no such column (batches without `GroupAdvantages`' masks, e.g. behaviour cloning)."""
+    return batch[column] if column in batch else batch[Columns.LOSS_MASK]
+
+
+def _micro_batch_weights(
+    batch: dict[str, torch.Tensor], micro_batch_size: int, agg: str, *, token_budget: int | None = None
+) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+    """Splits a mini-batch into micro-batches with the weight of each one's loss.
+
+    Without a `token_budget`, consecutive runs of `micro_batch_size` rows;
+    with one, see `token_budget_groups`. With "token-mean" a micro-batch's
+    mean counts by its share of generated tokens, otherwise by its share of
+    rows, so the accumulated gradient equals that of the whole mini-batch
+    for any split. Each micro-batch is cut to its longest row.
+    """
+    mask = mask_or_generated(batch, POLICY_MASK)
+    n_rows = mask.shape[0]
+    lengths = batch[ATTENTION_MASK].sum(dim=1)
+    if token_budget is None:
+        groups = [torch.arange(s, min(s + micro_batch_size, n_rows)) for s in range(0, n_rows, micro_batch_size)]
+    else:
+        groups = token_budget_groups(lengths, token_budget)
+    total_tokens = mask.sum().clamp(min=1)
+    total_rows = max(int(mask.any(dim=1).sum()), 1)
+    out = []
+    for rows in groups:
+        length = int(lengths[rows].max())
+        micro = {k: v[rows, :length] if v.dim() == 2 else v[rows] for k, v in batch.items()}
+        micro_mask = mask_or_generated(micro, POLICY_MASK)
+        if agg == "token-mean":
+            weight = micro_mask.sum() / total_tokens
+        else:
+            weight = micro_mask.any(dim=1).sum() / total_rows
+        out.append((micro, weight))
+    return out
+
+
+def token_budget_groups(lengths: torch.Tensor, token_budget: int) -> list[torch.Tensor]:
+    """Row indices of length-bucketed micro-batches, each at most `token_budget` padded tokens.
+
+    Rows are sorted by length (longest first) and filled greedily while
+    rows x longest row stays within the budget, so rows of similar length
+    share a micro-batch and little padding is computed. A row longer than
+    the budget gets a micro-batch of its own.
+
+    Args:
+        lengths: [R] tokens per row (attention-mask sums).
+        token_budget: Most padded tokens (rows x longest row) per micro-batch.
+
+    Returns:
+        Index tensors partitioning range(R).
+    """
+    if token_budget < 1:
+        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+    order = torch.argsort(lengths, descending=True, stable=True).tolist()
+    groups: list[list[int]] = []
+    longest = 0
+    for row in order:
+        if groups and (len(groups[-1]) + 1) * longest <= token_budget:
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+            longest = int(lengths[row])
+    return [torch.tensor(sorted(g), dtype=torch.long) for g in groups]

@@ -1,0 +1,283 @@
+"""Learner connector pieces: StarPO group episodes -> the token batch `StarPOTorchLearner` trains on.
+
+RLlib runs the pipeline once per `learner_group.update(...)` call, before any
+mini-batch; each piece is a `ConnectorV2`:
+1. `TokenRows`: rebuild every trajectory's exact token rows from its episode
+   (the module's input columns and the engine's sampling log-probs);
+2. `OldLogProbsAndValues`: score the rows with the current weights (no grad): the
+   old log-probs of the PPO ratio (unless the update is a single on-policy step)
+   and, with a critic, the old values;
+3. `GroupAdvantages`: advantages and value targets per trajectory (the estimator
+   registry), on the tokens the advantage mask selects (`rllib_ragen.training.token_masks`),
+   with the policy-loss and value-loss masks beside the generated-token mask.
+Behaviour cloning uses piece 1 only; offline StarPO the whole pipeline. The pieces
+share the `TokenBatch` (rows <-> trajectories) through RLlib's `shared_data`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from ray.rllib.connectors.connector_v2 import ConnectorV2
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.columns import Columns
+from ray.rllib.utils.annotations import override
+
+from rllib_ragen.columns import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    OLD_LOGP,
+    POLICY_MASK,
+    SAMPLING_LOGP,
+    TOKEN_LOGP,
+    VALUE_MASK,
+)
+from rllib_ragen.masked import masked_mean
+from rllib_ragen.rollout.reward_shaping import RewardShaping, length_weighted_advantages
+from rllib_ragen.training.advantages import (
+    AdvantageInputs,
+    AdvantageSettings,
+    compute_advantages,
+)
+from rllib_ragen.training.distributed import is_distributed, whiten_across_learners
+from rllib_ragen.training.token_batch import TokenBatch, token_batch_of_episodes
+from rllib_ragen.training.token_masks import (
+    ALL_TOKENS,
+    ResponseSpanLabeller,
+    TokenSpans,
+    build_token_mask,
+)
+
+# The `shared_data` keys the pieces pass on: the token batch and the old values [R, L] (None without critic).
+TOKEN_BATCH = "token_batch"
+OLD_VALUES = "old_values"
+
+
+def _module_batch(batch: dict[str, Any], rl_module) -> tuple[dict[str, torch.Tensor], torch.device]:
+    module = rl_module[DEFAULT_MODULE_ID].unwrapped()
+    return batch.setdefault(DEFAULT_MODULE_ID, {}), module.policy.device
+
+
+class TokenRows(ConnectorV2):
+    """Episodes -> padded token rows: `input_ids`, `attention_mask`, `loss_mask` and `sampling_logp`, [R, L].
+
+    Args:
+        history_window: The rollout's history window (decides the row layout).
+        log_trained_tokens: Log `num_trained_tokens` as every generated token
+            (a likelihood loss trains on all of them).
+    """
+
+    def __init__(
+        self,
+        input_observation_space=None,
+        input_action_space=None,
+        *,
+        history_window: int | None,
+        log_trained_tokens: bool = False,
+        **kwargs,
+    ) -> None:
+        super().__init__(input_observation_space, input_action_space, **kwargs)
+        self.history_window = history_window
+        self.log_trained_tokens = log_trained_tokens
+
+    @override(ConnectorV2)
+    def __call__(self, *, rl_module, batch, episodes, shared_data=None, metrics=None, **kwargs) -> dict[str, Any]:
+        tokens = token_batch_of_episodes(episodes, history_window=self.history_window)
+        if shared_data is not None:
+            shared_data[TOKEN_BATCH] = tokens
+        columns, device = _module_batch(batch, rl_module)
+        columns.update({k: v.to(device) for k, v in token_columns(tokens).items()})
+        columns[SAMPLING_LOGP] = tokens.sampling_logp.to(device)
+        if metrics is not None and self.log_trained_tokens:
+            metrics.log_value((DEFAULT_MODULE_ID, "num_trained_tokens"), float(tokens.loss_mask.sum()), window=1)
+        return batch
+
+
+class OldLogProbsAndValues(ConnectorV2):
+    """Scores the token rows under the current weights: old log-probs (`OLD_LOGP`) and
+    old values (`Columns.VF_PREDS`), [R, L] each, without gradient.
+
+    Args:
+        micro_batch_size: Rows scored per forward pass (bounds memory).
+        score_old_logp: Score the old log-probs of the PPO ratio. False when
+            each update is one optimiser step on fresh samples: the old policy
+            is then the current one, and the loss uses its own log-probs, detached.
+        with_values: Score the critic's values (critic-based estimators).
+    """
+
+    def __init__(
+        self,
+        input_observation_space=None,
+        input_action_space=None,
+        *,
+        micro_batch_size: int,
+        score_old_logp: bool = True,
+        with_values: bool,
+        **kwargs,
+    ) -> None:
+        super().__init__(input_observation_space, input_action_space, **kwargs)
+        self.micro_batch_size = micro_batch_size
+        self.score_old_logp = score_old_logp
+        self.with_values = with_values
+
+    @override(ConnectorV2)
+    def __call__(self, *, rl_module, batch, episodes, shared_data=None, metrics=None, **kwargs) -> dict[str, Any]:
+        # The module itself, not its DDP wrapper (num_learners >= 2): scoring is no training
+        # step, so it must not run DDP's collective forward hooks.
+        module = rl_module[DEFAULT_MODULE_ID].unwrapped()
+        old_logp, old_values = score_rows(
+            module, shared_data[TOKEN_BATCH], self.micro_batch_size, with_logp=self.score_old_logp,
+            with_values=self.with_values,
+        )
+        shared_data[OLD_VALUES] = old_values
+        columns, device = _module_batch(batch, rl_module)
+        if old_logp is not None:  # else the update is one on-policy step: the loss takes its own, detached
+            columns[OLD_LOGP] = old_logp.to(device)
+        if old_values is not None:
+            columns[Columns.VF_PREDS] = old_values.to(device)
+        return batch
+
+
+class GroupAdvantages(ConnectorV2):
+    """Advantages (`Columns.ADVANTAGES`), value targets and the loss masks of the token rows.
+
+    Args:
+        advantages: Estimator and its hyper-parameters.
+        loss_token_mask: Token mask policy of the policy loss (M_loss).
+        adv_token_mask: Token mask policy of advantage estimation (M_adv).
+        span_labeller: Labels tokens with protocol spans; needed by every
+            mask policy but "all".
+        advantage_length_weight: Exponent of the length weighting of advantages
+            (`rllib_ragen.rollout.reward_shaping`); 0 = off.
+    """
+
+    def __init__(
+        self,
+        input_observation_space=None,
+        input_action_space=None,
+        *,
+        advantages: AdvantageSettings,
+        loss_token_mask: str = ALL_TOKENS,
+        adv_token_mask: str = ALL_TOKENS,
+        span_labeller: ResponseSpanLabeller | None = None,
+        advantage_length_weight: float = RewardShaping.advantage_length_weight,
+        **kwargs,
+    ) -> None:
+        super().__init__(input_observation_space, input_action_space, **kwargs)
+        self.advantages = advantages
+        self.loss_token_mask = loss_token_mask
+        self.adv_token_mask = adv_token_mask
+        self.span_labeller = span_labeller
+        self.advantage_length_weight = advantage_length_weight
+
+    @override(ConnectorV2)
+    def __call__(self, *, rl_module, batch, episodes, shared_data=None, metrics=None, **kwargs) -> dict[str, Any]:
+        tokens, old_values = shared_data[TOKEN_BATCH], shared_data.get(OLD_VALUES)
+        spans = self.token_spans(tokens)
+        inputs = AdvantageInputs(
+            rewards=tokens.turn_rewards,
+            mask=tokens.traj_mask,
+            values=tokens.to_trajectories(old_values) if old_values is not None else None,
+            turn_ends=tokens.turn_ends,
+            group_ids=tokens.group_ids,
+            adv_mask=None if self.adv_token_mask == ALL_TOKENS else build_token_mask(self.adv_token_mask, spans),
+        )
+        advantages, returns = self.estimate(inputs, tokens, metrics)
+        columns = {
+            POLICY_MASK: _row_mask(tokens, build_token_mask(self.loss_token_mask, spans)),
+            Columns.ADVANTAGES: tokens.to_rows(advantages),
+        }
+        if old_values is not None:
+            columns[Columns.VALUE_TARGETS] = tokens.to_rows(returns)
+            columns[VALUE_MASK] = _row_mask(tokens, inputs.advantage_mask)
+        if metrics is not None:
+            _log_batch_metrics(metrics, tokens, advantages, columns[POLICY_MASK])
+        module_columns, device = _module_batch(batch, rl_module)
+        module_columns.update({k: v.to(device) for k, v in columns.items()})
+        return batch
+
+    def estimate(self, inputs: AdvantageInputs, tokens: TokenBatch, metrics) -> tuple[torch.Tensor, torch.Tensor]:
+        """Advantages and returns [B, T]: the estimator, then whitening and length weighting when configured."""
+        settings = self.advantages
+        advantages, returns = compute_advantages(settings.advantage_estimator, inputs, **settings.hparams())
+        if settings.whiten_advantages and settings.needs_critic and _can_whiten(inputs.advantage_mask):
+            advantages = whiten_across_learners(advantages, inputs.advantage_mask)
+        if self.advantage_length_weight > 0:
+            advantages, length_weights = length_weighted_advantages(
+                advantages, tokens.traj_mask, alpha=self.advantage_length_weight
+            )
+            if metrics is not None:
+                _log_length_weights(metrics, length_weights)
+        return advantages, returns
+
+    def token_spans(self, tokens: TokenBatch) -> TokenSpans:
+        """What the mask policies select by; span labels only with a labeller (a policy other than "all")."""
+        spans = TokenSpans(mask=tokens.traj_mask, turn_ends=tokens.turn_ends)
+        if self.span_labeller is None:
+            return spans
+        return self.span_labeller(tokens.to_trajectories(tokens.input_ids), spans.mask, spans.turn_ends)
+
+
+def token_columns(tokens: TokenBatch) -> dict[str, torch.Tensor]:
+    """The module's input columns of a token batch, each [R, L]."""
+    return {
+        INPUT_IDS: tokens.input_ids,
+        ATTENTION_MASK: tokens.attention_mask,
+        Columns.LOSS_MASK: tokens.loss_mask,
+    }
+
+
+def micro_batches(tokens: TokenBatch, micro_batch_size: int, device: torch.device) -> Iterator[dict[str, torch.Tensor]]:
+    """The module's input columns of consecutive runs of `micro_batch_size` rows, on `device`.
+
+    `tokens` is a `TokenBatch` or any rows with its `input_ids`, `attention_mask` and `loss_mask` [R, L].
+    """
+    columns = token_columns(tokens)
+    for start in range(0, tokens.input_ids.shape[0], micro_batch_size):
+        yield {k: v[start : start + micro_batch_size].to(device) for k, v in columns.items()}
+
+
+@torch.no_grad()
+def score_rows(
+    module, tokens: TokenBatch, micro_batch_size: int, *, with_logp: bool = True, with_values: bool
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Log-probs and/or critic values of every row under the current weights, [R, L] each (None if not asked)."""
+    logps, values = [], []
+    if not (with_logp or with_values):
+        return None, None
+    for micro in micro_batches(tokens, micro_batch_size, module.policy.device):
+        out = module.score(micro, with_logp=with_logp, with_entropy=False, with_values=with_values)
+        if with_logp:
+            logps.append(out[TOKEN_LOGP].float().cpu())
+        if with_values:
+            values.append(out[Columns.VF_PREDS].float().cpu())
+    return (torch.cat(logps) if with_logp else None), (torch.cat(values) if with_values else None)
+
+
+def _can_whiten(selected: torch.Tensor) -> bool:
+    """A selective M_adv (say "answer_only" before the model writes well-formed answers) may
+    leave fewer than 2 tokens, whose zero advantages stay as they are. Several learners
+    always whiten together (each takes part in the all-reduce; too few tokens overall is an error)."""
+    return is_distributed() or int(selected.sum()) >= 2
+
+
+def _row_mask(tokens: TokenBatch, traj_mask: torch.Tensor) -> torch.Tensor:
+    """A [B, T] mask of generated tokens as [R, L] rows, in the dtype of the generated-token mask."""
+    return tokens.to_rows(traj_mask).to(tokens.loss_mask.dtype)
+
+
+def _log_batch_metrics(metrics, tokens: TokenBatch, advantages: torch.Tensor, policy_mask: torch.Tensor) -> None:
+    values = {
+        "advantage_mean": masked_mean(advantages, tokens.traj_mask).item(),
+        "num_trained_tokens": float(policy_mask.bool().sum()),
+        "num_trained_trajectories": float(tokens.traj_mask.shape[0]),
+    }
+    for key, value in values.items():
+        metrics.log_value((DEFAULT_MODULE_ID, key), value, window=1)
+
+
+def _log_length_weights(metrics, weights: torch.Tensor) -> None:
+    for key, value in (("advantage_length_weight_min", weights.min()), ("advantage_length_weight_max", weights.max())):
+        metrics.log_value((DEFAULT_MODULE_ID, key), float(value), window=1)

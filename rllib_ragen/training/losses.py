@@ -1,0 +1,230 @@
+"""StarPO losses: clipped policy loss, clipped value loss, entropy, KL, token log-probs.
+
+All per-token tensors are [B, T] with a 0/1 ``mask`` of the tokens that count
+(the loss mask: generated response tokens only). Stats are detached 0-d tensors
+so that the learner can log them without a device sync.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rllib_ragen.masked import masked_mean, masked_sum, masked_var, to_bool_mask
+
+Tensor = torch.Tensor
+
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+KL_KINDS = ("k1", "k3", "abs", "mse")
+
+# exp() of a log-ratio beyond this overflows float32 long before it is meaningful.
+_MAX_LOG_RATIO = 20.0
+
+
+def aggregate_loss(loss: Tensor, mask: Tensor, *, agg: str = "token-mean") -> Tensor:
+    """Reduces a per-token loss [B, T] to a scalar.
+
+    - "token-mean": mean over every masked token of the batch (long
+      responses weigh more; RAGEN's default).
+    - "seq-mean-token-mean": mean per row, then mean over rows.
+    - "seq-mean-token-sum": sum per row, then mean over rows.
+
+    Rows without masked tokens are left out of the row mean.
+    """
+    if agg not in LOSS_AGGREGATIONS:
+        raise ValueError(f"unknown loss aggregation {agg!r}; choose one of {list(LOSS_AGGREGATIONS)}")
+    mask = to_bool_mask(mask, shape=loss.shape)
+    if agg == "token-mean":
+        return masked_mean(loss, mask)
+    per_row = masked_sum(loss, mask, dim=1)
+    if agg == "seq-mean-token-mean":
+        per_row = per_row / mask.sum(dim=1).clamp(min=1)
+    return masked_mean(per_row, mask.any(dim=1))
+
+
+def policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    clip_c: float | None = 3.0,
+    agg: str = "token-mean",
+    weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO policy loss with decoupled clipping and dual clipping (StarPO-S).
+
+    ``ratio = exp(logp - old_logp)``;
+    ``pg = max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))``;
+    for ``A < 0`` the dual clip bounds it: ``pg = min(pg, -A * clip_c)``.
+
+    Args:
+        logp, old_logp, advantages, mask: [B, T].
+        clip_low: Lower clip range, in [0, 1).
+        clip_high: Upper clip range, >= 0.
+        clip_c: Dual-clip constant, > 1; None disables dual clipping.
+        agg: See :func:`aggregate_loss`.
+        weights: [B, T] constant per-token factors of the clipped loss before
+            aggregation (off-policy correction, `rllib_ragen.training.off_policy`); None = 1.
+
+    Returns:
+        The scalar loss and stats: ``clip_frac_low`` (A < 0, ratio < 1 - low),
+        ``clip_frac_high`` (A > 0, ratio > 1 + high), ``clip_frac_dual``
+        (A < 0, ratio > clip_c), ``approx_kl`` (mean old_logp - logp) and
+        ``ratio_mean``, all over the masked tokens.
+    """
+    _check_clips(clip_low, clip_high, clip_c)
+    mask = to_bool_mask(mask, shape=logp.shape)
+    _check_same_shape(logp, old_logp=old_logp, advantages=advantages)
+    log_ratio = (logp - old_logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    ratio = torch.exp(log_ratio)
+    clipped = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1 - clip_low, 1 + clip_high))
+    negative = advantages < 0
+    if clip_c is not None:
+        clipped = torch.where(negative, torch.minimum(clipped, -advantages * clip_c), clipped)
+    if weights is not None:
+        _check_same_shape(logp, weights=weights)
+        clipped = clipped * weights.detach()
+    with torch.no_grad():
+        dual = negative & (ratio > clip_c) if clip_c is not None else torch.zeros_like(mask)
+        stats = {
+            "clip_frac_low": masked_mean((negative & (ratio < 1 - clip_low)).float(), mask),
+            "clip_frac_high": masked_mean(((advantages > 0) & (ratio > 1 + clip_high)).float(), mask),
+            "clip_frac_dual": masked_mean(dual.float(), mask),
+            "approx_kl": masked_mean(-log_ratio, mask),
+            "ratio_mean": masked_mean(ratio, mask),
+        }
+    return aggregate_loss(clipped, mask, agg=agg), stats
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    clip: float | None = 0.5,
+    agg: str = "token-mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped value loss: ``0.5 * max((v - R)^2, (old_v + clip(v - old_v, -c, c) - R)^2)``.
+
+    Args:
+        values: [B, T] current critic values.
+        old_values: [B, T] critic values at rollout time.
+        returns: [B, T] targets.
+        mask: [B, T] 0/1.
+        clip: Clip range ``c`` > 0; None gives the plain ``0.5 * (v - R)^2``.
+        agg: See :func:`aggregate_loss`.
+
+    Returns:
+        The scalar loss and stats: ``vf_clip_frac`` (tokens where the clipped
+        term is the larger) and ``vf_explained_var`` (``1 - Var(R - v) / Var(R)``
+        over the masked tokens, floored at -1).
+    """
+    if clip is not None and clip <= 0:
+        raise ValueError(f"value clip must be > 0 or None, got {clip}")
+    mask = to_bool_mask(mask, shape=values.shape)
+    _check_same_shape(values, old_values=old_values, returns=returns)
+    unclipped = (values - returns).square()
+    loss = unclipped
+    if clip is not None:
+        clipped_values = old_values + (values - old_values).clamp(-clip, clip)
+        clipped = (clipped_values - returns).square()
+        loss = torch.maximum(unclipped, clipped)
+    with torch.no_grad():
+        clip_frac = masked_mean((loss > unclipped).float(), mask)
+        explained = 1 - masked_var(returns - values, mask, unbiased=False) / masked_var(
+            returns, mask, unbiased=False
+        ).clamp(min=1e-8)
+        stats = {"vf_clip_frac": clip_frac, "vf_explained_var": explained.clamp(min=-1.0)}
+    return 0.5 * aggregate_loss(loss, mask, agg=agg), stats
+
+
+def token_logprobs(logits: Tensor, labels: Tensor, *, chunk_size: int = 512) -> Tensor:
+    """Log-probability of each label under ``logits``, without a [B, T, V] log-softmax copy.
+
+    ``log p(y) = logits[y] - logsumexp(logits)``, computed in float32 over
+    chunks of ``chunk_size`` positions along T so that the float32 upcast of
+    bf16 logits never exists for the whole sequence at once.
+
+    Args:
+        logits: [B, T, V].
+        labels: [B, T] token ids.
+        chunk_size: Positions per chunk.
+
+    Returns:
+        [B, T] float32 log-probabilities.
+    """
+    if logits.dim() != 3 or labels.shape != logits.shape[:2]:
+        raise ValueError(
+            f"need logits [B, T, V] and labels [B, T], got {tuple(logits.shape)} and {tuple(labels.shape)}"
+        )
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    chunks = []
+    for start in range(0, logits.shape[1], chunk_size):
+        part = logits[:, start : start + chunk_size].float()
+        picked = part.gather(-1, labels[:, start : start + chunk_size, None]).squeeze(-1)
+        chunks.append(picked - torch.logsumexp(part, dim=-1))
+    return torch.cat(chunks, dim=1)
+
+
+def entropy_from_logits(logits: Tensor, *, chunk_size: int = 512) -> Tensor:
+    """Entropy of the softmax of ``logits`` [..., V], per position.
+
+    ``H = logsumexp(l) - sum(softmax(l) * l)``, in float32, over chunks of
+    ``chunk_size`` positions so that the probabilities of only one chunk exist
+    at a time.
+
+    Returns:
+        [...] float32 entropies.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    flat = logits.reshape(-1, logits.shape[-1])
+    chunks = []
+    for start in range(0, flat.shape[0], chunk_size):
+        part = flat[start : start + chunk_size].float()
+        chunks.append(torch.logsumexp(part, dim=-1) - (torch.softmax(part, dim=-1) * part).sum(-1))
+    return torch.cat(chunks).reshape(logits.shape[:-1])
+
+
+def kl_penalty(logp: Tensor, ref_logp: Tensor, *, kind: str = "k3") -> Tensor:
+    """Per-token estimate of KL(policy || reference) from sampled-token log-probs.
+
+    - "k1": ``logp - ref_logp`` (unbiased, high variance, can be negative).
+    - "k3": ``exp(ref - logp) - (ref - logp) - 1`` (unbiased, >= 0, low
+      variance), clamped to [-10, 10] as veRL does against outliers.
+    - "abs": ``|logp - ref_logp|``.
+    - "mse": ``0.5 * (logp - ref_logp)^2``.
+
+    Returns:
+        [B, T] penalties (aggregate with :func:`aggregate_loss`).
+    """
+    _check_same_shape(logp, ref_logp=ref_logp)
+    diff = logp - ref_logp
+    if kind == "k1":
+        return diff
+    if kind == "k3":
+        return (torch.exp(-diff) + diff - 1).clamp(-10.0, 10.0)
+    if kind == "abs":
+        return diff.abs()
+    if kind == "mse":
+        return 0.5 * diff.square()
+    raise ValueError(f"unknown KL kind {kind!r}; choose one of {list(KL_KINDS)}")
+
+
+def _check_clips(clip_low: float, clip_high: float, clip_c: float | None) -> None:
+    if not 0 <= clip_low < 1:
+        raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
+    if clip_high < 0:
+        raise ValueError(f"clip_high must be >= 0, got {clip_high}")
+    if clip_c is not None and clip_c <= 1:
+        raise ValueError(f"clip_c (dual clip) must be > 1 or None to disable it, got {clip_c}")
+
+
+def _check_same_shape(reference: Tensor, **others: Tensor) -> None:
+    for name, tensor in others.items():
+        if tensor.shape != reference.shape:
+            raise ValueError(f"{name} must have shape {tuple(reference.shape)}, got {tuple(tensor.shape)}")

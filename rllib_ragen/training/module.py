@@ -1,0 +1,352 @@
+"""`LLMRLModule`: a Hugging Face causal LM as an RLlib RLModule (policy + critic).
+
+Batches are right-padded token rows:
+- `input_ids`      [B, L] long
+- `attention_mask` [B, L] 0/1
+- `loss_mask`      [B, L] 0/1, 1 on tokens the model generated (`Columns.LOSS_MASK`)
+
+Per-token outputs are aligned with `input_ids`: entry t is about generating
+token t (its log-prob under the policy, the entropy of that next-token
+distribution, the critic's value of the prefix before it), and 0 where
+`loss_mask` is 0. Logits are only computed at generated positions, so a long
+prompt never materialises a [B, L, vocab] tensor, and only `logit_chunk_size`
+positions at a time: under autograd each chunk's logits are recomputed in
+backward rather than kept (`ScoringConfig`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any
+
+import torch
+import torch.utils.checkpoint
+import tree
+from ray.rllib.core.columns import Columns
+from ray.rllib.core.rl_module.apis import InferenceOnlyAPI, ValueFunctionAPI
+from ray.rllib.core.rl_module.torch import TorchRLModule
+from ray.rllib.utils.annotations import override
+from torch import nn
+
+from rllib_ragen.columns import ATTENTION_MASK, INPUT_IDS, TOKEN_ENTROPY, TOKEN_LOGP
+from rllib_ragen.models import load_causal_lm, resolve_model
+from rllib_ragen.training.advantages import critic_free_estimators
+from rllib_ragen.training.lora import (
+    LoraSettings,
+    add_adapters,
+    merged_state_dict,
+    shared_trunk_copy,
+)
+from rllib_ragen.training.losses import entropy_from_logits, token_logprobs
+
+CRITIC_KINDS = ("none", "head", "separate")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+AUTOCAST_DTYPES = ("bfloat16", "float16")
+# Generated positions whose [chunk, vocab] logits exist at once (`ScoringConfig.logit_chunk_size`).
+LOGIT_CHUNK_SIZE = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class LLMModuleConfig:
+    """What `LLMRLModule` builds (passed as the RLModuleSpec's `model_config`).
+
+    Args:
+        model: A built-in model name, a local HF directory or a hub id.
+        critic: "none" (critic-free estimators), "head" (a value head on the
+            policy's last hidden state, detached: value-loss gradients train
+            only the head and never move the policy) or "separate" (its own
+            copy of the LM trunk plus a value head, as RAGEN's PPO; under LoRA
+            the copy shares the policy's frozen base weights and has its own
+            adapters).
+        dtype: Parameter dtype of the trained model.
+        logit_temperature: Logits are divided by this before log-probs, so the
+            learner scores tokens under the distribution they were sampled from.
+        gradient_checkpointing: Recompute activations in backward to save memory.
+        lora: LoRA adapters (`LoraSettings`, or its fields as a dict); rank 0
+            trains every weight.
+    """
+
+    model: str = "Qwen/Qwen2.5-0.5B-Instruct"
+    critic: str = "separate"
+    dtype: str = "float32"
+    logit_temperature: float = 1.0
+    gradient_checkpointing: bool = False
+    lora: LoraSettings = dataclasses.field(default_factory=LoraSettings)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.lora, dict):
+            object.__setattr__(self, "lora", LoraSettings(**self.lora))
+        if self.critic not in CRITIC_KINDS:
+            raise ValueError(f"critic must be one of {CRITIC_KINDS}, got {self.critic!r}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.logit_temperature <= 0:
+            raise ValueError(
+                f"logit_temperature must be > 0 (greedy rollouts are scored at 1.0), "
+                f"got {self.logit_temperature}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoringConfig:
+    """How `forward_train` computes log-probs, entropies and values (set by the learner).
+
+    Args:
+        autocast_dtype: None computes in the parameter dtype; "bfloat16" or
+            "float16" runs the trunk's matmuls under `torch.autocast` on the
+            tensors' device. Parameters, gradients and the optimiser stay in
+            their own dtype, and the LM head and log-softmax always run in
+            float32, so only the trunk's activations are rounded.
+        logit_chunk_size: Generated positions whose [chunk, vocab] logits exist
+            at once; with autograd each chunk is recomputed in backward instead
+            of stored, so logits memory does not grow with the batch.
+    """
+
+    autocast_dtype: str | None = None
+    logit_chunk_size: int = LOGIT_CHUNK_SIZE
+
+    def __post_init__(self) -> None:
+        if self.autocast_dtype is not None and self.autocast_dtype not in AUTOCAST_DTYPES:
+            raise ValueError(
+                f"autocast_dtype must be None or one of {AUTOCAST_DTYPES}, got {self.autocast_dtype!r}"
+            )
+        if self.logit_chunk_size < 1:
+            raise ValueError(f"logit_chunk_size must be >= 1, got {self.logit_chunk_size}")
+
+    def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
+        """The autocast context for tensors on `device` (a no-op when autocast_dtype is None)."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=_DTYPES[self.autocast_dtype])
+
+
+class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
+    """Policy = the causal LM; critic = value head or separate trunk + head."""
+
+    @override(TorchRLModule)
+    def setup(self) -> None:
+        self.llm_config = LLMModuleConfig(**(self.model_config or {}))
+        dtype = _DTYPES[self.llm_config.dtype]
+        model_path = resolve_model(self.llm_config.model)
+        self.scoring = ScoringConfig()
+        self.policy = load_causal_lm(model_path, dtype=dtype)
+        lora = self.llm_config.lora
+        if self.llm_config.critic == "separate" and not self.inference_only:
+            # Under LoRA one frozen trunk serves both: the critic's adapters wrap the policy's base tensors.
+            self.critic_trunk = (
+                add_adapters(shared_trunk_copy(self.policy.base_model), lora)
+                if lora.enabled
+                else load_causal_lm(model_path, dtype=dtype).base_model
+            )
+        if lora.enabled:
+            add_adapters(self.policy, lora)
+        if self.llm_config.gradient_checkpointing:
+            # Non-reentrant: it also passes gradients to adapters when the frozen embeddings' outputs need none.
+            kwargs = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
+            self.policy.gradient_checkpointing_enable(**kwargs)
+            if hasattr(self, "critic_trunk"):
+                self.critic_trunk.gradient_checkpointing_enable(**kwargs)
+        if self.inference_only or self.llm_config.critic == "none":
+            return
+        hidden = self.policy.config.hidden_size
+        # Zero init: the critic starts at V = 0 instead of random noise.
+        self.value_head = nn.Linear(hidden, 1, dtype=dtype)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    @property
+    def has_critic(self) -> bool:
+        return hasattr(self, "value_head")
+
+    @override(InferenceOnlyAPI)
+    def get_non_inference_attributes(self) -> list[str]:
+        return ["value_head", "critic_trunk"]
+
+    @override(TorchRLModule)
+    def _forward_train(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
+        return self.score(batch, with_logp=True, with_entropy=True, with_values=self.has_critic)
+
+    def score(self, batch: dict[str, Any], *, with_logp: bool, with_entropy: bool, with_values: bool) -> dict[str, Any]:
+        """Per-token log-probs, entropies and critic values of the generated tokens, [B, L] each.
+
+        Each part is computed only when asked for: the learner connector's
+        scoring pass needs no entropy, and no log-probs when the update is one
+        on-policy step (the old log-probs then equal the new ones).
+        """
+        out: dict[str, Any] = {}
+        with self.scoring.autocast(self.policy.device):
+            hidden = None
+            if with_logp or with_entropy or (with_values and self.llm_config.critic == "head"):
+                hidden = trunk_hidden(self.policy.base_model, batch)
+            if with_logp or with_entropy:
+                out = self.score_with(self.policy, batch, hidden=hidden, with_entropy=with_entropy)
+            if with_values:
+                out[Columns.VF_PREDS] = self.compute_values(batch, embeddings=hidden)
+        return out
+
+    def score_with(
+        self, policy: nn.Module, batch: dict[str, Any], *, hidden: torch.Tensor | None = None, with_entropy: bool
+    ) -> dict[str, torch.Tensor]:
+        """Log-probs (and entropies) of the generated tokens under `policy` (this module's, or a frozen
+        reference), scored like this module's: same temperature, chunking and autocast."""
+        if hidden is None:
+            with self.scoring.autocast(policy.device):
+                hidden = trunk_hidden(policy.base_model, batch)
+        return score_generated_tokens(
+            policy.get_output_embeddings(),
+            hidden,
+            batch,
+            self.llm_config.logit_temperature,
+            with_entropy=with_entropy,
+            chunk_size=self.scoring.logit_chunk_size,
+        )
+
+    @override(ValueFunctionAPI)
+    def compute_values(self, batch: dict[str, Any], embeddings: Any = None) -> torch.Tensor:
+        """Critic values per token, [B, L], aligned like the log-probs.
+
+        `embeddings` (the policy trunk's hidden states) is reused by the
+        value-head critic, detached so the critic cannot drag the policy; a
+        separate critic runs its own trunk.
+        """
+        if not self.has_critic:
+            raise ValueError(f"this module has no critic (critic='none'); use one of {critic_free_estimators()}")
+        if self.llm_config.critic == "separate":
+            hidden = trunk_hidden(self.critic_trunk, batch)
+        else:
+            hidden = embeddings if embeddings is not None else trunk_hidden(self.policy.base_model, batch)
+            hidden = hidden.detach()
+        selected = _select_predicting(hidden, batch[Columns.LOSS_MASK])
+        values = self.value_head(selected).squeeze(-1).float()
+        return _scatter(values, batch[Columns.LOSS_MASK])
+
+    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's weights under Hugging Face parameter names (for engines), LoRA adapters merged in."""
+        return merged_state_dict(self.policy) if self.llm_config.lora.enabled else self.policy.state_dict()
+
+    @override(TorchRLModule)
+    def get_state(self, components=None, *, not_components=None, inference_only: bool = False, **kwargs) -> dict:
+        """A snapshot of the module's tensors on the host, each in its own dtype.
+
+        RLlib's version converts them to numpy, which has no bfloat16 (a bf16
+        module crashed there) and turns float16 into float32. Torch tensors keep
+        the dtype through checkpoints and Ray's object store; `set_state` takes
+        them (and older numpy states) as they are. With `inference_only`, the
+        critic is left out. Under LoRA only the trained tensors (adapters, value
+        head) are in it: the frozen base is the model directory's.
+        """
+        skipped = set(self.get_non_inference_attributes()) if inference_only and not self.inference_only else set()
+        state = self.state_dict()
+        if self.llm_config.lora.enabled:
+            trained = {name for name, param in self.named_parameters(remove_duplicate=False) if param.requires_grad}
+            state = {k: v for k, v in state.items() if k in trained}
+        return host_copy({k: v for k, v in state.items() if k.split(".", 1)[0] not in skipped})
+
+    @override(TorchRLModule)
+    def set_state(self, state: dict) -> None:
+        """RLlib's `set_state`; under LoRA it also refuses a state that lacks trained tensors or holds unknown
+        ones (e.g. a full fine-tuning checkpoint, whose weights would otherwise be silently dropped)."""
+        if self.llm_config.lora.enabled and not self.inference_only:
+            trained = {name for name, param in self.named_parameters(remove_duplicate=False) if param.requires_grad}
+            known = set(self.state_dict())
+            missing, unknown = sorted(trained - set(state)), sorted(set(state) - known)
+            if missing or unknown:
+                raise ValueError(
+                    f"this LoRA module's state does not match: {len(missing)} trained tensors missing "
+                    f"(e.g. {missing[:2]}), {len(unknown)} unknown (e.g. {unknown[:2]}); was it saved with the "
+                    "same lora_rank, lora_target_modules and critic?"
+                )
+        super().set_state(state)
+
+
+def host_copy(structure: Any) -> Any:
+    """`structure` with every tensor copied to the host in its own dtype; other leaves as they are.
+
+    What RLlib's `convert_to_numpy` is for in states, without its dtype changes
+    (numpy has no bfloat16; it also casts float16 to float32).
+    """
+    return tree.map_structure(
+        lambda leaf: leaf.detach().to("cpu", copy=True) if isinstance(leaf, torch.Tensor) else leaf, structure
+    )
+
+
+def trunk_hidden(trunk: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+    """Last hidden states of a transformer trunk, [B, L, H]."""
+    out = trunk(input_ids=batch[INPUT_IDS], attention_mask=batch[ATTENTION_MASK])
+    return out.last_hidden_state
+
+
+def score_generated_tokens(
+    lm_head: nn.Module,
+    hidden: torch.Tensor,
+    batch: dict[str, Any],
+    temperature: float,
+    *,
+    with_entropy: bool = True,
+    chunk_size: int = LOGIT_CHUNK_SIZE,
+) -> dict[str, torch.Tensor]:
+    """Log-prob (and entropy) of every generated token, [B, L] each.
+
+    Logits are computed only at the N positions that predict a generated
+    token, `chunk_size` positions at a time, in float32 outside any autocast.
+    When autograd records, each chunk is checkpointed: backward recomputes its
+    [chunk, vocab] logits, so they are never all alive at once.
+    """
+    loss_mask = batch[Columns.LOSS_MASK]
+    selected = _select_predicting(hidden, loss_mask)
+    labels = batch[INPUT_IDS][:, 1:][loss_mask[:, 1:].bool()]
+    recompute = torch.is_grad_enabled() and (selected.requires_grad or lm_head.weight.requires_grad)
+    logps, entropies = [], []
+    for start in range(0, selected.shape[0], chunk_size):
+        args = (lm_head, selected[start : start + chunk_size], labels[start : start + chunk_size], temperature)
+        if recompute:
+            logp, entropy = torch.utils.checkpoint.checkpoint(
+                _score_chunk, *args, with_entropy=with_entropy, use_reentrant=False
+            )
+        else:
+            logp, entropy = _score_chunk(*args, with_entropy=with_entropy)
+        logps.append(logp)
+        entropies.append(entropy)
+    out = {TOKEN_LOGP: _scatter(_cat(logps, hidden.device), loss_mask)}
+    if with_entropy:
+        out[TOKEN_ENTROPY] = _scatter(_cat(entropies, hidden.device), loss_mask)
+    return out
+
+
+def _score_chunk(
+    lm_head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, temperature: float, *, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 log-probs of `labels` [n] and entropies [n] from hidden states [n, H].
+
+    Runs outside autocast: the LM head in the parameter dtype (never a
+    reduced-precision autocast copy) and the log-softmax in float32. Without
+    `with_entropy` the entropies are an empty placeholder.
+    """
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        logits = lm_head(hidden.to(lm_head.weight.dtype)).float() / temperature
+    n = max(logits.shape[0], 1)
+    logp = token_logprobs(logits[None], labels[None], chunk_size=n)[0]
+    entropy = entropy_from_logits(logits, chunk_size=n) if with_entropy else logits.new_empty(0)
+    return logp, entropy
+
+
+def _cat(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Concatenates per-chunk values [n_i] -> [N] (an empty float tensor when there are no chunks)."""
+    return torch.cat(parts) if parts else torch.zeros(0, device=device)
+
+
+def _select_predicting(hidden: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Hidden states that predict a generated token: [B, L, H] -> [N, H].
+
+    The state at position t-1 predicts token t, so position t-1 is selected
+    when token t is generated (N = number of generated tokens after position 0).
+    """
+    return hidden[:, :-1][loss_mask[:, 1:].bool()]
+
+
+def _scatter(values: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Puts per-generated-token values [N] back on the token grid [B, L] (0 elsewhere)."""
+    out = torch.zeros(loss_mask.shape, dtype=values.dtype, device=values.device)
+    out[:, 1:][loss_mask[:, 1:].bool()] = values
+    return out
