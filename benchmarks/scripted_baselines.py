@@ -33,7 +33,7 @@ from envs import make_env
 from envs.base import DYNAMICS_STREAM, TextEnv
 from rllib_ragen.data.experts import TurnBudgetLeft, expert_for
 from rllib_ragen.intervals import format_rate
-from rllib_ragen.presets import ENV_BUDGETS
+from rllib_ragen.algorithm.presets import ENV_BUDGETS
 
 EVAL_SEED_START = 123  # StarPOConfig's eval_seed
 MAX_TURNS = 3  # the CPU preset's cap
