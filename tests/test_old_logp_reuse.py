@@ -61,7 +61,7 @@ def test_skipping_the_old_logp_pass_changes_nothing(tiny_model_path, ray_session
 
         def compare(learner):
             scored, reused = (
-                _loss_and_grads(learner, LearnerConnectorPipeline(config.learner_connector_pieces(score_old_logp=s)), episodes)
+                _loss_and_grads(learner, LearnerConnectorPipeline(connectors=config.learner_connector_pieces(score_old_logp=s)), episodes)
                 for s in (True, False)
             )
             return scored, reused
