@@ -4,7 +4,7 @@ RAGEN's finding 6: with only the task reward, the `<think>` part shrinks and
 stops explaining the action. For each env this runs the env's tuned example
 twice (CPU preset, SmolLM2-135M, vLLM on CPU, think mode) from the same cached
 warm start, on the same training and evaluation seeds: once with the task
-reward alone, once with the shaping terms of `rllib_ragen.reward_shaping`
+reward alone, once with the shaping terms of `rllib_ragen.rollout.reward_shaping`
 (`--shaping`). It prints, per iteration, the mean thought length in words and
 the training success of both runs, then the evaluations before and after RL
 (success with 95% Wilson intervals, mean thought words), each run's paired
