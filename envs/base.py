@@ -146,6 +146,18 @@ class TextEnv(gym.Env, abc.ABC):
         """The current state as the text the model sees."""
 
 
+# How a grid env joins the cells of a row: "" as RAGEN renders them, or " ". Tokenizers merge runs
+# of grid symbols ("####", "__", "OP") into one token, so a cell's column cannot be read off the
+# tokens; a space makes every cell its own token (SmolLM2: " #", " _", " O").
+CELL_SEPARATORS = ("", " ")
+
+
+def check_cell_separator(separator: str) -> None:
+    """Raises ValueError unless `separator` is one of `CELL_SEPARATORS`."""
+    if separator not in CELL_SEPARATORS:
+        raise ValueError(f"cell_separator must be one of {CELL_SEPARATORS}, got {separator!r}")
+
+
 def dynamics_generator(seed: int | None, stream: int) -> np.random.Generator:
     """The random stream number `stream` under `seed`: independent of the seed's own stream and of other numbers.
 

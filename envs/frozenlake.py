@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake
 
-from envs.base import TextEnv, build_config, match_action
+from envs.base import TextEnv, build_config, check_cell_separator, match_action
 
 # gymnasium's action indices: 0 Left, 1 Down, 2 Right, 3 Up.
 ACTIONS: tuple[str, ...] = ("Left", "Down", "Right", "Up")
@@ -46,12 +46,15 @@ class FrozenLakeConfig:
         p_frozen: probability that a cell is frozen (else a hole).
         is_slippery: moves go the intended way only with probability 1/3.
         max_steps: valid moves before the episode is truncated.
+        cell_separator: what joins the cells of a rendered row, one of
+            `envs.base.CELL_SEPARATORS`: "" (RAGEN's render) or " " (one token a cell).
     """
 
     size: int = 4
     p_frozen: float = 0.8
     is_slippery: bool = True
     max_steps: int = 100
+    cell_separator: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.size, numbers.Integral) or self.size < 2:
@@ -60,6 +63,7 @@ class FrozenLakeConfig:
             raise ValueError(f"p_frozen must be in (0, 1], got {self.p_frozen}")
         if self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        check_cell_separator(self.cell_separator)
 
 
 class FrozenLakeEnv(TextEnv):
@@ -117,7 +121,7 @@ class FrozenLakeEnv(TextEnv):
         player = divmod(int(self.lake.s), self.lake.ncol)
         rows = []
         for r, row in enumerate(desc):
-            rows.append("".join(_SYMBOLS[ch][(r, c) == player] for c, ch in enumerate(row)))
+            rows.append(self.config.cell_separator.join(_SYMBOLS[ch][(r, c) == player] for c, ch in enumerate(row)))
         return "\n".join(rows)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.base import TextEnv, build_config, match_action
+from envs.base import TextEnv, build_config, check_cell_separator, match_action
 from envs.sokoban_generator import generate_room
 from envs.sokoban_room import (
     ACTIONS,
@@ -50,6 +50,8 @@ class SokobanConfig:
         search_depth: most reverse moves explored when generating a start.
         grid_vocabulary: the symbols of the rendered grid, a key of
             `GRID_VOCABULARIES`: "standard" (RAGEN's) or "new" (SokobanNewVocab's).
+        cell_separator: what joins the cells of a rendered row, one of
+            `envs.base.CELL_SEPARATORS`: "" (RAGEN's render) or " " (one token a cell).
     """
 
     dim_room: tuple[int, int] = (6, 6)
@@ -57,6 +59,7 @@ class SokobanConfig:
     max_steps: int = 100
     search_depth: int = 300
     grid_vocabulary: str = "standard"
+    cell_separator: str = ""
 
     def __post_init__(self) -> None:
         dims = tuple(self.dim_room)
@@ -80,6 +83,7 @@ class SokobanConfig:
             raise ValueError(
                 f"grid_vocabulary must be one of {sorted(GRID_VOCABULARIES)}, got {self.grid_vocabulary!r}"
             )
+        check_cell_separator(self.cell_separator)
 
     @property
     def symbols(self) -> GridSymbols:
@@ -123,7 +127,7 @@ class SokobanEnv(TextEnv):
                 rng, dim_room=cfg.dim_room, num_boxes=cfg.num_boxes, search_depth=cfg.search_depth
             )
         elif isinstance(room, str):
-            room = parse_room(room, self.config.symbols)
+            room = parse_room(room, self.config.symbols, separator=self.config.cell_separator)
         elif not isinstance(room, Room):
             raise TypeError(
                 f"options['room'] must be a Room or its text, got {type(room).__name__}"
@@ -152,7 +156,7 @@ class SokobanEnv(TextEnv):
     def render_text(self) -> str:
         if self.room is None:
             raise RuntimeError("SokobanEnv has no room yet: call reset() first")
-        return render_room(self.room, self.config.symbols)
+        return render_room(self.room, self.config.symbols, separator=self.config.cell_separator)
 
 
 def _box_reward(room: Room, box_from: int, box_to: int) -> float:

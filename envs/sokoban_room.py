@@ -172,12 +172,12 @@ def apply_move(layout: Layout, player: int, boxes: frozenset[int], direction: in
     return Move(nxt, (boxes - {nxt}) | {beyond}, nxt, beyond)
 
 
-def render_room(room: Room, symbols: GridSymbols = STANDARD_SYMBOLS) -> str:
-    """The room as rows of `symbols` joined by newlines."""
+def render_room(room: Room, symbols: GridSymbols = STANDARD_SYMBOLS, *, separator: str = "") -> str:
+    """The room as rows of `symbols` (cells joined by `separator`) joined by newlines."""
     layout = room.layout
     rows = []
     for row in range(layout.height):
-        rows.append("".join(_symbol(room, room.cell(row, col), symbols) for col in range(layout.width)))
+        rows.append(separator.join(_symbol(room, room.cell(row, col), symbols) for col in range(layout.width)))
     return "\n".join(rows)
 
 
@@ -192,13 +192,13 @@ def _symbol(room: Room, cell: int, symbols: GridSymbols) -> str:
     return symbols.target if on_target else symbols.floor
 
 
-def parse_room(text: str, symbols: GridSymbols = STANDARD_SYMBOLS) -> Room:
-    """Inverse of `render_room`: builds a Room from rows of `symbols`.
+def parse_room(text: str, symbols: GridSymbols = STANDARD_SYMBOLS, *, separator: str = "") -> Room:
+    """Inverse of `render_room`: builds a Room from rows of `symbols` (cells joined by `separator`).
 
     Raises ValueError on ragged rows, unknown symbols or a missing/duplicate player.
     """
     kinds = symbols.kinds()
-    rows = text.strip("\n").split("\n")
+    rows = [line.split(separator) if separator else list(line) for line in text.strip("\n").split("\n")]
     width = len(rows[0])
     if any(len(r) != width for r in rows):
         raise ValueError(f"rows have different lengths: {[len(r) for r in rows]}")

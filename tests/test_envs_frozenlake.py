@@ -155,3 +155,13 @@ def test_larger_maps_generate():
     env = FrozenLakeEnv(size=6, p_frozen=0.7)
     obs, _ = env.reset(seed=4)
     assert len(obs.split("\n")) == 6 and _flood_fill_reaches_goal(env.lake.desc.astype(str))
+
+
+def test_spaced_render_gives_each_cell_its_own_token(tiny_tokenizer):
+    obs, _ = FrozenLakeEnv().reset(seed=5)
+    spaced, _ = FrozenLakeEnv(cell_separator=" ").reset(seed=5)
+    assert [row.split(" ") for row in spaced.split("\n")] == [list(row) for row in obs.split("\n")]
+    assert [len(tiny_tokenizer.encode(row)) for row in spaced.split("\n")] == [4] * 4
+    assert min(len(tiny_tokenizer.encode(row)) for row in obs.split("\n")) < 4
+    with pytest.raises(ValueError, match="cell_separator must be one of"):
+        FrozenLakeConfig(cell_separator="|")

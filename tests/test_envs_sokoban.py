@@ -255,3 +255,21 @@ def test_sokoban_new_vocab_answers_parse_and_the_solver_and_expert_solve_it():
     env.reset(seed=4)
     turn = expert_for(env)(env, TurnBudgetLeft(turns=5, actions=len(plan), per_turn=len(plan)))
     assert turn.actions == plan
+
+
+def test_spaced_render_parses_back_and_gives_each_cell_its_own_token(tiny_tokenizer):
+    plain, spaced = SokobanEnv(), SokobanEnv(cell_separator=" ")
+    obs, _ = plain.reset(seed=3)
+    spaced_obs, _ = spaced.reset(seed=3)
+    assert [row.split(" ") for row in spaced_obs.split("\n")] == [list(row) for row in obs.split("\n")]
+    assert parse_room(spaced_obs, separator=" ") == spaced.room == plain.room
+    again, _ = SokobanEnv(cell_separator=" ").reset(seed=0, options={"room": spaced_obs})
+    assert again == spaced_obs
+    # SmolLM2's tokenizer merges runs of cells ("####", "__") without the separator.
+    assert [len(tiny_tokenizer.encode(row)) for row in spaced_obs.split("\n")] == [6] * 6
+    assert min(len(tiny_tokenizer.encode(row)) for row in obs.split("\n")) < 6
+
+
+def test_an_unknown_cell_separator_is_refused_by_name():
+    with pytest.raises(ValueError, match="cell_separator must be one of"):
+        SokobanConfig(cell_separator=",")
