@@ -174,6 +174,9 @@ def behaviour_cloning_config(base_path: Path, config: WarmStartConfig) -> StarPO
             micro_batch_size=min(4, config.batch_size), autocast_dtype=config.autocast_dtype,
         )
         .starpo_evaluation(eval_interval=0)
+        # The collapse diagnostics and the echo-trap monitor read a policy's own samples; on fixed
+        # demonstrations they would only print warnings about the demonstrations' templates.
+        .diagnostics(collapse_metrics_interval=0)
         .debugging(seed=config.seed)
     )
 
