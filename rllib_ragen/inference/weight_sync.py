@@ -88,8 +88,9 @@ class PolicyWeightSync:
                 # The pool is in the driver, which can run a sync: a replaced actor gets one.
                 engine.resync = self.sync
         self._syncs = itertools.count()
-        # Read on the learner: the engines' weights, or the LoRA adapter they serve.
-        self._policy_tensors = functools.partial(_policy_tensors, adapter=config.serves_adapter)
+        # What the learner sends: the engines' weights, or the LoRA adapter they serve.
+        self._adapter = config.serves_adapter
+        self._policy_tensors = functools.partial(_policy_tensors, adapter=self._adapter)
         self._probe: tuple[list[int], list[int]] | None = None
 
     @property
@@ -154,7 +155,7 @@ class PolicyWeightSync:
             ref, nbytes = ray.put(packed), packed.nbytes
         else:
             ref, nbytes = self._on_learner(
-                functools.partial(_put_policy, tensors=self._policy_tensors), "packing the policy weights"
+                functools.partial(_put_policy, adapter=self._adapter), "packing the policy weights"
             )
         if engine is not None:
             engine.load_packed(ref)
@@ -174,7 +175,7 @@ class PolicyWeightSync:
         else:
             pairs = None
             layout, device = self._on_learner(
-                functools.partial(_policy_layout, tensors=self._policy_tensors), "reading the policy layout"
+                functools.partial(_policy_layout, adapter=self._adapter), "reading the policy layout"
             )
         members = self._members()
         backend = "nccl" if device.type == "cuda" and self.config.num_gpus_per_engine > 0 else "gloo"
@@ -199,7 +200,7 @@ class PolicyWeightSync:
                 send(spec, [tensor for _, tensor in pairs], layout)
             else:
                 self._on_learner(
-                    functools.partial(_send_from_learner, tensors=self._policy_tensors, spec=spec, layout=layout),
+                    functools.partial(_send_from_learner, adapter=self._adapter, spec=spec, layout=layout),
                     "sending weights",
                 )
             send_error = None
@@ -307,28 +308,24 @@ def _vocab_size(learner) -> int | None:
     return _module(learner).policy.get_input_embeddings().num_embeddings if _is_rank_zero() else None
 
 
-def _put_policy(learner, tensors: Callable[[Any], dict[str, Tensor] | None]) -> tuple[ray.ObjectRef, int] | None:
+def _put_policy(learner, adapter: bool) -> tuple[ray.ObjectRef, int] | None:
     if not _is_rank_zero():
         return None
-    packed = pack_weights(tensors(learner))
+    packed = pack_weights(_policy_tensors(learner, adapter))
     return ray.put(packed), packed.nbytes
 
 
-def _policy_layout(
-    learner, tensors: Callable[[Any], dict[str, Tensor] | None]
-) -> tuple[TensorLayout, torch.device] | None:
+def _policy_layout(learner, adapter: bool) -> tuple[TensorLayout, torch.device] | None:
     if not _is_rank_zero():
         return None
-    pairs = unique_weights(tensors(learner))
+    pairs = unique_weights(_policy_tensors(learner, adapter))
     return TensorLayout.of(pairs), pairs[0][1].device
 
 
-def _send_from_learner(
-    learner, tensors: Callable[[Any], dict[str, Tensor] | None], spec: GroupSpec, layout: TensorLayout
-) -> bool | None:
+def _send_from_learner(learner, adapter: bool, spec: GroupSpec, layout: TensorLayout) -> bool | None:
     if not _is_rank_zero():
         return None
-    send(spec, [tensor for _, tensor in unique_weights(tensors(learner))], layout)
+    send(spec, [tensor for _, tensor in unique_weights(_policy_tensors(learner, adapter))], layout)
     return True
 
 
