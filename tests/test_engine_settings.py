@@ -10,6 +10,7 @@ import pytest
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.inference.engine_config import EngineConfig
 from rllib_ragen.inference.vllm.actor import llm_kwargs
+from rllib_ragen.training.lora import LoraSettings
 
 # A value different from the default for every field .inference() sets (the seed comes from .debugging()).
 NON_DEFAULTS = {
@@ -31,6 +32,7 @@ NON_DEFAULTS = {
     "engine_call_timeout_s": ("call_timeout_s", 12.0),
     "weight_sync": ("weight_sync", "collective"),
     "weight_sync_timeout_s": ("weight_sync_timeout_s", 13.0),
+    "lora_sync": ("lora_sync", "merged"),
 }
 
 
@@ -39,13 +41,14 @@ def test_starpo_defaults_are_engine_config_defaults():
 
 
 def test_every_engine_field_is_settable_from_inference():
-    fields = {f.name for f in dataclasses.fields(EngineConfig)} - {"seed"}
+    fields = {f.name for f in dataclasses.fields(EngineConfig)} - {"seed", "lora"}
     assert {field for field, _ in NON_DEFAULTS.values()} == fields
     config = StarPOConfig().inference(**{attribute: value for attribute, (_, value) in NON_DEFAULTS.items()})
     engine = config.engine_config
     for attribute, (field, value) in NON_DEFAULTS.items():
         assert getattr(engine, field) == value != getattr(EngineConfig(), field), attribute
     assert StarPOConfig().debugging(seed=5).engine_config.seed == 5
+    assert StarPOConfig().llm(lora_rank=4).engine_config.lora == LoraSettings(rank=4)
 
 
 def test_settings_reach_vllm_under_its_names():
@@ -69,11 +72,41 @@ def test_settings_reach_vllm_under_its_names():
         ({"weight_sync_timeout_s": -1}, "weight_sync_timeout_s must be > 0"),
         ({"start_timeout_s": 0}, "start_timeout_s must be > 0"),
         ({"max_restarts_per_call": -1}, "max_restarts_per_call must be >= 0"),
+        ({"lora_sync": "sometimes"}, "lora_sync must be one of"),
+        ({"kind": "vllm", "lora_sync": "adapter"}, "lora_sync='adapter' .* lora_rank=0"),
+        ({"kind": "hf", "lora_sync": "adapter", "lora": LoraSettings(rank=8)}, "needs vLLM engines .* 'hf'"),
+        ({"kind": "vllm", "lora_sync": "adapter", "lora": LoraSettings(rank=1024)}, "lora_rank=1024 is larger"),
     ],
 )
 def test_engine_config_rejects_bad_settings(overrides, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig(**overrides)
+
+
+def test_lora_sync_auto_sends_the_adapter_to_gpu_vllm_engines_only():
+    lora, gpu = LoraSettings(rank=4), {"num_gpus_per_engine": 1, "kv_cache_gb": None}
+    assert EngineConfig(kind="vllm", lora=lora, **gpu).serves_adapter
+    assert not EngineConfig(kind="vllm", lora=lora).serves_adapter  # CPU: merged
+    assert not EngineConfig(kind="hf", lora=lora, **gpu).serves_adapter
+    assert not EngineConfig(kind="vllm", lora=lora, lora_sync="merged", **gpu).serves_adapter
+    assert not EngineConfig(kind="vllm", **gpu).serves_adapter  # full fine-tuning
+    assert EngineConfig(kind="vllm", lora=lora, lora_sync="adapter").serves_adapter
+
+
+def test_an_adapter_serving_engine_gets_vllms_lora_settings():
+    for rank, max_rank in ((4, 8), (16, 16), (17, 32)):
+        config = EngineConfig(kind="vllm", lora=LoraSettings(rank=rank), lora_sync="adapter")
+        kwargs = llm_kwargs(config, "/m", 0)
+        assert (kwargs["enable_lora"], kwargs["max_lora_rank"], kwargs["max_loras"]) == (True, max_rank, 1)
+    assert "enable_lora" not in llm_kwargs(EngineConfig(kind="vllm", lora=LoraSettings(rank=4)), "/m", 0)
+
+
+def test_adapter_sync_without_lora_is_refused_when_the_config_is_validated():
+    config = StarPOConfig().environment("bandit").inference(engine="vllm", lora_sync="adapter")
+    with pytest.raises(ValueError, match="lora_sync='adapter' .* lora_rank=0"):
+        config.validate()
+    with pytest.raises(ValueError, match="needs vLLM engines"):
+        config.llm(lora_rank=8).inference(engine="hf").validate()
 
 
 def test_float16_weights_are_rejected_before_any_update(tiny_model_path):

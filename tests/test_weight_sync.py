@@ -1,11 +1,14 @@
 """StarPO's weight sync, end to end: after every sync the engines score a probe exactly as the
 learner does (and a stale engine is caught), with the collective broadcast on gloo (the code
 NCCL runs on GPU) and the object store, from the local or a remote learner, into the local
-runner's engines or a remote runner's, and into an engine actor that was replaced."""
+runner's engines or a remote runner's, and into an engine actor that was replaced; a LoRA
+policy as merged weights or as its adapter alone, served by vLLM as a LoRA request."""
 
 from __future__ import annotations
 
+import sys
 import time
+import typing
 
 import pytest
 import ray
@@ -14,7 +17,10 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.inference.collective import GroupHost, TensorLayout, receive, send
+from rllib_ragen.inference.vllm.adapter import VLLM_MAX_LORA_RANKS
+from rllib_ragen.inference.weights import pack_weights
 from rllib_ragen.rllib_private import local_learner
+from rllib_ragen.training.lora import adapter_state_dict
 
 GAP = "engine_logp_max_abs_diff"
 # fp32 engines against a bf16 learner: the learner's bf16 arithmetic is the only difference, about
@@ -210,11 +216,11 @@ def test_object_store_from_a_remote_learner_into_a_remote_runner_engine(tiny_mod
 
 
 # ---------------------------------------------------------------------- LoRA: merged on the learner
-def perturb_adapters(learner) -> None:
+def perturb_adapters(learner, seed: int = 1) -> None:
     """Gives every LoRA B of the policy random values (they start at 0, where merging changes nothing)."""
     policy = learner.module[DEFAULT_MODULE_ID].unwrapped().policy
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1)
+        torch.manual_seed(seed)
         for name, param in policy.named_parameters():
             if "lora_B" in name:
                 param.normal_(std=LORA_B_STD)
@@ -236,5 +242,100 @@ def test_lora_policy_reaches_vllm_as_merged_weights_and_scores_like_the_learner(
         print("probe gap before the sync", stale, "after", synced)
         assert stale > STALE  # the adapters changed the policy; the engine has not seen it yet
         assert synced < TOLERANCE
+    finally:
+        algo.stop()
+
+
+# ---------------------------------------------------------------------- LoRA: the adapter alone
+def test_the_copy_of_vllms_lora_ranks_is_vllms():
+    pytest.importorskip("vllm")
+    from vllm.config.lora import MaxLoRARanks
+
+    assert typing.get_args(MaxLoRARanks) == VLLM_MAX_LORA_RANKS
+
+
+@pytest.fixture(scope="module")
+def adapter_algo(tiny_model_path):
+    pytest.importorskip("vllm")
+    algo = vllm_config(tiny_model_path).llm(lora_rank=8).inference(lora_sync="adapter").build_algo()
+    yield algo
+    algo.stop()
+
+
+def _probe_on_engine(algo) -> list[float]:
+    prompt, continuation = algo.weight_sync._probe
+    return algo.env_runner.engine.score([prompt], [continuation])[0]
+
+
+@pytest.mark.vllm
+def test_lora_adapter_sync_sends_the_adapter_only_and_vllm_serves_it_like_the_learner(adapter_algo):
+    learner = local_learner(adapter_algo.learner_group)
+    module = learner.module[DEFAULT_MODULE_ID].unwrapped()
+    assert adapter_algo.config.engine_config.serves_adapter
+    assert adapter_algo.weight_sync.check() < TOLERANCE  # B = 0 after the start sync: the base model
+    base = _probe_on_engine(adapter_algo)
+    perturb_adapters(learner)
+    stale = adapter_algo.weight_sync.check()
+    report = adapter_algo.weight_sync.sync()
+    synced = adapter_algo.weight_sync.check()
+    merged_nbytes = pack_weights(module.policy_state_dict()).nbytes
+    print("probe gap before the sync", stale, "after", synced, "bytes sent", report.nbytes, "merged", merged_nbytes)
+    assert stale > STALE  # the adapters changed the policy; the engine still serves the old (zero) one
+    assert synced < TOLERANCE
+    assert max(abs(a - b) for a, b in zip(_probe_on_engine(adapter_algo), base)) > STALE  # not the base model
+    adapter = adapter_state_dict(module.policy)
+    assert all(".lora_A." in name or ".lora_B." in name for name in adapter)
+    assert report.nbytes == sum(t.numel() * t.element_size() for t in adapter.values())
+    assert report.nbytes * 50 < merged_nbytes
+
+
+@pytest.mark.vllm
+def test_a_second_adapter_sync_replaces_the_served_adapter(adapter_algo):
+    learner = local_learner(adapter_algo.learner_group)
+    perturb_adapters(learner, seed=1)
+    adapter_algo.weight_sync.sync()
+    assert adapter_algo.weight_sync.check() < TOLERANCE
+    first = _probe_on_engine(adapter_algo)
+    perturb_adapters(learner, seed=2)
+    assert adapter_algo.weight_sync.check() > STALE  # the engine serves the first adapter until the sync
+    adapter_algo.weight_sync.sync()
+    assert adapter_algo.weight_sync.check() < TOLERANCE  # not a cached copy of the first
+    assert max(abs(a - b) for a, b in zip(_probe_on_engine(adapter_algo), first)) > STALE
+
+
+@pytest.mark.vllm
+def test_adapter_sync_through_the_object_store_restores_a_replaced_engine(tiny_model_path):
+    pytest.importorskip("vllm")
+    config = vllm_config(tiny_model_path, weight_sync="object_store").llm(lora_rank=8).inference(lora_sync="adapter")
+    algo = config.build_algo()
+    try:
+        perturb_adapters(local_learner(algo.learner_group))
+        algo.sync_engine_weights()
+        assert algo.weight_sync.check() < TOLERANCE
+        pool = algo.env_runner.engine
+        ray.kill(pool.actors[0])
+        algo.env_runner.sample()  # the dead engine is replaced mid-call and reloads the last adapter
+        assert pool.restarts == 1
+        assert algo.weight_sync.check() < TOLERANCE
+    finally:
+        algo.stop()
+
+
+@pytest.mark.vllm
+def test_a_remote_learner_sends_the_adapter(tiny_model_path):
+    pytest.importorskip("vllm")
+    algo = vllm_config(tiny_model_path).llm(lora_rank=8).inference(lora_sync="adapter").learners(num_learners=1)
+    algo = algo.build_algo()
+    try:
+        assert algo.learner_group.is_remote
+        # The learner actor cannot import this test module: `perturb_adapters` travels by value.
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+        try:
+            algo.learner_group.foreach_learner(perturb_adapters)
+        finally:
+            ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        assert algo.weight_sync.check() > STALE
+        assert algo.weight_sync.sync().nbytes < 2**16  # the adapter (32 KiB), not the 6 MiB of merged weights
+        assert algo.weight_sync.check() < TOLERANCE
     finally:
         algo.stop()

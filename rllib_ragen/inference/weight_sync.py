@@ -14,6 +14,9 @@ with the transport `EngineConfig.weight_sync` names:
   process over one torch.distributed group (`collective`: NCCL on GPU, gloo on
   CPU). The group is re-formed when an engine was replaced or a sync failed.
 
+A LoRA policy sends its merged weights, or, when the engines serve its adapter
+(`EngineConfig.serves_adapter`), the adapter tensors alone, over either transport.
+
 An engine in the learner's own process (engine="hf" on the local env runner with
 the local learner) takes the tensors directly under either transport. After a
 sync, `check` scores a fixed probe continuation on every engine and on the
@@ -85,6 +88,9 @@ class PolicyWeightSync:
                 # The pool is in the driver, which can run a sync: a replaced actor gets one.
                 engine.resync = self.sync
         self._syncs = itertools.count()
+        # What the learner sends: the engines' weights, or the LoRA adapter they serve.
+        self._adapter = config.serves_adapter
+        self._policy_tensors = functools.partial(_policy_tensors, adapter=self._adapter)
         self._probe: tuple[list[int], list[int]] | None = None
 
     @property
@@ -141,14 +147,16 @@ class PolicyWeightSync:
     def _sync_object_store(self, version: int | None) -> int:
         engine = self._local_engine
         if self.learner_group.is_local:
-            tensors = self._on_learner(_policy_tensors, "reading the policy weights")
+            tensors = self._on_learner(self._policy_tensors, "reading the policy weights")
             if engine is not None and engine.in_process:
                 engine.update_weights(tensors)
                 return sum(t.numel() * t.element_size() for _, t in unique_weights(tensors))
             packed = pack_weights(tensors)
             ref, nbytes = ray.put(packed), packed.nbytes
         else:
-            ref, nbytes = self._on_learner(_put_policy, "packing the policy weights")
+            ref, nbytes = self._on_learner(
+                functools.partial(_put_policy, adapter=self._adapter), "packing the policy weights"
+            )
         if engine is not None:
             engine.load_packed(ref)
         self._on_remote_runners(
@@ -159,14 +167,16 @@ class PolicyWeightSync:
     def _sync_collective(self, version: int | None) -> int:
         engine = self._local_engine
         if self.learner_group.is_local:
-            pairs = unique_weights(self._on_learner(_policy_tensors, "reading the policy weights"))
+            pairs = unique_weights(self._on_learner(self._policy_tensors, "reading the policy weights"))
             if engine is not None and engine.in_process:
                 engine.update_weights(dict(pairs))
                 return TensorLayout.of(pairs).nbytes
             layout, device = TensorLayout.of(pairs), pairs[0][1].device
         else:
             pairs = None
-            layout, device = self._on_learner(_policy_layout, "reading the policy layout")
+            layout, device = self._on_learner(
+                functools.partial(_policy_layout, adapter=self._adapter), "reading the policy layout"
+            )
         members = self._members()
         backend = "nccl" if device.type == "cuda" and self.config.num_gpus_per_engine > 0 else "gloo"
         spec = self._host.spec(tuple(members), world_size=1 + sum(count for _, count, _ in members), backend=backend)
@@ -189,7 +199,10 @@ class PolicyWeightSync:
             if pairs is not None:
                 send(spec, [tensor for _, tensor in pairs], layout)
             else:
-                self._on_learner(functools.partial(_send_from_learner, spec=spec, layout=layout), "sending weights")
+                self._on_learner(
+                    functools.partial(_send_from_learner, adapter=self._adapter, spec=spec, layout=layout),
+                    "sending weights",
+                )
             send_error = None
         except Exception as error:  # raised after the receivers' own errors, which name the engine
             send_error = error
@@ -286,32 +299,33 @@ def _module(learner):
     return learner.module[DEFAULT_MODULE_ID].unwrapped()
 
 
-def _policy_tensors(learner) -> dict[str, Tensor] | None:
-    return _module(learner).policy_state_dict() if _is_rank_zero() else None
+def _policy_tensors(learner, adapter: bool) -> dict[str, Tensor] | None:
+    """What the engines load (`LLMRLModule.policy_state_dict`), on rank 0."""
+    return _module(learner).policy_state_dict(adapter=adapter) if _is_rank_zero() else None
 
 
 def _vocab_size(learner) -> int | None:
     return _module(learner).policy.get_input_embeddings().num_embeddings if _is_rank_zero() else None
 
 
-def _put_policy(learner) -> tuple[ray.ObjectRef, int] | None:
+def _put_policy(learner, adapter: bool) -> tuple[ray.ObjectRef, int] | None:
     if not _is_rank_zero():
         return None
-    packed = pack_weights(_module(learner).policy_state_dict())
+    packed = pack_weights(_policy_tensors(learner, adapter))
     return ray.put(packed), packed.nbytes
 
 
-def _policy_layout(learner) -> tuple[TensorLayout, torch.device] | None:
+def _policy_layout(learner, adapter: bool) -> tuple[TensorLayout, torch.device] | None:
     if not _is_rank_zero():
         return None
-    pairs = unique_weights(_module(learner).policy_state_dict())
+    pairs = unique_weights(_policy_tensors(learner, adapter))
     return TensorLayout.of(pairs), pairs[0][1].device
 
 
-def _send_from_learner(learner, spec: GroupSpec, layout: TensorLayout) -> bool | None:
+def _send_from_learner(learner, adapter: bool, spec: GroupSpec, layout: TensorLayout) -> bool | None:
     if not _is_rank_zero():
         return None
-    send(spec, [tensor for _, tensor in unique_weights(_module(learner).policy_state_dict())], layout)
+    send(spec, [tensor for _, tensor in unique_weights(_policy_tensors(learner, adapter))], layout)
     return True
 
 

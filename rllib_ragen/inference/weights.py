@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rllib_ragen.training.lora import LoraSettings, adapter_state_dict, add_adapters
+
 # numpy has no bfloat16: such tensors travel as raw integers of the same width.
 _RAW_VIEWS = {torch.bfloat16: torch.int16}
 
@@ -48,14 +50,16 @@ def check_weights(state_dict: Mapping[str, Tensor], expected_shapes: Mapping[str
         raise ValueError(f"{len(wrong)} weight(s) have the wrong shape: " + "; ".join(wrong[:3]))
 
 
-def hf_weight_shapes(model_path: str | Path) -> dict[str, tuple[int, ...]]:
-    """The HF state-dict names and shapes of the model in `model_path`, without loading weights."""
+def hf_weight_shapes(model_path: str | Path, lora: LoraSettings | None = None) -> dict[str, tuple[int, ...]]:
+    """The HF state-dict names and shapes of the model in `model_path`, without loading weights;
+    with `lora`, those of its LoRA adapter's tensors (`adapter_state_dict`) instead."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(model_path, local_files_only=True)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    return {name: tuple(value.shape) for name, value in model.state_dict().items()}
+        state = model.state_dict() if lora is None else adapter_state_dict(add_adapters(model, lora))
+    return {name: tuple(value.shape) for name, value in state.items()}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,8 @@ of `LLMRLModule` runs unchanged. PEFT freezes the base weights; only the
 adapters (and the value head) are trained, checkpointed and put in the optimiser.
 Engines get merged weights under the plain HF names (`merged_state_dict`), so
 every weight-sync transport and engine loads them as it loads a full-fine-tuned
-policy.
+policy, or (`EngineConfig.serves_adapter`) the adapter tensors alone
+(`adapter_state_dict`), which a vLLM engine serves as a LoRA request.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import dataclasses
 from collections.abc import Mapping
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model, inject_adapter_in_model
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, inject_adapter_in_model
 from peft.tuners.lora import LoraLayer
 from torch import Tensor, nn
 
@@ -117,6 +118,15 @@ def merged_state_dict(model: nn.Module) -> dict[str, Tensor]:
                 tensor = tensor + deltas[layer].to(tensor.dtype)
         merged[name] = tensor
     return merged
+
+
+def adapter_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The adapter tensors of `model` (with injected adapters) under PEFT's saved names (the adapter
+    name dropped), as an adapter directory's `adapter_model.safetensors` holds them; `model`'s own tensors.
+
+    The base embeddings are never included: they are frozen, and the engines hold them already.
+    """
+    return get_peft_model_state_dict(model, adapter_name=ADAPTER, save_embedding_layers=False)
 
 
 def load_adapters(model: nn.Module, adapters: Mapping[str, Tensor]) -> None:

@@ -34,6 +34,7 @@ from rllib_ragen.models import load_causal_lm, resolve_model
 from rllib_ragen.training.advantages import critic_free_estimators
 from rllib_ragen.training.lora import (
     LoraSettings,
+    adapter_state_dict,
     add_adapters,
     merged_state_dict,
     shared_trunk_copy,
@@ -221,8 +222,11 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
         values = self.value_head(selected).squeeze(-1).float()
         return _scatter(values, batch[Columns.LOSS_MASK])
 
-    def policy_state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's weights under Hugging Face parameter names (for engines), LoRA adapters merged in."""
+    def policy_state_dict(self, *, adapter: bool = False) -> dict[str, torch.Tensor]:
+        """The policy's weights for engines: Hugging Face parameter names, LoRA adapters merged in; with
+        `adapter`, the LoRA adapter's tensors alone (PEFT's names), for engines that serve it."""
+        if adapter:
+            return adapter_state_dict(self.policy)
         return merged_state_dict(self.policy) if self.llm_config.lora.enabled else self.policy.state_dict()
 
     @override(TorchRLModule)

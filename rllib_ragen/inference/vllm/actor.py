@@ -18,6 +18,7 @@ import torch
 from rllib_ragen.inference.collective import GroupSpec, TensorLayout, receive
 from rllib_ragen.inference.engine import Completion, SamplingParams
 from rllib_ragen.inference.engine_config import EngineConfig
+from rllib_ragen.inference.vllm.adapter import ServedAdapter, lora_engine_kwargs
 from rllib_ragen.inference.vllm.reload import reload_in_worker
 from rllib_ragen.inference.weights import PackedWeights, unpack_weights
 
@@ -50,6 +51,7 @@ def llm_kwargs(config: EngineConfig, model_path: str, rank: int) -> dict[str, ob
         "logprobs_mode": "processed_logprobs",
         "enforce_eager": config.enforce_eager,
         "seed": config.seed + rank,
+        **(lora_engine_kwargs(config.lora) if config.serves_adapter else {}),
     }
 
 
@@ -88,7 +90,8 @@ def to_completion(output) -> Completion:
 
 
 class VLLMEngineActor:
-    """Holds one `vllm.LLM`; generates, scores and reloads weights in place.
+    """Holds one `vllm.LLM`; generates, scores and reloads weights in place (or, when it serves the
+    policy's LoRA adapter, reloads the adapter and names it in every request: `adapter.py`).
 
     Args:
         model_path: Local model directory.
@@ -105,6 +108,7 @@ class VLLMEngineActor:
 
         start = time.perf_counter()
         self.llm = vllm.LLM(**llm_kwargs(config, model_path, rank))
+        self.adapter = ServedAdapter(config.lora) if config.serves_adapter else None
         # One token now: an unsupported model (e.g. a head size without a CPU attention
         # kernel) fails here, at start, and the first real call is not a slow one.
         self.generate([[0]], SamplingParams(max_new_tokens=1, temperature=0.0), [None])
@@ -122,6 +126,7 @@ class VLLMEngineActor:
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
             [to_vllm_params(params, seed) for seed in seeds],
             use_tqdm=False,
+            lora_request=self._lora_request,
         )
         return [to_completion(output.outputs[0]) for output in outputs]
 
@@ -132,7 +137,10 @@ class VLLMEngineActor:
 
         sequences = [list(p) + list(c) for p, c in zip(prompts, continuations)]
         params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=s) for s in sequences], params, use_tqdm=False)
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=s) for s in sequences], params, use_tqdm=False,
+            lora_request=self._lora_request,
+        )
         return [
             [out.prompt_logprobs[position][seq[position]].logprob for position in range(len(p), len(seq))]
             for out, seq, p in zip(outputs, sequences, prompts)
@@ -150,9 +158,18 @@ class VLLMEngineActor:
         self._load(receive(spec, rank, layout))
         return time.perf_counter() - start
 
+    @property
+    def _lora_request(self):
+        """The served adapter's request; None (the base model) without one, or before the first sync."""
+        return None if self.adapter is None else self.adapter.request
+
     def _load(self, weights: Sequence[tuple[str, torch.Tensor]]) -> None:
-        """Loads HF-named weights into the worker's model, repacks tied heads, drops stale prefix KV."""
-        self.llm.collective_rpc(reload_in_worker, args=(weights,))
+        """Loads HF-named weights into the worker's model, repacks tied heads (or loads the adapter's
+        tensors in place of the last adapter), drops stale prefix KV."""
+        if self.adapter is not None:
+            self.adapter.load(self.llm, weights)
+        else:
+            self.llm.collective_rpc(reload_in_worker, args=(weights,))
         # KV cached under the old weights must not be reused for new prompts.
         self.llm.reset_prefix_cache()
 

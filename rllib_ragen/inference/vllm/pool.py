@@ -70,7 +70,8 @@ class VLLMEnginePool(InferenceEngine):
         self.model_path = str(Path(model_path).resolve())
         self.config = config
         self.vocab_size: int = AutoConfig.from_pretrained(self.model_path, local_files_only=True).vocab_size
-        self._weight_shapes = hf_weight_shapes(self.model_path)
+        # What a sync sends: the HF weights, or the LoRA adapter the engines serve.
+        self._weight_shapes = hf_weight_shapes(self.model_path, config.lora if config.serves_adapter else None)
         self._actor_class = ray.remote(VLLMEngineActor).options(
             num_cpus=config.num_cpus_per_engine,
             num_gpus=config.num_gpus_per_engine,
