@@ -20,8 +20,10 @@ All variants use the same loss (PPO clip + entropy bonus, token-mean, no critic)
 
 Weight sync: the learner's side of an object-store sync, timed after the
 update: the policy's HF-named weights (LoRA merged in: W + (alpha/r) B A per
-layer) packed into host arrays (`pack_weights`), and their size. The engines'
-side loads the same bytes either way, so it is not timed here.
+layer) packed into host arrays (`pack_weights`), and their size. LoRA variants
+also time the adapter-only sync (`.inference(lora_sync="adapter")`: the adapter
+tensors alone, which vLLM serves as a LoRA request). The engines' side is not
+timed here.
 
 Tokens/s counts the batch's real (non-pad) tokens per second of one update.
 Trainable parameters: those with requires_grad (all of them without LoRA).
@@ -97,6 +99,8 @@ class Result:
     trainable_params: int
     sync_seconds: float
     sync_mb: float
+    adapter_sync_seconds: float | None = None
+    adapter_sync_mb: float | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -257,6 +261,9 @@ class FastUpdater:
     def policy_weights(self) -> dict[str, torch.Tensor]:
         return self.module.policy_state_dict()
 
+    def adapter_weights(self) -> dict[str, torch.Tensor]:
+        return self.module.policy_state_dict(adapter=True)
+
     def update(self, batch: dict[str, torch.Tensor]) -> float:
         _, losses, _ = self.learner._uncompiled_update({DEFAULT_MODULE_ID: batch})
         return float(losses[DEFAULT_MODULE_ID])
@@ -291,12 +298,17 @@ def run_variant(args: argparse.Namespace) -> Result:
     start = time.perf_counter()
     packed = pack_weights(updater.policy_weights())
     sync_seconds = time.perf_counter() - start
+    adapter_sync = {}
+    if args.run_variant in LORA_RANKS:
+        start = time.perf_counter()
+        adapter = pack_weights(updater.adapter_weights())
+        adapter_sync = dict(adapter_sync_seconds=time.perf_counter() - start, adapter_sync_mb=adapter.nbytes / 2**20)
     trainable = sum(p.numel() for p in updater.parameters() if p.requires_grad)
     return Result(
         variant=args.run_variant, seconds=seconds, tokens=int(batch[ATTENTION_MASK].sum()),
         generated_tokens=int(batch[Columns.LOSS_MASK].sum()), loss=loss, rss_before_mb=rss_before,
         peak_rss_mb=peak_rss, trainable_params=trainable,
-        sync_seconds=sync_seconds, sync_mb=packed.nbytes / 2**20,
+        sync_seconds=sync_seconds, sync_mb=packed.nbytes / 2**20, **adapter_sync,
     )
 
 
@@ -316,13 +328,15 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
     print(f"batch: {first.tokens} real tokens, {first.generated_tokens} under the loss mask")
     print("peak memory = ru_maxrss of a fresh subprocess per variant (interpreter + torch + model + grads + "
           "AdamW state + activations, read before the sync); 'before' = RSS after the warm-up update; "
-          "sync = merging (LoRA) and packing the policy's weights for the engines")
+          "sync = merging (LoRA) and packing the policy's weights for the engines; adapter = packing the LoRA "
+          "adapter alone")
     print(f"{'variant':<10} {'update s':>9} {'tokens/s':>9} {'gen tok/s':>9} {'peak MB':>8} {'before MB':>9} "
-          f"{'trainable':>11} {'sync s':>7} {'sync MB':>8} {'loss':>12}")
+          f"{'trainable':>11} {'sync s':>7} {'sync MB':>8} {'adapter s':>9} {'adapter MB':>10} {'loss':>12}")
     for r in results:
         print(f"{r.variant:<10} {r.seconds:>9.2f} {r.tokens_per_s:>9.1f} {r.generated_tokens / r.seconds:>9.1f} "
               f"{r.peak_rss_mb:>8.0f} {r.rss_before_mb:>9.0f} {r.trainable_params:>11,} {r.sync_seconds:>7.3f} "
-              f"{r.sync_mb:>8.1f} {r.loss:>12.6f}")
+              f"{r.sync_mb:>8.1f} {_or_dash(r.adapter_sync_seconds, '.3f'):>9} {_or_dash(r.adapter_sync_mb, '.1f'):>10} "
+              f"{r.loss:>12.6f}")
     by_variant = {r.variant: r for r in results}
     naive, full = by_variant.get("naive"), by_variant.get(FULL_FINE_TUNING)
     for r in results:
@@ -334,7 +348,13 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
             print(f"{r.variant} / {FULL_FINE_TUNING}: update time x{r.seconds / full.seconds:.2f}, "
                   f"peak memory x{r.peak_rss_mb / full.peak_rss_mb:.2f}, "
                   f"trainable parameters x{r.trainable_params / full.trainable_params:.4f}, "
-                  f"sync time x{r.sync_seconds / full.sync_seconds:.2f}")
+                  f"sync time x{r.sync_seconds / full.sync_seconds:.2f} merged, "
+                  f"x{r.adapter_sync_seconds / full.sync_seconds:.3f} adapter only "
+                  f"(size x{r.adapter_sync_mb / full.sync_mb:.4f})")
+
+
+def _or_dash(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def main(argv: list[str] | None = None) -> None:
