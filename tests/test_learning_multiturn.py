@@ -85,15 +85,20 @@ def corridor_config(model: str, *, estimator: str, lr: float) -> StarPOConfig:
     )
 
 
-def train_and_evaluate(config: StarPOConfig, iterations: int) -> tuple[float, list[float], float]:
-    """(evaluation success before RL, training success per iteration, evaluation success after)."""
+def train_and_evaluate(
+    config: StarPOConfig, iterations: int, *, stop_at: float = 0.93
+) -> tuple[float, list[float], float]:
+    """(evaluation success before RL, training success per iteration, evaluation success after).
+
+    Training stops early once two iterations in a row reach `stop_at` training success.
+    """
     algo = config.build_algo()
     try:
         before = algo.evaluate_fixed_seeds()["success_rate"]
         curve = []
         for _ in range(iterations):
             curve.append(float(algo.train()["env_runners"]["success_rate"]))
-            if len(curve) >= 2 and min(curve[-2:]) >= 0.93:
+            if len(curve) >= 2 and min(curve[-2:]) >= stop_at:
                 break
         return before, curve, algo.evaluate_fixed_seeds()["success_rate"]
     finally:
@@ -130,11 +135,14 @@ def test_lora_adapters_learn_the_corridor(warm_model):
     allow a logit lead of at most about 1.7 after the frozen final norm, p <= 0.84
     a move at temperature 1, 0.84**3 = 0.6 over the three moves. Evaluated at
     temperature 0.25 (cap 0.999 a move), before RL as after, the test asks
-    whether the adapters learned the way to the goal.
+    whether the adapters learned the way to the goal. Training success at
+    temperature 1 therefore never reaches the other cases' early stop: it
+    stops at 0.5, which needs p >= 0.79 a move (a logit lead of 1.35 over
+    the other move), so p >= 0.995 a move and success >= 0.98 at temperature 0.25.
     """
     config = corridor_config(warm_model, estimator="grpo", lr=1e-2)
     config.llm(lora_rank=8).starpo_evaluation(eval_temperature=0.25)
-    before, curve, after = train_and_evaluate(config, MAX_ITERS)
+    before, curve, after = train_and_evaluate(config, MAX_ITERS, stop_at=0.5)
     print("grpo lora8 eval before", before, "train curve", curve, "eval after", after)
     assert before <= 0.3, f"the warm start should move at random, got {before} at temperature 0.25"
     assert after >= 0.9, f"LoRA: evaluation success {after} < 0.9 after {len(curve)} iterations: {curve}"
