@@ -4,6 +4,7 @@ and the settings reach vLLM as vLLM names them."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -59,6 +60,18 @@ def test_settings_reach_vllm_under_its_names():
     assert gpu["gpu_memory_utilization"] == 0.3 and "kv_cache_memory_bytes" not in gpu
     both = llm_kwargs(EngineConfig(num_gpus_per_engine=1, kv_cache_gb=2.0, gpu_memory_utilization=0.3), "/m", 0)
     assert (both["kv_cache_memory_bytes"], both["gpu_memory_utilization"]) == (2 * 2**30, 0.3)
+
+
+def test_auto_dtype_reaches_vllm_as_the_checkpoints_own(tmp_path):
+    """vLLM's own "auto" would serve a float32 checkpoint in bfloat16 on CPU (emulated without AMX)."""
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps({"dtype": "float32"}))
+    assert llm_kwargs(EngineConfig(), str(tmp_path), 0)["dtype"] == "float32"
+    assert llm_kwargs(EngineConfig(dtype="bfloat16"), str(tmp_path), 0)["dtype"] == "bfloat16"
+    config_file.write_text(json.dumps({"torch_dtype": "bfloat16"}))  # the older transformers key
+    assert llm_kwargs(EngineConfig(), str(tmp_path), 0)["dtype"] == "bfloat16"
+    config_file.write_text(json.dumps({}))
+    assert llm_kwargs(EngineConfig(), str(tmp_path), 0)["dtype"] == "auto"
 
 
 @pytest.mark.parametrize(

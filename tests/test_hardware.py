@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
+from rllib_ragen.algorithm.presets import cpu_preset
+from rllib_ragen.run import hardware
 from rllib_ragen.run.hardware import cpu_flags
 
 
@@ -9,3 +13,11 @@ def test_cpu_flags_are_read_from_cpuinfo():
     cpuinfo = "processor\t: 0\nflags\t\t: fpu sse avx512_bf16 amx_tile\nbugs\t\t: spectre\n"
     assert {"avx512_bf16", "amx_tile"} <= cpu_flags(cpuinfo)
     assert cpu_flags("no flags here") == frozenset()
+
+
+@pytest.mark.parametrize(("native_bf16", "expected"), [(True, "bfloat16"), (False, "float32")])
+def test_cpu_preset_computes_in_bf16_only_where_the_cpu_has_it(monkeypatch, native_bf16, expected):
+    """Without AMX / AVX-512 BF16 (e.g. an AVX2-only EPYC) learner and engine stay float32, never emulated bf16."""
+    monkeypatch.setattr(hardware, "fast_bf16", lambda: native_bf16)
+    config = cpu_preset("sokoban")
+    assert (config.engine_dtype, config.autocast_dtype or "float32", config.dtype) == (expected, expected, "float32")

@@ -71,6 +71,7 @@ def cpu_preset(env: str) -> StarPOConfig:
     # bfloat16 where the CPU has native bf16 matmuls (AMX / AVX-512 BF16): the
     # learner's trunk under autocast and the engine's weights. Measured in
     # benchmarks/iteration_breakdown.py together with the log-prob gap it costs.
+    # Elsewhere (e.g. AVX2-only CPUs) both stay float32: bf16 would be emulated.
     bf16 = fast_bf16()
     config = (
         StarPOConfig()
@@ -83,7 +84,7 @@ def cpu_preset(env: str) -> StarPOConfig:
         .rollouts(n_groups=16, group_size=4, response_length=64, temperature=1.0, **budget)
         .inference(
             engine="auto", num_engines=1, kv_cache_gb=2.0, max_model_len=2048, enable_prefix_caching=True,
-            engine_dtype="bfloat16" if bf16 else "auto",
+            engine_dtype="bfloat16" if bf16 else "float32",
         )
         .training(
             advantage_estimator="gae", rollout_filter_ratio=0.125, mini_batch_size=8, micro_batch_size=2,

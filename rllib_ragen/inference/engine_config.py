@@ -32,7 +32,9 @@ class EngineConfig:
             it starts; None = vLLM's default (0.9). Set it below 1 minus the
             learner's share when both use one GPU. Rejected on CPU, where vLLM would
             read it as a share of host RAM.
-        dtype: Engine weight dtype; "auto" = the checkpoint's for vLLM, float32 for HF.
+        dtype: Engine weight dtype; "auto" = the dtype the checkpoint's config.json declares
+            for vLLM (not vLLM's own "auto", which makes float32 checkpoints bfloat16 on
+            CPU), float32 for HF.
         max_model_len: Longest prompt + completion a vLLM engine serves.
         enable_prefix_caching: vLLM prefix caching (its cache is reset on every weight update).
         num_gpus_per_engine: GPUs per vLLM actor (0 = CPU).

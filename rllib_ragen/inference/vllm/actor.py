@@ -8,10 +8,12 @@ the actor leaves no orphaned engine process behind.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -42,7 +44,7 @@ def llm_kwargs(config: EngineConfig, model_path: str, rank: int) -> dict[str, ob
     return {
         "model": model_path,
         "skip_tokenizer_init": True,
-        "dtype": config.dtype,
+        "dtype": checkpoint_dtype(model_path) if config.dtype == "auto" else config.dtype,
         "max_model_len": config.max_model_len,
         **kv_cache_kwargs(config),
         "enable_prefix_caching": config.enable_prefix_caching,
@@ -53,6 +55,21 @@ def llm_kwargs(config: EngineConfig, model_path: str, rank: int) -> dict[str, ob
         "seed": config.seed + rank,
         **(lora_engine_kwargs(config.lora) if config.serves_adapter else {}),
     }
+
+
+def checkpoint_dtype(model_path: str) -> str:
+    """The dtype a model directory's config.json declares ("auto" when it declares none).
+
+    The engine's "auto" means this, as for the HF engine: vLLM's own "auto" turns a
+    float32 checkpoint into the platform's first dtype, bfloat16 on CPU, which a CPU
+    without AMX or AVX-512 BF16 only emulates (slowly) and which no longer samples
+    the float32 policy the learner scores.
+    """
+    config = Path(model_path) / "config.json"
+    if not config.is_file():
+        return "auto"
+    declared = json.loads(config.read_text())
+    return str(declared.get("dtype") or declared.get("torch_dtype") or "auto")
 
 
 def kv_cache_kwargs(config: EngineConfig) -> dict[str, object]:
