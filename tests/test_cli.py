@@ -21,6 +21,7 @@ CLI_LINES = (
     r"MLflow run: sqlite:///\S+ experiment \d+ run [0-9a-f]{32}",
     r"checkpoints: \S+ \(newest \d+ kept\)",
     r"\S+: \d+ groups x \d+ trajectories, \d+ turns, model \S+, estimator \w+",
+    r"\[0\] evaluating the starting policy on the \d+ evaluation seeds\.\.\.",
     r"\[0\] before RL, on the \d+ evaluation seeds: success .*",
     r"\[\d+/\d+\] \| success [\d.]+ \| return .* \| [\d.]+s",
     r"success on \d+ evaluation seeds \(95% intervals\): before RL .*",

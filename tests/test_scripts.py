@@ -5,6 +5,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from rllib_ragen.run.experiment import (
     build_parser,
     choose_starting_model,
     config_from_args,
+    training_budget_s,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,6 +64,17 @@ def test_no_warm_start_keeps_the_base_model():
     config = config_from_args(_args("--model", "tiny-random"))
     choose_starting_model(config, _args("--no-warm-start"))
     assert config.llm_model == "tiny-random"
+
+
+def test_training_gets_what_the_job_budget_leaves_and_never_more_than_its_own():
+    started = time.perf_counter() - 300.0  # the warm start and the first evaluation took 5 minutes
+    assert training_budget_s(_args(), started) is None
+    assert training_budget_s(_args("--time-budget-min", "10"), started) == 600.0
+    assert training_budget_s(_args("--job-budget-min", "27"), started) == pytest.approx(27 * 60 - 300, abs=5)
+    both = training_budget_s(_args("--job-budget-min", "27", "--time-budget-min", "10"), started)
+    assert both == 600.0
+    # A warm start that took the whole budget leaves none: training then runs its one evaluating iteration.
+    assert training_budget_s(_args("--job-budget-min", "4"), started) < 0
 
 
 def test_time_budget_ends_with_an_evaluation_and_intervals(tmp_path, tiny_model_path):

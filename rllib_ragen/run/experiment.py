@@ -80,15 +80,19 @@ def positive_float(text: str) -> float:
 
 
 def build_parser(
-    *, env: str, description: str, success_threshold: float, stop_iters: int, time_budget_min: float | None = None
+    *, env: str, description: str, success_threshold: float, stop_iters: int, job_budget_min: float | None = None
 ) -> argparse.ArgumentParser:
     """The flags every tuned example takes (RLlib's tuned-example style)."""
     parser = CLIParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_config_flags(parser, env=env, stop_iters=stop_iters)
     add_tracking_flags(parser)
-    parser.add_argument("--time-budget-min", type=positive_float, default=time_budget_min,
+    parser.add_argument("--time-budget-min", type=positive_float,
                         help="training time budget: the iteration expected to cross it is the last (it evaluates "
                              "and checkpoints); --stop-iters still applies")
+    parser.add_argument("--job-budget-min", type=positive_float,
+                        help="the whole job's time budget, from its start (warm start, evaluations, training): "
+                             "training gets what the warm start and the first evaluation leave of it (default: "
+                             f"{job_budget_min} unless --time-budget-min is given)")
     parser.add_argument("--summary-json", metavar="PATH",
                         help="write the before/after evaluation (per-seed outcomes and intervals) as JSON")
     parser.add_argument("--as-test", action="store_true", help="exit 1 unless the success threshold is reached")
@@ -283,8 +287,13 @@ def apply_warm_start(config: StarPOConfig, *, num_examples: int | None = None, p
     config.llm(model=str(warm_start(config.llm_model, ws, progress=True)))
 
 
-def run(config: StarPOConfig, args: argparse.Namespace, *, tags: dict[str, str] | None = None) -> dict[str, Any]:
+def run(
+    config: StarPOConfig, args: argparse.Namespace, *, tags: dict[str, str] | None = None,
+    job_started: float | None = None,
+) -> dict[str, Any]:
     """Trains until iteration `args.stop_iters`, logging to MLflow (`tags` on a new run); returns the last result.
+
+    `job_started` (a `time.perf_counter()` value, default: now) is when `args.job_budget_min` began.
 
     Raises:
         ValueError: `--checkpoint-dir` holds a checkpoint and `--resume` is not given.
@@ -293,6 +302,7 @@ def run(config: StarPOConfig, args: argparse.Namespace, *, tags: dict[str, str] 
     from rllib_ragen.run.callbacks import FINAL_POLICY, mlflow_callback_of, with_mlflow
     from rllib_ragen.run.ray_session import init_ray
 
+    job_started = time.perf_counter() if job_started is None else job_started
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     checkpoint_dir = run_directory(config, args)
     resume_from = checkpoint_to_resume(checkpoint_dir, resume=args.resume)
@@ -314,7 +324,7 @@ def run(config: StarPOConfig, args: argparse.Namespace, *, tags: dict[str, str] 
               f"{algo.config.rollout_summary}", flush=True)
         before = evaluate_before_training(algo, callback) if algo.iteration == 0 and algo.config.eval_interval else None
         began = time.perf_counter()
-        result = _train(algo, callback, stop_iters=args.stop_iters, budget_s=_minutes(args.time_budget_min))
+        result = _train(algo, callback, stop_iters=args.stop_iters, budget_s=training_budget_s(args, job_started))
         if before is not None and "success_rate" in result.get("evaluation", {}):
             summary = summarize(before[1], algo.last_evaluation_successes, iterations=algo.iteration,
                                 minutes=(time.perf_counter() - began) / 60)
@@ -360,6 +370,8 @@ def evaluate_before_training(algo: Algorithm, callback: MLflowCallback) -> tuple
     """
     from ray.rllib.utils.metrics import EVALUATION_RESULTS
 
+    # One batched rollout with no progress of its own: minutes on a CPU without bf16 units.
+    print(f"[0] evaluating the starting policy on the {algo.config.eval_size} evaluation seeds...", flush=True)
     stats = algo.evaluate_fixed_seeds()
     # Logged as step 0 here, so not also into iteration 1's result (as if iteration 1 had evaluated).
     algo.metrics.delete(EVALUATION_RESULTS, key_error=False)
@@ -381,8 +393,13 @@ def summarize(before: list[float], after: list[float], *, iterations: int, minut
             "difference": difference, "difference_interval": [low, high]}
 
 
-def _minutes(minutes: float | None) -> float | None:
-    return None if minutes is None else 60.0 * minutes
+def training_budget_s(args: argparse.Namespace, job_started: float) -> float | None:
+    """Seconds training may take from now: the tighter of `--time-budget-min` and what is left of
+    `--job-budget-min` (None: no budget). Not above zero still trains one iteration, which evaluates."""
+    budgets = [60.0 * args.time_budget_min] if args.time_budget_min is not None else []
+    if args.job_budget_min is not None:
+        budgets.append(60.0 * args.job_budget_min - (time.perf_counter() - job_started))
+    return min(budgets, default=None)
 
 
 def _train(algo: Algorithm, callback: MLflowCallback, *, stop_iters: int, budget_s: float | None = None) -> dict[str, Any]:
@@ -507,15 +524,18 @@ def check_success(result: dict[str, Any], threshold: float) -> None:
 
 
 def main(
-    *, env: str, description: str, success_threshold: float, stop_iters: int, time_budget_min: float | None = None,
+    *, env: str, description: str, success_threshold: float, stop_iters: int, job_budget_min: float | None = None,
     argv: list[str] | None = None,
 ) -> None:
     """Entry point of a tuned example: a flag or config error ends it with one line and exit code 2."""
+    job_started = time.perf_counter()
     parser = build_parser(
         env=env, description=description, success_threshold=success_threshold, stop_iters=stop_iters,
-        time_budget_min=time_budget_min,
+        job_budget_min=job_budget_min,
     )
     args = parser.parse_args(argv)
+    if args.job_budget_min is None and args.time_budget_min is None:
+        args.job_budget_min = job_budget_min
     if not args.verbose:
         quiet_progress_bars()  # before the libraries are imported: they read it then
     try:
@@ -533,7 +553,7 @@ def main(
     print(f"library logs: {log_file}" + ("" if args.verbose else " (--verbose: on the console too)"), flush=True)
     tags = choose_starting_model(config, args)
     try:
-        run(config, args, tags={**tags, "preset": args.preset})
+        run(config, args, tags={**tags, "preset": args.preset}, job_started=job_started)
     except KeyboardInterrupt:
         print("stopped by Ctrl-C; --resume continues from the last checkpoint", file=sys.stderr)
         sys.exit(130)
