@@ -120,7 +120,9 @@ def asynchronous(config: StarPOConfig) -> StarPOConfig:
     ids=["gae", "bi_level_gae", "grpo", "grpo-async-tis"],
 )
 def test_starpo_learns_the_corridor(warm_model, estimator, is_async):
-    config = corridor_config(warm_model, estimator=estimator, lr=4e-3)
+    # Half the step on stale data: at 4e-3 async GRPO overshot at 0.8 training success and fell to 0
+    # (a policy with no success left, so GRPO had no signal to climb back), on an AVX2 CPU.
+    config = corridor_config(warm_model, estimator=estimator, lr=2e-3 if is_async else 4e-3)
     before, curve, after = train_and_evaluate(asynchronous(config) if is_async else config, MAX_ITERS)
     print(estimator, "async" if is_async else "sync", "eval before", before, "train curve", curve, "eval after", after)
     assert before <= 0.3, f"the warm start should move at random (success ~1/8), got {before}"
