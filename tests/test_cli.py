@@ -126,6 +126,7 @@ def test_readme_env_on_a_remote_runner_with_a_clean_console_and_bounded_checkpoi
     ]
     assert foreign == [], f"stdout lines the CLI does not print: {foreign}"
     assert [line[:5] for line in lines if line.startswith("[")] == [
+        "[0] e",
         "[0] b",
         "[1/3]",
         "[2/3]",
