@@ -13,7 +13,7 @@ from rllib_ragen.inference.engine import SamplingParams
 from rllib_ragen.inference.engine_config import EngineConfig
 from rllib_ragen.inference.factory import make_engine
 from rllib_ragen.inference.hf_engine import HFEngine
-from rllib_ragen.inference.sampling import mask_top_p, processed_logprobs
+from rllib_ragen.inference.sampling import draw_by_inverse_cdf, mask_top_p, processed_logprobs
 from rllib_ragen.models import load_causal_lm
 
 PROMPTS = [[1, 17, 930, 4021, 77, 5], [1, 2048], [1, 600, 601, 602, 603, 604, 605, 606, 607, 9], [3, 44, 45]]
@@ -89,6 +89,23 @@ def test_mask_top_p_by_hand():
     # top_p so small that only the argmax survives; top_p 1 keeps everything.
     assert torch.isfinite(mask_top_p(logits, 0.01)).tolist() == [[True, False, False, False]]
     assert torch.equal(mask_top_p(logits, 1.0), logits)
+
+
+def test_inverse_cdf_draws_follow_the_probabilities_and_never_a_zero_one():
+    probs = torch.tensor([[0.0, 0.5, 0.25, 0.0, 0.25], [0.0, 0.0, 0.0, 0.0, 2.0], [3.0, 0.0, 0.0, 0.0, 0.0]])
+    n = 40_000
+    draws = draw_by_inverse_cdf(probs.repeat(n, 1), generator=torch.Generator().manual_seed(0)).view(n, 3)
+    # Row 0: frequencies 0.5 / 0.25 / 0.25 within 4 standard errors (sqrt(0.25 / 40000) = 0.0025).
+    freq = torch.bincount(draws[:, 0], minlength=5).double() / n
+    assert freq.tolist() == pytest.approx([0.0, 0.5, 0.25, 0.0, 0.25], abs=0.01)
+    # Unnormalised rows whose only mass is at one end always draw that token.
+    assert set(draws[:, 1].tolist()) == {4} and set(draws[:, 2].tolist()) == {0}
+
+
+def test_inverse_cdf_draw_at_the_rows_total_is_the_last_token_with_mass(monkeypatch):
+    """A uniform number that rounds up to the total would land past the end: it takes the last token with mass."""
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.ones(shape, dtype=kw["dtype"]))
+    assert draw_by_inverse_cdf(torch.tensor([[0.2, 0.8, 0.0, 0.0]])).tolist() == [1]
 
 
 def test_greedy_ignores_top_p_and_reports_temperature_one(model, engine):

@@ -35,6 +35,9 @@ pytestmark = pytest.mark.learning
 
 DISTANCE = 3
 MAX_ITERS = 25
+# Evaluated every 5 iterations (one run), LoRA's evaluation reached 0.92 by iteration 5 and stayed
+# within 0.92-0.98 to iteration 35: the frozen head's cap, reached early (see its test).
+LORA_ITERS = 15
 BUDGET = TurnBudget(max_turns=DISTANCE, max_actions_per_traj=DISTANCE)
 PROTOCOL = ProtocolConfig(max_actions_per_turn=1, think=False, prefill=True)
 EVAL_SEED = 900_000  # far from the training seeds (10_000 on)
@@ -120,9 +123,11 @@ def asynchronous(config: StarPOConfig) -> StarPOConfig:
     ids=["gae", "bi_level_gae", "grpo", "grpo-async-tis"],
 )
 def test_starpo_learns_the_corridor(warm_model, estimator, is_async):
-    # Half the step on stale data: at 4e-3 async GRPO overshot at 0.8 training success and fell to 0
-    # (a policy with no success left, so GRPO had no signal to climb back), on an AVX2 CPU.
-    config = corridor_config(warm_model, estimator=estimator, lr=2e-3 if is_async else 4e-3)
+    # At 4e-3 the runs hung on the random stream: async GRPO overshot at 0.8 training success and fell
+    # to 0, and after a change of the token sampler's stream bi-level GAE and GRPO fell to 0 within two
+    # updates (invalid answers): no success left, so no signal to climb back. At 2e-3 all four rose
+    # smoothly with the current sampler (17-22 iterations), async GRPO with the previous one too.
+    config = corridor_config(warm_model, estimator=estimator, lr=2e-3)
     before, curve, after = train_and_evaluate(asynchronous(config) if is_async else config, MAX_ITERS)
     print(estimator, "async" if is_async else "sync", "eval before", before, "train curve", curve, "eval after", after)
     assert before <= 0.3, f"the warm start should move at random (success ~1/8), got {before}"
@@ -143,8 +148,8 @@ def test_lora_adapters_learn_the_corridor(warm_model):
     the other move), so p >= 0.995 a move and success >= 0.98 at temperature 0.25.
     """
     config = corridor_config(warm_model, estimator="grpo", lr=1e-2)
-    config.llm(lora_rank=8).starpo_evaluation(eval_temperature=0.25)
-    before, curve, after = train_and_evaluate(config, MAX_ITERS, stop_at=0.5)
+    config.llm(lora_rank=8).starpo_evaluation(eval_temperature=0.25, eval_size=128)
+    before, curve, after = train_and_evaluate(config, LORA_ITERS, stop_at=0.5)
     print("grpo lora8 eval before", before, "train curve", curve, "eval after", after)
     assert before <= 0.3, f"the warm start should move at random, got {before} at temperature 0.25"
     assert after >= 0.9, f"LoRA: evaluation success {after} < 0.9 after {len(curve)} iterations: {curve}"

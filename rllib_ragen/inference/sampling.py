@@ -67,4 +67,30 @@ def choose_tokens(logprobs: Tensor, *, greedy: bool, generator: torch.Generator 
     """
     if greedy:
         return logprobs.argmax(dim=-1)
-    return torch.multinomial(logprobs.exp(), num_samples=1, generator=generator).squeeze(-1)
+    return draw_by_inverse_cdf(logprobs.exp(), generator=generator)
+
+
+def draw_by_inverse_cdf(probs: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
+    """One draw per row from `probs`: a single uniform number per row, located in the row's cumulative sum.
+
+    The same distribution as `torch.multinomial(probs, 1)`, about 10x faster on
+    [64, 49152] rows on CPU (`benchmarks/token_sampling.py`): multinomial spends
+    its time on per-element random numbers. The sum runs in float64, so
+    rare tokens keep their mass, and the right-sided search never returns a token
+    of zero probability.
+
+    Args:
+        probs: [B, V] non-negative weights, each row with positive mass (need not sum to 1).
+        generator: Random source (None = torch's global one), on `probs`'s device.
+
+    Returns:
+        [B] int64 token ids.
+    """
+    cumulative = probs.double().cumsum(dim=-1)
+    uniform = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64, device=probs.device)
+    chosen = torch.searchsorted(cumulative, uniform * cumulative[:, -1:], right=True).squeeze(-1)
+    past_end = chosen == probs.shape[-1]
+    if past_end.any():  # the product rounded up to the row's total: the last token with mass is the draw
+        has_mass = probs[past_end] > 0
+        chosen[past_end] = probs.shape[-1] - 1 - has_mass.flip(-1).int().argmax(dim=-1)
+    return chosen
