@@ -123,7 +123,7 @@ def asynchronous(config: StarPOConfig) -> StarPOConfig:
     ids=["gae", "bi_level_gae", "grpo", "grpo-async-tis"],
 )
 def test_starpo_learns_the_corridor(warm_model, estimator, is_async):
-    # At 4e-3 the runs hung on the random stream: async GRPO overshot at 0.8 training success and fell
+    # At 4e-3 passing depended on the random stream: async GRPO overshot at 0.8 training success and fell
     # to 0, and after a change of the token sampler's stream bi-level GAE and GRPO fell to 0 within two
     # updates (invalid answers): no success left, so no signal to climb back. At 2e-3 all four rose
     # smoothly with the current sampler (17-22 iterations), async GRPO with the previous one too.
