@@ -11,8 +11,14 @@ runs too); this prints each evaluation's table row, collects both into a table
 with Wilson intervals and the paired interval of the change, and writes it to
 `--output`.
 
+Screening: each `--variant "NAME KEY=VALUE ..."` is one configuration (the
+preset plus those settings); the variants run one after another, each with the
+same short budget, and the table ranks them by success after RL, so that many
+settings are tried before an hour goes to one.
+
     python benchmarks/cpu_learning.py --envs frozenlake,sokoban --minutes 30
-    python benchmarks/cpu_learning.py --envs sokoban --starts expert --minutes 60 --eval-size 128
+    python benchmarks/cpu_learning.py --envs frozenlake --starts random --minutes 10 \
+        --variant "preset" --variant "gae advantage_estimator=gae critic=head"
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -31,10 +38,11 @@ sys.path.insert(0, str(ROOT))
 
 from rllib_ragen.rollout.evaluation import TABLE_HEADER, table_row  # noqa: E402
 from rllib_ragen.intervals import format_rate, paired_difference_interval  # noqa: E402
+from rllib_ragen.run.provenance import header  # noqa: E402
 
 HEADER = (
-    "| env | start | valid answers | distinct thoughts | success before RL [95%] | success after RL [95%] | "
-    "change [95%] | RL minutes | iterations |\n|---|---|---|---|---|---|---|---|---|"
+    "| rank | variant | env | start | valid answers | distinct thoughts | success before RL [95%] | "
+    "success after RL [95%] | change [95%] | RL minutes | iterations |\n|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -48,58 +56,84 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="states each warm start plays (default: the tuned example's, per player)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a StarPOConfig attribute in every run (repeatable)")
-    parser.add_argument("--output", default="benchmarks/results/cpu_learning.md", help="where the table is written")
+    parser.add_argument("--variant", action="append", default=[], metavar='"NAME KEY=VALUE ..."',
+                        help="screening: one configuration, the preset plus these settings (repeatable; "
+                             "quote values with spaces); default: the preset alone")
+    parser.add_argument("--output", default="docs/results/cpu_learning.md", help="where the table is written")
     return parser.parse_args(argv)
 
 
-def run_one(env: str, start: str, args: argparse.Namespace, workdir: Path) -> dict:
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """'gae advantage_estimator=gae critic=head' -> ("gae", ["advantage_estimator=gae", "critic=head"])."""
+    words = shlex.split(text)
+    if not words or "=" in words[0]:
+        raise SystemExit(f"--variant {text!r}: start with a name, then KEY=VALUE settings")
+    if any("=" not in word for word in words[1:]):
+        raise SystemExit(f"--variant {text!r}: every setting after the name is KEY=VALUE")
+    return words[0], words[1:]
+
+
+def run_one(env: str, start: str, variant: tuple[str, list[str]], args: argparse.Namespace, workdir: Path) -> dict:
     """Runs the tuned example once; returns its before/after summary plus the wall time."""
-    summary = workdir / f"{env}-{start}.json"
+    name, settings = variant
+    summary = workdir / f"{env}-{start}-{name}.json"
     command = [
         sys.executable, str(ROOT / "tuned_examples" / f"{env}_starpo.py"),
         "--warm-start", start,
         *(["--warm-start-examples", str(args.warm_start_examples)] if args.warm_start_examples else []),
         "--time-budget-min", str(args.minutes), "--stop-iters", "1000", "--eval-size", str(args.eval_size),
-        "--summary-json", str(summary), "--checkpoint-dir", str(workdir / f"{env}-{start}-checkpoints"),
+        "--summary-json", str(summary), "--checkpoint-dir", str(workdir / f"{env}-{start}-{name}-checkpoints"),
         "--checkpoint-every", "1000",  # the final checkpoint only: each is about 2 GB
-        "--tracking-uri", f"sqlite:///{workdir / 'mlflow.db'}", *(f"--set={s}" for s in args.set),
+        "--tracking-uri", f"sqlite:///{workdir / 'mlflow.db'}", "--experiment", f"cpu-learning-{env}-{start}-{name}",
+        *(f"--set={s}" for s in [*args.set, *settings]),
     ]
     began = time.perf_counter()
-    print(f"== {env}, {start} warm start: {' '.join(command[1:])}", flush=True)
+    print(f"== {env}, {start} warm start, variant {name}: {shlex.join(command[1:])}", flush=True)
     subprocess.run(command, check=True, cwd=workdir)
-    return {**json.loads(summary.read_text()), "env": env, "start": start,
-            "minutes_total": (time.perf_counter() - began) / 60}
+    return {**json.loads(summary.read_text()), "env": env, "start": start, "variant": name,
+            "settings": " ".join(settings), "minutes_total": (time.perf_counter() - began) / 60}
 
 
-def row(result: dict) -> str:
+def row(result: dict, rank: int) -> str:
     difference, low, high = paired_difference_interval(result["before"], result["after"])
     start = result["stats_before"]  # the warm-started policy: does it leave room to learn?
-    return (f"| {result['env']} | {result['start']} | {start['well_formed_ratio']:.2f} | "
+    variant = f"{result['variant']}" + (f" (`{result['settings']}`)" if result["settings"] else "")
+    return (f"| {rank} | {variant} | {result['env']} | {result['start']} | {start['well_formed_ratio']:.2f} | "
             f"{start['distinct_thought_ratio']:.2f} | {format_rate(result['before'])} | {format_rate(result['after'])} | "
             f"{difference:+.3f} [{low:+.3f}, {high:+.3f}] | {result['minutes']:.1f} | {result['iterations']} |")
 
 
+def ranked(results: list[dict]) -> list[dict]:
+    """Best first: by success after RL, then by the change (paired against the same start)."""
+    def key(result: dict) -> tuple[float, float]:
+        after = sum(result["after"]) / len(result["after"])
+        return after, paired_difference_interval(result["before"], result["after"])[0]
+    return sorted(results, key=key, reverse=True)
+
+
 def main(argv: list[str] | None = None) -> list[str]:
     args = parse_args(argv)
+    variants = [parse_variant(v) for v in args.variant] or [("preset", [])]
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    rows = []
+    provenance = header(ROOT, argv)  # before the runs: the commit they ran
+    results = []
     with tempfile.TemporaryDirectory(prefix="cpu-learning-") as tmp:
         for env in args.envs.split(","):
             for start in args.starts.split(","):
-                result = run_one(env.strip(), start.strip(), args, Path(tmp))
-                print("\n".join([
-                    TABLE_HEADER,
-                    table_row(f"{env} ({start}) before RL", result["stats_before"], result["before"]),
-                    table_row(f"{env} ({start}) after RL", result["stats_after"], result["after"]),
-                ]), flush=True)
-                rows.append(row(result))
-                print(HEADER + "\n" + rows[-1], flush=True)
+                for variant in variants:
+                    result = run_one(env.strip(), start.strip(), variant, args, Path(tmp))
+                    print("\n".join([
+                        TABLE_HEADER,
+                        table_row(f"{env} ({start}, {variant[0]}) before RL", result["stats_before"], result["before"]),
+                        table_row(f"{env} ({start}, {variant[0]}) after RL", result["stats_after"], result["after"]),
+                    ]), flush=True)
+                    results.append(result)
+    rows = [row(result, rank) for rank, result in enumerate(ranked(results), start=1)]
     table = "\n".join([HEADER, *rows])
     print("\n" + table)
     output = ROOT / args.output
     output.parent.mkdir(parents=True, exist_ok=True)
-    invocation = " ".join(sys.argv[1:] if argv is None else argv)
-    output.write_text(f"`python benchmarks/cpu_learning.py {invocation}`\n\n{table}\n")
+    output.write_text(f"{provenance}\n{table}\n")
     print(f"table written to {output}")
     return rows
 

@@ -20,6 +20,7 @@ import numpy as np
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake
 
 from envs.base import TextEnv, build_config, check_cell_separator, match_action
+from envs.frozenlake_words import describe
 
 # gymnasium's action indices: 0 Left, 1 Down, 2 Right, 3 Up.
 ACTIONS: tuple[str, ...] = ("Left", "Down", "Right", "Up")
@@ -28,13 +29,17 @@ MAX_MAP_TRIES = 1000
 # gymnasium map letter -> symbol without / with the player on it.
 _SYMBOLS = {"S": ("_", "P"), "F": ("_", "P"), "H": ("O", "X"), "G": ("G", "√")}
 
-INSTRUCTIONS = (
-    "You are walking on a frozen lake: reach the goal without falling into a hole.\n"
-    "Symbols: P you, _ frozen ice, O hole, G goal, "
-    "X you fell into a hole, √ you reached the goal.\n"
-    "Actions: Left, Down, Right, Up. The ice is slippery: you may slide to a side "
-    "instead of moving where you intended."
-)
+# How the state is shown: RAGEN's symbol grid, or sentences relative to the player (`envs.frozenlake_words`).
+RENDERS = ("grid", "words")
+_TASK = "You are walking on a frozen lake: reach the goal without falling into a hole.\n"
+_LEGENDS = {
+    "grid": "Symbols: P you, _ frozen ice, O hole, G goal, X you fell into a hole, √ you reached the goal.\n",
+    "words": "You are told where the goal is from you, what is next to you and where the holes are.\n",
+}
+_ICE = {
+    True: "The ice is slippery: you may slide to a side instead of moving where you intended.",
+    False: "The ice is not slippery.",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +53,8 @@ class FrozenLakeConfig:
         max_steps: valid moves before the episode is truncated.
         cell_separator: what joins the cells of a rendered row, one of
             `envs.base.CELL_SEPARATORS`: "" (RAGEN's render) or " " (one token a cell).
+        render: "grid" (RAGEN's symbols) or "words" (the goal, the neighbouring
+            cells and the holes in steps from the player; `envs.frozenlake_words`).
     """
 
     size: int = 4
@@ -55,6 +62,7 @@ class FrozenLakeConfig:
     is_slippery: bool = True
     max_steps: int = 100
     cell_separator: str = ""
+    render: str = "grid"
 
     def __post_init__(self) -> None:
         if not isinstance(self.size, numbers.Integral) or self.size < 2:
@@ -64,6 +72,8 @@ class FrozenLakeConfig:
         if self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
         check_cell_separator(self.cell_separator)
+        if self.render not in RENDERS:
+            raise ValueError(f"render must be one of {RENDERS}, got {self.render!r}")
 
 
 class FrozenLakeEnv(TextEnv):
@@ -83,7 +93,7 @@ class FrozenLakeEnv(TextEnv):
 
     @property
     def instructions(self) -> str:
-        return INSTRUCTIONS
+        return f"{_TASK}{_LEGENDS[self.config.render]}Actions: Left, Down, Right, Up. {_ICE[self.config.is_slippery]}"
 
     @property
     def action_vocabulary(self) -> tuple[str, ...]:
@@ -119,6 +129,8 @@ class FrozenLakeEnv(TextEnv):
             raise RuntimeError("FrozenLakeEnv has no map yet: call reset() first")
         desc = self.lake.desc.astype(str)
         player = divmod(int(self.lake.s), self.lake.ncol)
+        if self.config.render == "words":
+            return describe(desc, player)
         rows = []
         for r, row in enumerate(desc):
             rows.append(self.config.cell_separator.join(_SYMBOLS[ch][(r, c) == player] for c, ch in enumerate(row)))

@@ -104,7 +104,34 @@ def cpu_preset(env: str) -> StarPOConfig:
     )
     if env.startswith("bandit"):
         _single_choice_settings(config)
+    if env == "frozenlake":
+        _readable_frozenlake_settings(config)
     return config
+
+
+def _readable_frozenlake_settings(config: StarPOConfig) -> None:
+    """FrozenLake on CPU: the variant a 135M model can learn (docs/learnable_variants.md).
+
+    RAGEN's variant (slippery ice, a symbol grid, several open-loop moves a
+    turn, the whole history in every prompt) left SmolLM2-135M at the random
+    player's level. Here: deterministic ice (gymnasium's `is_slippery=False`),
+    so success measures the policy rather than the slips; the state in words
+    relative to the player (`envs.frozenlake_words`); one move a turn on a
+    Markov prompt (the current state only: both are Markov), no-think with an
+    `<answer>` prefill, so each turn is one short decision read off one short
+    prompt; and GRPO on the half of the groups whose members disagree most.
+    """
+    config.environment(env_config={"is_slippery": False, "render": "words"})
+    config.llm(critic="none")
+    config.rollouts(
+        max_turns=5, max_actions_per_turn=1, max_actions_per_traj=5, history_window=0, think=False, prefill=True,
+        response_length=12,
+    )
+    # The update is the dearest part (about 300 trained tokens/s on 2 cores): a quarter of the groups, the
+    # ones whose members disagree most, in one on-policy step (no separate pass scoring old log-probs).
+    config.training(advantage_estimator="grpo", rollout_filter_ratio=0.25, micro_batch_size=8)
+    config.training(mini_batch_size=config.max_rows_per_update)
+    config.starpo_evaluation(eval_size=128, eval_interval=3)
 
 
 def _single_choice_settings(config: StarPOConfig) -> None:

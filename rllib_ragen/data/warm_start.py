@@ -34,6 +34,7 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
+from envs import make_env
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.data.demonstrations import (
     DemonstrationConfig,
@@ -113,8 +114,11 @@ class WarmStartConfig:
 
     def fingerprint(self, model: str) -> str:
         """A short hash naming the cached result of warm-starting `model` with this config."""
+        # The env's instructions are part of every demonstration's prompt: a reworded env is a new warm start.
+        instructions = make_env(self.env, **self.env_config).instructions
         payload = json.dumps(
-            {"model": model, "method": WARM_START_METHOD, **dataclasses.asdict(self)}, sort_keys=True, default=str
+            {"model": model, "method": WARM_START_METHOD, "instructions": instructions, **dataclasses.asdict(self)},
+            sort_keys=True, default=str,
         )
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 

@@ -33,3 +33,15 @@ def fast_bf16() -> bool:
     if torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
     return any(flag in cpu_flags() for flag in BF16_CPU_FLAGS)
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model name from /proc/cpuinfo, e.g. "AMD EPYC" ("unknown CPU" where there is none)."""
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        cpuinfo = path.read_text() if path.is_file() else ""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            return value.strip()
+    return "unknown CPU"

@@ -1,0 +1,107 @@
+"""FrozenLake described in words relative to the player, and read back.
+
+A small model cannot find the player's column in a character grid (SmolLM2
+merges runs of symbols into one token). This render states the same facts as
+sentences whose direction words are the action names: where the goal lies
+from the player ("2 Down and 1 Right"), what is on each side ("Up hole"),
+where the holes are, and where the player stands. It describes the state
+only: no planner output, no best action. `parse_words` reads it back into
+the map and the player's cell, so the render loses nothing.
+
+    You are at row 2, column 1 of a 4x4 lake.
+    Goal: 2 Down and 1 Right.
+    Next to you: Left edge, Down ice, Right ice, Up hole.
+    Holes at: row 1 column 1, row 4 column 3.
+
+Rows and columns count from 1, top-left. In a hole the first line reads
+"You fell into the hole at ...", on the goal "You reached the goal at ...".
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+# (action name, row step, column step), in gymnasium's action order.
+DIRECTIONS: tuple[tuple[str, int, int], ...] = (("Left", 0, -1), ("Down", 1, 0), ("Right", 0, 1), ("Up", -1, 0))
+_CELL_WORDS = {"F": "ice", "S": "ice", "H": "hole", "G": "goal"}
+_WHERE = {"F": "You are at", "S": "You are at", "H": "You fell into the hole at", "G": "You reached the goal at"}
+_FIRST_LINE = re.compile(r"^(You are at|You fell into the hole at|You reached the goal at) "
+                         r"row (\d+), column (\d+) of a (\d+)x(\d+) lake\.$")
+_CELL = re.compile(r"row (\d+) column (\d+)")
+
+
+def describe(desc: np.ndarray, player: tuple[int, int]) -> str:
+    """The words render of a map (gymnasium letters, [rows, cols]) with the player at (row, col), 0-based."""
+    n_rows, n_cols = desc.shape
+    row, col = player
+    goal = tuple(int(x[0]) for x in np.nonzero(desc == "G"))
+    holes = [(int(r), int(c)) for r, c in zip(*np.nonzero(desc == "H"))]
+    lines = [
+        f"{_WHERE[str(desc[row, col])]} row {row + 1}, column {col + 1} of a {n_rows}x{n_cols} lake.",
+        f"Goal: {offset_words(goal[0] - row, goal[1] - col)}.",
+        "Next to you: " + ", ".join(f"{name} {_neighbour(desc, row + dr, col + dc)}" for name, dr, dc in DIRECTIONS)
+        + ".",
+        "Holes at: " + (", ".join(f"row {r + 1} column {c + 1}" for r, c in holes) or "none") + ".",
+    ]
+    return "\n".join(lines)
+
+
+def offset_words(d_row: int, d_col: int) -> str:
+    """An offset in steps named by the actions that cover it: (2, -1) -> "2 Down and 1 Left"."""
+    parts = []
+    if d_row:
+        parts.append(f"{abs(d_row)} {'Down' if d_row > 0 else 'Up'}")
+    if d_col:
+        parts.append(f"{abs(d_col)} {'Right' if d_col > 0 else 'Left'}")
+    return " and ".join(parts) if parts else "here"
+
+
+def _neighbour(desc: np.ndarray, row: int, col: int) -> str:
+    if not (0 <= row < desc.shape[0] and 0 <= col < desc.shape[1]):
+        return "edge"
+    return _CELL_WORDS[str(desc[row, col])]
+
+
+def parse_words(text: str) -> tuple[tuple[str, ...], tuple[int, int]]:
+    """Reads a words render back: (map rows in gymnasium letters F/H/G, player (row, col) 0-based).
+
+    The start cell is not part of the state, so it reads back as frozen ("F").
+
+    Raises:
+        ValueError: naming the line that does not read as `describe` writes it.
+    """
+    lines = text.split("\n")
+    if len(lines) != 4:
+        raise ValueError(f"a FrozenLake words render has 4 lines, got {len(lines)}: {text!r}")
+    first = _FIRST_LINE.match(lines[0])
+    if first is None:
+        raise ValueError(f"unreadable position line {lines[0]!r}")
+    row, col, n_rows, n_cols = (int(first.group(i)) for i in range(2, 6))
+    row, col = row - 1, col - 1
+    grid = np.full((n_rows, n_cols), "F")
+    d_row, d_col = _parse_offset(lines[1])
+    grid[row + d_row, col + d_col] = "G"
+    if not lines[3].startswith("Holes at: "):
+        raise ValueError(f"unreadable holes line {lines[3]!r}")
+    for r, c in _CELL.findall(lines[3]):
+        grid[int(r) - 1, int(c) - 1] = "H"
+    return tuple("".join(r) for r in grid), (row, col)
+
+
+def _parse_offset(line: str) -> tuple[int, int]:
+    if line == "Goal: here.":
+        return 0, 0
+    found = re.fullmatch(r"Goal: (\d+ (?:Down|Up))?(?: and )?(\d+ (?:Right|Left))?\.", line)
+    if found is None or not any(found.groups()):
+        raise ValueError(f"unreadable goal line {line!r}")
+    d_row = d_col = 0
+    for part in filter(None, found.groups()):
+        steps, name = part.split(" ")
+        sign = 1 if name in ("Down", "Right") else -1
+        if name in ("Down", "Up"):
+            d_row = sign * int(steps)
+        else:
+            d_col = sign * int(steps)
+    return d_row, d_col
