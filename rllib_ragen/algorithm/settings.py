@@ -303,15 +303,20 @@ class SettingsBinding:
 
 def field_docs(group: type) -> dict[str, str]:
     """field -> its doc: the entries of the `Args:` or `Attributes:` section of `group`'s docstring."""
-    docs, name, in_section = {}, None, False
-    for line in inspect.cleandoc(group.__doc__ or "").splitlines():
+    return docstring_entries(group.__doc__)
+
+
+def docstring_entries(doc: str | None) -> dict[str, str]:
+    """name -> text of each entry of a Google-style docstring's `Args:` or `Attributes:` section."""
+    entries, name, in_section = {}, None, False
+    for line in inspect.cleandoc(doc or "").splitlines():
         if not line.startswith(" "):  # a section header, the summary or a blank line
             in_section, name = line.strip() in ("Args:", "Attributes:"), None
-        elif in_section and (entry := re.fullmatch(r" {4}(\w+): (.*)", line)):
-            name, docs[entry[1]] = entry[1], entry[2]
+        elif in_section and (entry := re.fullmatch(r" {4}(\*{0,2}\w+):(.*)", line)):
+            name, entries[entry[1]] = entry[1], entry[2].strip()
         elif name is not None:
-            docs[name] += " " + line.strip()
-    return docs
+            entries[name] = f"{entries[name]} {line.strip()}".strip()
+    return entries
 
 
 # Every settings group of StarPOConfig: each default and each check is declared in its group.
