@@ -401,7 +401,6 @@ def settings_builder(method: Callable) -> Callable:
         *(p for p in signature.parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD),
     ])
     builder.__doc__ = _builder_doc(method.__doc__, settings.values())
-    builder.settings = settings
     return builder
 
 

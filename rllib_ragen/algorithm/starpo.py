@@ -163,8 +163,9 @@ class StarPOConfig(AlgorithmConfig):
                 raise ValueError naming the StarPO setting to use.
         """
         refuse_ignored_rllib_settings(kwargs)
-        for keyword in kwargs.keys() - inspect.signature(AlgorithmConfig.training).parameters.keys():
-            raise unexpected_keyword(type(self).__name__, "training", keyword)
+        unknown = sorted(kwargs.keys() - inspect.signature(AlgorithmConfig.training).parameters.keys())
+        if unknown:
+            raise unexpected_keyword(type(self).__name__, "training", unknown[0])
         super().training(**kwargs)
 
     @settings_builder
