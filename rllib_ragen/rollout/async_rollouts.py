@@ -41,11 +41,17 @@ _SAMPLE_TAG = "rllib_ragen_async_sample"
 
 @dataclasses.dataclass(frozen=True)
 class AsyncRollouts:
-    """Whether and how far rollouts run ahead of the learner.
+    """Whether and how far rollouts run ahead of the learner (set with `StarPOConfig.rollouts()`).
 
     Attributes:
-        async_rollouts: Sample on the remote env runners while the learner updates.
-        max_staleness: Most policy versions a trained group may lag the learner (>= 0).
+        async_rollouts: The remote env runners (num_env_runners >= 1) sample the
+            next groups while the learner updates, with the weights they last
+            received. False: sample, then update.
+        max_staleness: Async only: most policy versions a trained group may lag
+            the learner, >= 0; the rollouts run at most this many iterations ahead
+            (0 samples exactly what the synchronous loop does). A group older
+            than this is dropped with off_policy_correction="none" and trained
+            with the correction otherwise; counted either way (`async_rollouts/`).
     """
 
     async_rollouts: bool = False

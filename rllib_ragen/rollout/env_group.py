@@ -42,12 +42,12 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class TurnBudget:
-    """Limits of one trajectory.
+    """Limits of one trajectory (set with `StarPOConfig.rollouts()`).
 
     Args:
         max_turns: Model turns per trajectory (RAGEN: 5).
-        max_actions_per_traj: Env actions per trajectory over all turns (RAGEN: 10).
-        format_penalty: Reward added to a turn with no valid action (RAGEN: -0.1).
+        max_actions_per_traj: Most env actions over a whole trajectory (RAGEN: 10).
+        format_penalty: Reward added to a turn with no valid action, <= 0 (RAGEN: -0.1).
     """
 
     max_turns: int = 5

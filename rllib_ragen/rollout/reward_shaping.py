@@ -46,12 +46,15 @@ class RewardShaping:
     """Coefficients of the shaping terms (see the module docstring); 0 turns a term off.
 
     Args:
-        think_length_coeff: Weight of the thought-length-in-band term.
+        think_length_coeff: Reward for a thought of `think_min_words` to
+            `think_max_words` words (the term is 1 inside the band, else 0).
         think_min_words: Fewest words of a thought inside the band.
         think_max_words: Most words of a thought inside the band.
-        think_names_action_coeff: Weight of the thought-names-its-action term.
-        advantage_length_weight: Exponent ``alpha`` >= 0 of the length weighting
-            of advantages (1 = RAGEN-2's).
+        think_names_action_coeff: Reward times the share of the turn's actions
+            its thought names.
+        advantage_length_weight: Exponent alpha >= 0: each trajectory's
+            advantages are divided by (its generated tokens / the batch mean)
+            ** alpha; 1 is RAGEN-2's `grpo_advantage_length_weight`.
     """
 
     think_length_coeff: float = 0.0

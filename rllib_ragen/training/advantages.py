@@ -467,12 +467,27 @@ def estimator_hparam_names(name: str) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class AdvantageSettings:
-    """How advantages are estimated (`StarPOConfig.training` documents each setting).
+    """How advantages are estimated (set with `StarPOConfig.training()`).
 
     The named settings are the hyper-parameters of the built-in estimators;
     `advantage_hparams` sets any other keyword an estimator declares (grpo's
     ``eps``, bi_level_gae's ``high_level_lam``, a registered estimator's own),
     whose defaults stay declared once, in the estimator's signature.
+
+    Attributes:
+        advantage_estimator: "gae" (PPO critic), "bi_level_gae" (turn-level
+            GAE feeding token-level GAE), "grpo" (normalise in group),
+            "brpo" (normalise over the batch), "arpo" (raw rewards) or a
+            registered estimator.
+        gamma: Token-level discount.
+        lambda_: Token-level GAE lambda.
+        high_level_gamma: Turn-level discount of bi-level GAE.
+        whiten_advantages: Whiten GAE advantages over the tokens that have them (M_adv).
+        grpo_norm_by_std: Divide grpo/brpo advantages by the std.
+        advantage_hparams: Any other hyper-parameter the estimator declares, by
+            name, e.g. {"eps": 1e-4} (grpo/brpo's std offset) or
+            {"high_level_lam": 0.9} (bi_level_gae's turn-level lambda; None =
+            lambda_); unset ones keep the estimator's own default.
     """
 
     advantage_estimator: str = "gae"

@@ -50,9 +50,17 @@ THINK_OPEN = "<think>"
 
 @dataclasses.dataclass(frozen=True)
 class CollapseMetricsSettings:
-    """When and on how many samples the diagnostics run (`StarPOConfig.diagnostics` documents each knob).
+    """When and on how many samples the diagnostics run (set with `StarPOConfig.diagnostics()`).
 
     Defaults are RAGEN-2's (`collapse_detection`: every 5 steps, 64 samples).
+
+    Attributes:
+        collapse_metrics_interval: Measure on the run's first iteration and
+            every this many (0 = never; RAGEN-2: 5). A measurement costs
+            M x N forward passes (N: the samples' groups) of a first prompt
+            plus a thought, no backward.
+        collapse_metrics_samples: First turns sampled per measurement, M
+            (RAGEN-2: 64); turns without a thought are not candidates.
     """
 
     collapse_metrics_interval: int = 5

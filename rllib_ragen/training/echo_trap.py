@@ -55,12 +55,12 @@ COLLAPSE_SIGNALS: dict[str, tuple[str, str, str]] = {
 
 @dataclasses.dataclass(frozen=True)
 class EchoTrapRule:
-    """When a signal counts as collapsed (`StarPOConfig.diagnostics` sets these as `echo_trap_<name>`).
+    """When a signal counts as collapsed (`StarPOConfig.diagnostics()` sets these as `echo_trap_<name>`).
 
     Args:
         baseline_iters: The monitor's first iterations whose measurements set each signal's early level.
-        patience: Low measurements in a row that raise the warning.
-        ratio: A measurement below `ratio` x the early level is low.
+        patience: Low measurements in a row before a warning.
+        ratio: A measurement below this fraction of the early level is low.
     """
 
     baseline_iters: int = 3

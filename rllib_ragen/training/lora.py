@@ -30,14 +30,18 @@ _ADAPTER_PARTS = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding
 
 @dataclasses.dataclass(frozen=True)
 class LoraSettings:
-    """LoRA of the trained model (PEFT's `LoraConfig` fields under their `.llm()` names).
+    """LoRA of the trained model (PEFT's `LoraConfig` fields; `StarPOConfig.llm()` sets them as `lora_<name>`).
 
     Args:
-        rank: Adapter rank r; 0 trains every weight (full fine-tuning).
+        rank: Adapter rank r; 0 trains every weight (full fine-tuning). With
+            r > 0 the base weights are frozen: the policy trains its adapters, a
+            "separate" critic its own adapters on the same frozen trunk, the
+            value head stays fully trained; engines get merged weights or the
+            adapter alone (`.inference(lora_sync=...)`).
         alpha: Scale numerator: the adapter's update is (alpha / r) * B @ A.
         target_modules: "all-linear" (every linear layer but the LM head) or
-            module-name suffixes, e.g. ("q_proj", "v_proj").
-        dropout: Dropout on the adapter's input while training.
+            module-name suffixes, e.g. ["q_proj", "v_proj"].
+        dropout: Dropout on the adapters' inputs while training.
     """
 
     rank: int = 0

@@ -22,11 +22,11 @@ from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
 
 @dataclasses.dataclass(frozen=True)
 class ProtocolConfig:
-    """How prompts are written and answers read.
+    """How prompts are written and answers read (set with `StarPOConfig.rollouts()`).
 
     Args:
         max_actions_per_turn: Most actions executed from one answer (RAGEN: 5).
-        think: Ask for `<think>...</think>` before the answer; False = no-think mode.
+        think: Require `<think>...</think>` before `<answer>`; False = no-think mode.
         prefill: Start the assistant turn with the first tag (`<think>` or, in
             no-think mode, `<answer>`): small models follow the format far more often.
         history_window: Past turns kept in each prompt; None = the full history.
