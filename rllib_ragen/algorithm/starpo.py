@@ -252,7 +252,7 @@ class StarPOConfig(AlgorithmConfig):
                 state: "independent" (each member draws its own transition and
                 payout randomness, reproducibly from (seed, member), as RAGEN-2)
                 or "shared" (every member replays the seed's draws: the Bandit's
-                payout is one draw per group, which biases GRPO; see README).
+                payout is one draw per group, which biases GRPO; see docs/group_randomness.md).
             async_rollouts: The remote env runners (num_env_runners >= 1) sample the
                 next groups while the learner updates, with the weights they last
                 received (`rllib_ragen.rollout.async_rollouts`). False: sample, then update.
