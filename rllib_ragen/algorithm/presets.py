@@ -97,7 +97,7 @@ def cpu_preset(env: str) -> StarPOConfig:
         # warm-started policy (evaluated before RL by the tuned examples) on.
         .starpo_evaluation(eval_interval=5, eval_size=64, eval_temperature=0.5)
         # Cross-scoring costs M x N forward rows (N <= M groups); with SmolLM2 on Sokoban first turns
-        # (~220-token prompts) M=8 took 34 CPU-seconds, M=16 100 (benchmarks in the README): 8 keeps
+        # (~220-token prompts) M=8 took 34 CPU-seconds, M=16 100 (docs/results/diagnostics.md): 8 keeps
         # the measurement every 5 iterations to a few percent of the run.
         .diagnostics(collapse_metrics_samples=8)
         .debugging(seed=0)

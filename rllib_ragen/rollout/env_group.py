@@ -64,7 +64,7 @@ class TurnBudget:
 
 
 GROUP_RANDOMNESS = ("shared", "independent")
-# benchmarks/group_randomness.py (README "Group randomness"): with shared payout draws
+# benchmarks/group_randomness.py (docs/results/group_randomness.md): with shared payout draws
 # GRPO's mean advantage favours the Bandit's worse arm (-0.43 for the better one; -0.09
 # when each member draws its own), while FrozenLake's first moves rank right either way.
 DEFAULT_GROUP_RANDOMNESS = "independent"

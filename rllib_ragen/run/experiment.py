@@ -261,8 +261,8 @@ def apply_warm_start(config: StarPOConfig, *, num_examples: int | None = None, p
     """Replaces the model by its warm-started copy (built once, cached).
 
     `player` None: the expert where the env has one (a policy that already
-    solves part of the task: RL gains most there, see the README's CPU
-    learning table), else random play (the answer format only).
+    solves part of the task: RL gains most there, see
+    docs/results/multiturn_learning_2026-11.md), else random play (the answer format only).
     """
     from rllib_ragen.data.warm_start import WarmStartConfig, warm_start
 
