@@ -3,6 +3,7 @@ StarPO run the test trains; its helpers read back exactly what was logged."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import nbformat
@@ -16,6 +17,7 @@ from rllib_ragen.run.analysis import (
     ECHO_TRAP_SIGNALS,
     EVALUATION_SUCCESS,
     IN_GROUP_STD,
+    TRAINING_SECONDS,
     echo_trap_warnings,
     list_runs,
     metric_histories,
@@ -97,6 +99,27 @@ def test_plot_evaluation_draws_success_and_its_interval_band(store):
     assert list(line.get_xdata()) == [0, 2] and list(line.get_ydata()) == [0.25, 0.75]
     (band,) = ax.collections
     assert {tuple(xy) for xy in band.get_paths()[0].vertices} >= {(0, 0.05), (0, 0.6), (2, 0.4), (2, 0.95)}
+
+
+def test_learning_curve_puts_each_evaluation_at_its_minute_of_training(store, tmp_path):
+    """Before RL sits at minute 0; later evaluations at RLlib's time_total_s of their iteration, in minutes."""
+    spec = importlib.util.spec_from_file_location("learning_curve", ROOT / "benchmarks" / "learning_curve.py")
+    learning_curve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(learning_curve)
+    tracker = MLflowTracker(tracking_uri=store, experiment="curve")
+    tracker.log_metrics(dict(zip(EVALUATION_SUCCESS, (0.1, 0.05, 0.2))), step=0)
+    tracker.log_metrics({TRAINING_SECONDS: 90.0}, step=1)
+    tracker.log_metrics({TRAINING_SECONDS: 300.0, **dict(zip(EVALUATION_SUCCESS, (0.4, 0.3, 0.5)))}, step=2)
+    history = metric_histories(MlflowClient(store), tracker.run_id, [*EVALUATION_SUCCESS, TRAINING_SECONDS])
+    (ax,) = plot_evaluation({"run A": history}, against_minutes=True).axes
+    (line,) = ax.get_lines()
+    assert list(line.get_xdata()) == [0.0, 5.0] and list(line.get_ydata()) == [0.1, 0.4]
+    assert ax.get_xlabel().startswith("minutes")
+
+    output = learning_curve.main(["--tracking-uri", store, "--experiment", "curve", "--output", str(tmp_path / "c.png")])
+    assert output.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(KeyError, match="no MLflow experiment 'missing'"):
+        learning_curve.main(["--tracking-uri", store, "--experiment", "missing", "--output", str(tmp_path / "d.png")])
 
 
 @pytest.mark.slow

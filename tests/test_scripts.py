@@ -132,3 +132,17 @@ def test_paper_table_names_unknown_settings():
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "paper_table.py"), "--envs", "sokoban,maze"],
                          check=False, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 2 and "['maze'] are not Table 4 settings" in out.stderr
+
+
+def test_screening_variants_are_named_settings_and_ranked_by_success_after_rl():
+    cpu_learning = _load_script(ROOT / "benchmarks" / "cpu_learning.py")
+    assert cpu_learning.parse_variant("lora lora_rank=16 'env_config={\"render\": \"words\"}'") == (
+        "lora", ["lora_rank=16", 'env_config={"render": "words"}'])
+    assert cpu_learning.parse_variant("preset") == ("preset", [])
+    for bad in ("", "actor_lr=1e-5", "name actor_lr"):
+        with pytest.raises(SystemExit, match="--variant"):
+            cpu_learning.parse_variant(bad)
+    runs = [{"variant": "a", "before": [0, 0, 1, 1], "after": [0, 1, 1, 1]},
+            {"variant": "b", "before": [0, 0, 0, 0], "after": [1, 1, 1, 1]},
+            {"variant": "c", "before": [1, 1, 1, 1], "after": [1, 1, 1, 0]}]
+    assert [r["variant"] for r in cpu_learning.ranked(runs)] == ["b", "a", "c"]

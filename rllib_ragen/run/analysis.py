@@ -43,6 +43,8 @@ ECHO_TRAP_SIGNALS: dict[str, str] = {
 IN_GROUP_STD = ECHO_TRAP_SIGNALS["in-group reward std"]
 # Success on the fixed evaluation seeds (step 0: before RL) and its 95% Wilson interval.
 EVALUATION_SUCCESS = ("evaluation/success_rate", "evaluation/success_rate_low", "evaluation/success_rate_high")
+# RLlib's seconds of training up to each iteration.
+TRAINING_SECONDS = "time_total_s"
 # EchoTrapMonitor signal -> the MLflow metric it reads.
 MONITORED_METRICS = {
     REWARD_VARIANCE: IN_GROUP_STD,
@@ -123,10 +125,15 @@ def plot_signals(histories: Mapping[str, pd.DataFrame], signals: Mapping[str, st
     return figure
 
 
-def plot_evaluation(histories: Mapping[str, pd.DataFrame]) -> Figure:
-    """Evaluation success per iteration (0 = before RL), one line per run, each with
-    its 95% interval as a band (`histories`: run label -> `metric_histories` of
-    `EVALUATION_SUCCESS`)."""
+def plot_evaluation(histories: Mapping[str, pd.DataFrame], *, against_minutes: bool = False) -> Figure:
+    """Evaluation success (0 = before RL), one line per run, each with its 95% interval as a band.
+
+    Args:
+        histories: run label -> `metric_histories` of `EVALUATION_SUCCESS`
+            (plus `TRAINING_SECONDS` when `against_minutes`).
+        against_minutes: x = minutes of training (RLlib's `time_total_s`; 0
+            before RL) instead of the iteration.
+    """
     success, low, high = EVALUATION_SUCCESS
     figure = Figure(figsize=(8, 3.5), layout="constrained")
     ax = figure.subplots()
@@ -134,16 +141,28 @@ def plot_evaluation(histories: Mapping[str, pd.DataFrame]) -> Figure:
         if success not in frame or not frame[success].notna().any():
             continue
         evaluated = frame[frame[success].notna()]
-        (line,) = ax.plot(evaluated.index, evaluated[success], marker="o", markersize=3, label=label)
-        ax.fill_between(evaluated.index, evaluated[low], evaluated[high], color=line.get_color(), alpha=0.2)
+        x = training_minutes(frame).loc[evaluated.index] if against_minutes else evaluated.index
+        (line,) = ax.plot(x, evaluated[success], marker="o", markersize=3, label=label)
+        ax.fill_between(x, evaluated[low], evaluated[high], color=line.get_color(), alpha=0.2)
     ax.set_title("evaluation success (95% interval)")
-    ax.set_xlabel("iteration (0: before RL)")
+    if against_minutes:
+        ax.set_xlabel("minutes of training (0: before RL)")
+    else:
+        ax.set_xlabel("iteration (0: before RL)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(-0.02, 1.02)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     if ax.get_lines():
         ax.legend(fontsize="small")
     return figure
+
+
+def training_minutes(frame: pd.DataFrame) -> pd.Series:
+    """Minutes of training at each iteration of a `metric_histories` frame with `TRAINING_SECONDS` (0 before RL)."""
+    if TRAINING_SECONDS not in frame:
+        raise KeyError(f"the history has no {TRAINING_SECONDS!r} column: pass it to metric_histories")
+    minutes = frame[TRAINING_SECONDS] / 60.0
+    return minutes.where(frame.index > 0, 0.0).interpolate(limit_direction="both")
 
 
 def trajectory_pages(client: MlflowClient, run_id: str) -> list[str]:
