@@ -40,10 +40,15 @@ from rllib_ragen.rollout.evaluation import TABLE_HEADER, table_row  # noqa: E402
 from rllib_ragen.intervals import format_rate, paired_difference_interval  # noqa: E402
 from rllib_ragen.run.provenance import header  # noqa: E402
 
-HEADER = (
-    "| rank | variant | env | start | valid answers | distinct thoughts | success before RL [95%] | "
-    "success after RL [95%] | change [95%] | RL minutes | iterations |\n|---|---|---|---|---|---|---|---|---|---|---|"
-)
+COLUMNS = ("rank", "variant", "env", "start", "valid answers", "distinct thoughts", "success before RL [95%]",
+           "success after RL [95%]", "change [95%]", "RL minutes", "iterations")
+# With --holdout-seed-start: the same before/after on seeds no tuning used.
+HOLDOUT_COLUMNS = ("held-out before [95%]", "held-out after [95%]", "held-out change [95%]")
+
+
+def table_header(holdout: bool) -> str:
+    columns = COLUMNS + (HOLDOUT_COLUMNS if holdout else ())
+    return "| " + " | ".join(columns) + " |\n" + "|---" * len(columns) + "|"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -59,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--variant", action="append", default=[], metavar='"NAME KEY=VALUE ..."',
                         help="screening: one configuration, the preset plus these settings (repeatable; "
                              "quote values with spaces); default: the preset alone")
+    parser.add_argument("--holdout-seed-start", type=int,
+                        help="also evaluate each run's starting and trained policy on --eval-size seeds from here "
+                             "(a set no tuning used; the training and evaluation seeds stay apart from it)")
     parser.add_argument("--output", default="docs/results/cpu_learning.md", help="where the table is written")
     return parser.parse_args(argv)
 
@@ -90,17 +98,41 @@ def run_one(env: str, start: str, variant: tuple[str, list[str]], args: argparse
     began = time.perf_counter()
     print(f"== {env}, {start} warm start, variant {name}: {shlex.join(command[1:])}", flush=True)
     subprocess.run(command, check=True, cwd=workdir)
-    return {**json.loads(summary.read_text()), "env": env, "start": start, "variant": name,
-            "settings": " ".join(settings), "minutes_total": (time.perf_counter() - began) / 60}
+    result = {**json.loads(summary.read_text()), "env": env, "start": start, "variant": name,
+              "settings": " ".join(settings), "minutes_total": (time.perf_counter() - began) / 60}
+    if args.holdout_seed_start is not None:
+        checkpoints = workdir / f"{env}-{start}-{name}-checkpoints"
+        result["holdout_before"] = evaluate_holdout(checkpoints, args, workdir / f"{name}-holdout-before",
+                                                    model=result["starting_model"])
+        result["holdout_after"] = evaluate_holdout(checkpoints, args, workdir / f"{name}-holdout-after")
+    return result
+
+
+def evaluate_holdout(checkpoints: Path, args: argparse.Namespace, output_dir: Path, model: str | None = None) -> list:
+    """Per-seed successes of the run's final checkpoint (or, with `model`, of that model under the run's
+    settings) on the held-out seeds, through the evaluate CLI as a user would run it."""
+    command = [sys.executable, "-m", "rllib_ragen.run.evaluate", str(checkpoints), "--seed-start",
+               str(args.holdout_seed_start), "--episodes", str(args.eval_size), "--output-dir", str(output_dir),
+               *(["--set", f"llm_model={model}"] if model else [])]
+    print(f"== held-out seeds: {shlex.join(command[1:])}", flush=True)
+    subprocess.run(command, check=True)
+    (env_summary,) = json.loads((output_dir / "summary.json").read_text())["envs"].values()
+    return env_summary["successes"]
 
 
 def row(result: dict, rank: int) -> str:
     difference, low, high = paired_difference_interval(result["before"], result["after"])
     start = result["stats_before"]  # the warm-started policy: does it leave room to learn?
     variant = f"{result['variant']}" + (f" (`{result['settings']}`)" if result["settings"] else "")
+    holdout = ""
+    if "holdout_after" in result:
+        held_difference, held_low, held_high = paired_difference_interval(result["holdout_before"],
+                                                                          result["holdout_after"])
+        holdout = (f" {format_rate(result['holdout_before'])} | {format_rate(result['holdout_after'])} | "
+                   f"{held_difference:+.3f} [{held_low:+.3f}, {held_high:+.3f}] |")
     return (f"| {rank} | {variant} | {result['env']} | {result['start']} | {start['well_formed_ratio']:.2f} | "
             f"{start['distinct_thought_ratio']:.2f} | {format_rate(result['before'])} | {format_rate(result['after'])} | "
-            f"{difference:+.3f} [{low:+.3f}, {high:+.3f}] | {result['minutes']:.1f} | {result['iterations']} |")
+            f"{difference:+.3f} [{low:+.3f}, {high:+.3f}] | {result['minutes']:.1f} | {result['iterations']} |{holdout}")
 
 
 def ranked(results: list[dict]) -> list[dict]:
@@ -129,7 +161,7 @@ def main(argv: list[str] | None = None) -> list[str]:
                     ]), flush=True)
                     results.append(result)
     rows = [row(result, rank) for rank, result in enumerate(ranked(results), start=1)]
-    table = "\n".join([HEADER, *rows])
+    table = "\n".join([table_header(args.holdout_seed_start is not None), *rows])
     print("\n" + table)
     output = ROOT / args.output
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -10,8 +10,14 @@ side runs in a subprocess whose `rllib_ragen` is imported from a git worktree
 of `--baseline-rev` (default: the commit before this benchmark's levers), so
 "today" is today's code, not a reconstruction of it. Prints both and the ratio.
 
+Levers: each `--lever "NAME KEY=VALUE ..."` is this tree's preset with those
+settings, timed the same way in a fresh process, against the preset itself
+(no baseline worktree): how many trajectories each lever *trains* on per
+minute (the groups the filter keeps x group size), beside those it samples.
+
     python benchmarks/iteration_breakdown.py                  # sokoban, 3 timed iterations each
     python benchmarks/iteration_breakdown.py --env frozenlake --iters 5
+    python benchmarks/iteration_breakdown.py --env frozenlake --lever "full-history history_window=None"
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -40,17 +47,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=3, help="timed iterations per side")
     parser.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
     parser.add_argument("--baseline-rev", default=BASELINE_REV, help="git revision whose preset and code are 'today'")
+    parser.add_argument("--lever", action="append", default=[], metavar='"NAME KEY=VALUE ..."',
+                        help="time this tree's preset with these settings against the preset itself (repeatable)")
+    parser.add_argument("--set", action="append", default=[], help=argparse.SUPPRESS)  # one side's settings
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # one side, JSON on stdout
     return parser.parse_args(argv)
 
 
-def measure(env: str, iters: int, warmup: int) -> dict:
-    """Times `iters` training iterations of the CPU preset of the imported rllib_ragen."""
+def measure(env: str, iters: int, warmup: int, settings: list[str]) -> dict:
+    """Times `iters` training iterations of the CPU preset of the imported rllib_ragen (with `settings`)."""
     from rllib_ragen.algorithm.presets import cpu_preset
     from rllib_ragen.run.ray_session import init_ray
 
     init_ray()
     config = cpu_preset(env).starpo_evaluation(eval_interval=0)
+    if settings:  # levers run on this tree only (a baseline revision may predate apply_setting)
+        from rllib_ragen.run.experiment import apply_setting
+
+        for assignment in settings:
+            apply_setting(config, assignment)
     algo = config.build_algo()
     try:
         for _ in range(warmup):
@@ -65,11 +80,16 @@ def measure(env: str, iters: int, warmup: int) -> dict:
         seconds = time.perf_counter() - began
     finally:
         algo.stop()
+    # The groups StarPO-S keeps x group size (a baseline revision may predate `filter_settings`).
+    kept = (config.filter_settings.max_kept_groups(config.n_groups) if hasattr(config, "filter_settings")
+            else max(1, round(config.rollout_filter_ratio * config.n_groups)))
+    trained_per_iter = min(kept, config.n_groups) * config.group_size
     return {
         "settings": f"{config.n_groups}x{config.group_size} groups, filter {config.rollout_filter_ratio}, "
                     f"learner autocast {getattr(config, 'autocast_dtype', None)}, engine {config.engine_dtype}",
         "seconds_per_iter": seconds / iters,
         "trajectories_per_min": 60 * trajectories / seconds,
+        "trained_trajectories_per_min": 60 * trained_per_iter * iters / seconds,
         "rollout_s": rollout / iters,
         "generation_s": generation / iters,
         # The learner connector and update, the weight sync and the metrics: all but the rollout.
@@ -79,31 +99,40 @@ def measure(env: str, iters: int, warmup: int) -> dict:
     }
 
 
-def run_side(args: argparse.Namespace, source: Path) -> dict:
-    """One side in a fresh process that imports rllib_ragen from `source`."""
+def run_side(args: argparse.Namespace, source: Path, settings: list[str] = ()) -> dict:
+    """One side in a fresh process that imports rllib_ragen from `source` (with `settings` applied)."""
     command = [sys.executable, str(Path(__file__).resolve()), "--measure", "--env", args.env,
-               "--iters", str(args.iters), "--warmup", str(args.warmup)]
+               "--iters", str(args.iters), "--warmup", str(args.warmup), *(f"--set={s}" for s in settings)]
     env = dict(os.environ, RLLIB_RAGEN_SOURCE=str(source), PYTHONPATH=str(source))
     out = subprocess.run(command, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 def report(sides: dict[str, dict]) -> None:
-    keys = ["seconds_per_iter", "trajectories_per_min", "rollout_s", "generation_s", "update_sync_rest_s",
-            "policy_loss", "logp_gap_mean"]
+    keys = ["seconds_per_iter", "trajectories_per_min", "trained_trajectories_per_min", "rollout_s", "generation_s",
+            "update_sync_rest_s", "policy_loss", "logp_gap_mean"]
     print(f"{'':<24}" + "".join(f"{name:>16}" for name in sides))
     for key in keys:
         print(f"{key:<24}" + "".join(f"{side[key]:>16.3f}" for side in sides.values()))
     for name, side in sides.items():
         print(f"{name}: {side['settings']}")
-    baseline, new = sides.values()
-    print(f"trajectories per minute, this tree / baseline: x{new['trajectories_per_min'] / baseline['trajectories_per_min']:.2f}")
+    (baseline_name, baseline), *others = sides.items()
+    for name, side in others:
+        for key in ("trajectories_per_min", "trained_trajectories_per_min"):
+            print(f"{key.replace('_', ' ')}, {name} / {baseline_name}: x{side[key] / baseline[key]:.2f}")
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.measure:
-        print(json.dumps(measure(args.env, args.iters, args.warmup)))
+        print(json.dumps(measure(args.env, args.iters, args.warmup, args.set)))
+        return
+    if args.lever:
+        sides = {"preset": run_side(args, ROOT)}
+        for lever in args.lever:
+            name, *settings = shlex.split(lever)
+            sides[name] = run_side(args, ROOT, settings)
+        report(sides)
         return
     with tempfile.TemporaryDirectory(prefix="baseline-") as tmp:
         worktree = Path(tmp) / "tree"

@@ -329,7 +329,7 @@ def run(
             summary = summarize(before[1], algo.last_evaluation_successes, iterations=algo.iteration,
                                 minutes=(time.perf_counter() - began) / 60)
             if args.summary_json:
-                summary.update(stats_before=before[0], stats_after=result["evaluation"])
+                summary.update(stats_before=before[0], stats_after=result["evaluation"], starting_model=algo.config.llm_model)
                 Path(args.summary_json).write_text(json.dumps(summary, default=float))
     finally:
         algo.stop()
