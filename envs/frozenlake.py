@@ -34,7 +34,7 @@ RENDERS = ("grid", "words")
 _TASK = "You are walking on a frozen lake: reach the goal without falling into a hole.\n"
 _LEGENDS = {
     "grid": "Symbols: P you, _ frozen ice, O hole, G goal, X you fell into a hole, √ you reached the goal.\n",
-    "words": "You are told where the goal is from you, what is next to you and where the holes are.\n",
+    "words": "",  # the words render explains itself
 }
 _ICE = {
     True: "The ice is slippery: you may slide to a side instead of moving where you intended.",

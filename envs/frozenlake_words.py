@@ -8,13 +8,13 @@ where the holes are, and where the player stands. It describes the state
 only: no planner output, no best action. `parse_words` reads it back into
 the map and the player's cell, so the render loses nothing.
 
-    You are at row 2, column 1 of a 4x4 lake.
+    You are at (2,1) on a 4x4 lake.
     Goal: 2 Down and 1 Right.
     Next to you: Left edge, Down ice, Right ice, Up hole.
-    Holes at: row 1 column 1, row 4 column 3.
+    Holes at: (1,1), (4,3).
 
-Rows and columns count from 1, top-left. In a hole the first line reads
-"You fell into the hole at ...", on the goal "You reached the goal at ...".
+Cells are (row,column), counted from 1 at the top left. In a hole the first
+line reads "You fell into the hole at ...", on the goal "You reached the goal at ...".
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ DIRECTIONS: tuple[tuple[str, int, int], ...] = (("Left", 0, -1), ("Down", 1, 0),
 _CELL_WORDS = {"F": "ice", "S": "ice", "H": "hole", "G": "goal"}
 _WHERE = {"F": "You are at", "S": "You are at", "H": "You fell into the hole at", "G": "You reached the goal at"}
 _FIRST_LINE = re.compile(r"^(You are at|You fell into the hole at|You reached the goal at) "
-                         r"row (\d+), column (\d+) of a (\d+)x(\d+) lake\.$")
-_CELL = re.compile(r"row (\d+) column (\d+)")
+                         r"\((\d+),(\d+)\) on a (\d+)x(\d+) lake\.$")
+_CELL = re.compile(r"\((\d+),(\d+)\)")
 
 
 def describe(desc: np.ndarray, player: tuple[int, int]) -> str:
@@ -39,11 +39,11 @@ def describe(desc: np.ndarray, player: tuple[int, int]) -> str:
     goal = tuple(int(x[0]) for x in np.nonzero(desc == "G"))
     holes = [(int(r), int(c)) for r, c in zip(*np.nonzero(desc == "H"))]
     lines = [
-        f"{_WHERE[str(desc[row, col])]} row {row + 1}, column {col + 1} of a {n_rows}x{n_cols} lake.",
+        f"{_WHERE[str(desc[row, col])]} ({row + 1},{col + 1}) on a {n_rows}x{n_cols} lake.",
         f"Goal: {offset_words(goal[0] - row, goal[1] - col)}.",
         "Next to you: " + ", ".join(f"{name} {_neighbour(desc, row + dr, col + dc)}" for name, dr, dc in DIRECTIONS)
         + ".",
-        "Holes at: " + (", ".join(f"row {r + 1} column {c + 1}" for r, c in holes) or "none") + ".",
+        "Holes at: " + (", ".join(f"({r + 1},{c + 1})" for r, c in holes) or "none") + ".",
     ]
     return "\n".join(lines)
 

@@ -77,6 +77,26 @@ def test_target_modules_matching_nothing_is_a_clear_error(tiny_model_path):
         add_adapters(load_causal_lm(tiny_model_path), LoraSettings(rank=2, target_modules=("no_such_proj",)))
 
 
+def test_top_layers_adapts_the_last_layers_only_and_backward_stops_below_them(tiny_model_path):
+    """Tiny model: 2 layers. With top_layers=1 only layer 1 holds adapters, and nothing below it has a
+    gradient path: layer 0's output needs no grad, so autograd never runs layer 0's backward."""
+    model = load_causal_lm(tiny_model_path)
+    add_adapters(model, LoraSettings(rank=RANK, alpha=ALPHA, top_layers=1))
+    trained = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trained and all(name.startswith("model.layers.1.") and is_adapter_weight(name) for name in trained)
+    assert len(trained) == 2 * 7  # A and B of q, k, v, o, gate, up, down
+    outputs = {}
+    hooks = [model.model.layers[i].register_forward_hook(lambda m, args, out, i=i: outputs.__setitem__(i, out))
+             for i in (0, 1)]
+    model(input_ids=PROBE).logits.sum().backward()
+    for hook in hooks:
+        hook.remove()
+    first, second = (o[0] if isinstance(o, tuple) else o for o in (outputs[0], outputs[1]))
+    assert not first.requires_grad and second.requires_grad
+    with pytest.raises(ValueError, match="lora_top_layers=3 but the model has 2 layers"):
+        add_adapters(load_causal_lm(tiny_model_path), LoraSettings(rank=RANK, top_layers=3))
+
+
 def test_merged_weights_are_w_plus_scaled_b_a_and_leave_the_adapted_model_unchanged(tiny_model_path):
     base = load_causal_lm(tiny_model_path)
     model = add_adapters(load_causal_lm(tiny_model_path), LoraSettings(rank=RANK, alpha=ALPHA))

@@ -325,7 +325,7 @@ SETTINGS_GROUPS = (
         LLMModuleConfig, "llm", {"model": "llm_model"}, keywords={"model": "model"},
         derived={"logit_temperature": operator.attrgetter("temperature"), "lora": operator.attrgetter("lora_settings")},
     ),
-    SettingsBinding(LoraSettings, "llm", {f: f"lora_{f}" for f in ("rank", "alpha", "target_modules", "dropout")}),
+    SettingsBinding(LoraSettings, "llm", {f.name: f"lora_{f.name}" for f in dataclasses.fields(LoraSettings)}),
     SettingsBinding(RolloutSettings, "rollouts"),
     SettingsBinding(TurnBudget, "rollouts"),
     SettingsBinding(ProtocolConfig, "rollouts"),

@@ -114,11 +114,12 @@ class WarmStartConfig:
 
     def fingerprint(self, model: str) -> str:
         """A short hash naming the cached result of warm-starting `model` with this config."""
-        # The env's instructions are part of every demonstration's prompt: a reworded env is a new warm start.
-        instructions = make_env(self.env, **self.env_config).instructions
+        # The env's instructions and renders are in every demonstration's prompt: an env that words them
+        # differently is a new warm start (its first state stands for the render).
+        env = make_env(self.env, **self.env_config)
+        texts = {"instructions": env.instructions, "first_state": env.reset(seed=self.seed)[0]}
         payload = json.dumps(
-            {"model": model, "method": WARM_START_METHOD, "instructions": instructions, **dataclasses.asdict(self)},
-            sort_keys=True, default=str,
+            {"model": model, "method": WARM_START_METHOD, **texts, **dataclasses.asdict(self)}, sort_keys=True, default=str
         )
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 

@@ -42,12 +42,17 @@ class LoraSettings:
         target_modules: "all-linear" (every linear layer but the LM head) or
             module-name suffixes, e.g. ["q_proj", "v_proj"].
         dropout: Dropout on the adapters' inputs while training.
+        top_layers: Adapt only the last N transformer layers (PEFT's
+            `layers_to_transform`); 0 adapts every layer. Nothing below the
+            lowest adapted layer needs a gradient, so backward stops there: an
+            update costs one forward pass and the backward of N layers.
     """
 
     rank: int = 0
     alpha: float = 16.0
     target_modules: str | tuple[str, ...] = "all-linear"
     dropout: float = 0.0
+    top_layers: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.target_modules, list):
@@ -56,6 +61,8 @@ class LoraSettings:
             raise ValueError(f"lora_rank must be an int >= 0 (0 = full fine-tuning), got {self.rank!r}")
         if self.alpha <= 0:
             raise ValueError(f"lora_alpha must be > 0, got {self.alpha}")
+        if not isinstance(self.top_layers, int) or self.top_layers < 0:
+            raise ValueError(f"lora_top_layers must be an int >= 0 (0 = every layer), got {self.top_layers!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"lora_dropout must be in [0, 1), got {self.dropout}")
         if not self.target_modules or not all(isinstance(m, str) and m for m in _as_tuple(self.target_modules)):
@@ -67,9 +74,28 @@ class LoraSettings:
     def enabled(self) -> bool:
         return self.rank > 0
 
-    def peft_config(self) -> LoraConfig:
+    def peft_config(self, model: nn.Module | None = None) -> LoraConfig:
+        """PEFT's config for `model` (needed when `top_layers` > 0; an adapter directory served by an
+        engine needs none: its tensors' names say which layers they adapt)."""
         target = self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules)
-        return LoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=target, lora_dropout=self.dropout)
+        layers = {}
+        if self.top_layers and model is not None:
+            num_layers = model.config.num_hidden_layers
+            if self.top_layers > num_layers:
+                raise ValueError(f"lora_top_layers={self.top_layers} but the model has {num_layers} layers")
+            # PEFT takes `layers_to_transform` with module names only, not with "all-linear".
+            target = _linear_module_names(model) if target == "all-linear" else target
+            layers = {"layers_to_transform": list(range(num_layers - self.top_layers, num_layers)),
+                      "layers_pattern": "layers"}
+        return LoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=target, lora_dropout=self.dropout,
+                          **layers)
+
+
+def _linear_module_names(model: nn.Module) -> list[str]:
+    """The names (last part) of `model`'s linear layers but its output head: what "all-linear" adapts."""
+    head = model.get_output_embeddings()
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                   if isinstance(module, nn.Linear) and module is not head})
 
 
 def _as_tuple(value: str | tuple[str, ...]) -> tuple[str, ...]:
@@ -83,7 +109,7 @@ def add_adapters(model: nn.Module, settings: LoraSettings) -> nn.Module:
     Raises:
         ValueError: (PEFT's) no module of `model` matches `settings.target_modules`.
     """
-    inject_adapter_in_model(settings.peft_config(), model, adapter_name=ADAPTER)
+    inject_adapter_in_model(settings.peft_config(model), model, adapter_name=ADAPTER)
     return model
 
 
@@ -153,6 +179,6 @@ def load_adapters(model: nn.Module, adapters: Mapping[str, Tensor]) -> None:
 def peft_model_with_adapters(model: nn.Module, adapters: Mapping[str, Tensor], settings: LoraSettings) -> PeftModel:
     """`model` (a freshly loaded base) as a PEFT model holding the saved `adapters` (see `load_adapters`),
     for `save_pretrained` (an adapter directory) or `merge_and_unload` (a plain model)."""
-    peft_model = get_peft_model(model, settings.peft_config(), adapter_name=ADAPTER)
+    peft_model = get_peft_model(model, settings.peft_config(model), adapter_name=ADAPTER)
     load_adapters(model, adapters)
     return peft_model
