@@ -77,11 +77,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+    from rllib_ragen.algorithm.offline import OfflineSettings, learner_nll, offline_config
     from rllib_ragen.data.demonstrations import (
         DemonstrationConfig,
         expert_demonstrations,
     )
-    from rllib_ragen.data.offline import OfflineSettings, learner_nll, offline_config
     from rllib_ragen.data.parquet import write_trajectories
     from rllib_ragen.models import load_tokenizer, resolve_model
     from rllib_ragen.run.ray_session import init_ray

@@ -264,7 +264,7 @@ def apply_warm_start(config: StarPOConfig, *, num_examples: int | None = None, p
     solves part of the task: RL gains most there, see
     docs/results/multiturn_learning_2026-11.md), else random play (the answer format only).
     """
-    from rllib_ragen.data.warm_start import WarmStartConfig, warm_start
+    from rllib_ragen.run.warm_start import WarmStartConfig, warm_start
 
     player = player or ("expert" if has_expert(config.env) else "random")
     num_examples = num_examples or WARM_START_STATES[player]
@@ -545,8 +545,7 @@ def main(
     except USER_ERRORS as error:
         parser.exit(2, f"error: {error}\n")
     # Imported first: they attach the console handlers that route_library_logs takes away.
-    from rllib_ragen.data import warm_start  # noqa: F401
-    from rllib_ragen.run import callbacks  # noqa: F401
+    from rllib_ragen.run import callbacks, warm_start  # noqa: F401
 
     log_file = run_directory(config, args) / RUN_LOG
     route_library_logs(log_file, verbose=args.verbose)

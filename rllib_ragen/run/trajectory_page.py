@@ -6,7 +6,9 @@ as `page.html#sort=-return` for a sorted view); below, each trajectory as a
 collapsible `<details>` block (the first one open; a summary link opens its own) with its turns: thought, response, actions,
 reward and the state after. Grid states (Sokoban, FrozenLake) are drawn as
 coloured cells beside their text, the colours taken from the meaning of each
-symbol in the env's legend (`grid_legend`).
+symbol in the env's legend (`grid_legend`). `evaluation_page` is the page of an
+evaluation (training's periodic one, or `rllib-ragen evaluate`'s) with the run's
+settings on top.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import html
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from envs import make_env
 from rllib_ragen.episode_keys import RESPONSE_TEXT
-from rllib_ragen.rollout.env_runner import succeeded, turn_validity
+from rllib_ragen.rollout.episode_readers import succeeded, turn_validity
 from rllib_ragen.rollout.prompt.answer_parser import parse_answer
 
 # (word in a symbol's meaning, cell colour): the first word found decides, so the
@@ -96,6 +99,27 @@ def grid_legend(instructions: str) -> dict[str, str]:
             items = line[len("Symbols:") :].strip().rstrip(".").split(", ")
             return {item[0]: item[1:].strip() for item in items if len(item) > 1}
     return {}
+
+
+def evaluation_page(
+    config: Any, episodes: Iterable[Any], *, title: str, limit: int, **settings: Any
+) -> str:
+    """The trajectory page of an evaluation under `config` (a `StarPOConfig`), with
+    the run's settings on top (the config's that shape a rollout, plus `settings`)."""
+    shown = {
+        "env": config.env,
+        "model": config.llm_model,
+        "temperature": config.eval_temperature,
+        "max turns": config.max_turns,
+        "actions per turn / trajectory": f"{config.max_actions_per_turn} / {config.max_actions_per_traj}",
+        "response length": config.response_length,
+        "think": config.think,
+        **settings,
+    }
+    legend = grid_legend(make_env(config.env, **config.env_config).instructions)
+    return trajectories_html(
+        episodes, title=title, settings=shown, legend=legend, limit=limit
+    )
 
 
 def cell_colour(meaning: str) -> str:
