@@ -23,10 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from rllib_ragen.algorithm.presets import PRESETS  # noqa: E402
+from rllib_ragen.algorithm.presets import PRESETS
 
 
 def build_parser() -> argparse.ArgumentParser:

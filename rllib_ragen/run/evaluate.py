@@ -1,14 +1,14 @@
 """Evaluate a policy on fixed seeds, per env, with 95% intervals.
 
-    python -m rllib_ragen.run.evaluate checkpoints/sokoban-starpo --env sokoban frozenlake --episodes 64
-    python -m rllib_ragen.run.evaluate checkpoints/sokoban-starpo --generalisation
-    python -m rllib_ragen.run.evaluate ~/.cache/rllib_ragen/models/warm-start-37c94fbeb5ad --env sokoban
+    rllib-ragen evaluate checkpoints/sokoban-starpo --env sokoban frozenlake --episodes 64
+    rllib-ragen evaluate checkpoints/sokoban-starpo --generalisation
+    rllib-ragen evaluate ~/.cache/rllib_ragen/models/warm-start-37c94fbeb5ad --env sokoban
 
 POLICY is a StarPO checkpoint (`checkpoints/<env>-starpo/iter_NNNNNN`, or the
 directory holding them: its newest complete one), evaluated with its run's
 rollout settings; or a Hugging Face model directory (a run's `final_policy/`, a
 warm start in ~/.cache/rllib_ragen/models) or a model name
-(`python -m rllib_ragen.models list`), evaluated with --preset's settings.
+(`rllib-ragen models list`), evaluated with --preset's settings.
 
 Each env is played once per seed --seed-start .. --seed-start + --episodes - 1
 at --temperature (defaults: the run's or preset's evaluation settings). Prints
@@ -17,7 +17,7 @@ share of turns with a valid action, mean turns, mean response tokens per
 turn), writes a trajectory page per env and summary.json to --output-dir, and
 with --mlflow logs them as one MLflow run.
 
-Also `rllib-ragen evaluate POLICY ...`. The one place a saved policy is evaluated:
+Also `python -m rllib_ragen.run.evaluate POLICY ...`. The one place a saved policy is evaluated:
 the flags, loading the policy (a checkpoint's with its run's settings), one
 `LLMEnvRunner` per env through `rllib_ragen.rollout.evaluation` (the code
 training evaluates with), the pages, summary.json and MLflow. Only light
@@ -48,9 +48,10 @@ DEFAULT_EXPERIMENT = "rllib-ragen-evaluation"
 RLLIB_CHECKPOINT_FILE = "rllib_checkpoint.json"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m rllib_ragen.run.evaluate") -> argparse.ArgumentParser:
+    """The flags of the evaluation command."""
     parser = argparse.ArgumentParser(
-        prog="python -m rllib_ragen.run.evaluate",
+        prog=prog,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -383,8 +384,9 @@ def log_to_mlflow(
     return tracker.run_url
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, *, prog: str = "python -m rllib_ragen.run.evaluate") -> int:
+    """Entry point of `python -m rllib_ragen.run.evaluate` and `rllib-ragen evaluate`; returns the exit status."""
+    args = build_parser(prog).parse_args(argv)
     # Imported after parsing, so that --help answers without loading Ray and torch.
     from rllib_ragen.rollout.evaluation import evaluation_table
 
