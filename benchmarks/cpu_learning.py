@@ -33,12 +33,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from rllib_ragen.intervals import format_rate, paired_difference_interval
+from rllib_ragen.rollout.evaluation import TABLE_HEADER, table_row
+from rllib_ragen.run.provenance import header
 
-from rllib_ragen.rollout.evaluation import TABLE_HEADER, table_row  # noqa: E402
-from rllib_ragen.intervals import format_rate, paired_difference_interval  # noqa: E402
-from rllib_ragen.run.provenance import header  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 COLUMNS = ("rank", "variant", "env", "start", "valid answers", "distinct thoughts", "success before RL [95%]",
            "success after RL [95%]", "change [95%]", "RL minutes", "iterations")

@@ -29,18 +29,15 @@ import argparse
 import dataclasses
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from envs.bandit import BanditEnv
 from envs.frozenlake import ACTIONS as LAKE_ACTIONS
 from envs.frozenlake import FrozenLakeEnv
-from rllib_ragen.training.advantages import brpo, grpo
 from rllib_ragen.rollout.env_group import GROUP_RANDOMNESS, EnvGroup, TurnBudget
+from rllib_ragen.training.advantages import brpo, grpo
 
 BETTER, WORSE, OTHER = "better", "worse", "other"
 

@@ -33,8 +33,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# The measured side imports rllib_ragen from RLLIB_RAGEN_SOURCE (a baseline worktree) when it is set.
-sys.path.insert(0, os.environ.get("RLLIB_RAGEN_SOURCE", str(ROOT)))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -100,10 +98,11 @@ def measure(env: str, iters: int, warmup: int, settings: list[str]) -> dict:
 
 
 def run_side(args: argparse.Namespace, source: Path, settings: list[str] = ()) -> dict:
-    """One side in a fresh process that imports rllib_ragen from `source` (with `settings` applied)."""
+    """One side in a fresh process that imports rllib_ragen from `source` (first on its PYTHONPATH),
+    with `settings` applied."""
     command = [sys.executable, str(Path(__file__).resolve()), "--measure", "--env", args.env,
                "--iters", str(args.iters), "--warmup", str(args.warmup), *(f"--set={s}" for s in settings)]
-    env = dict(os.environ, RLLIB_RAGEN_SOURCE=str(source), PYTHONPATH=str(source))
+    env = dict(os.environ, PYTHONPATH=str(source))
     out = subprocess.run(command, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 

@@ -52,7 +52,6 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
@@ -69,13 +68,13 @@ from rllib_ragen.columns import (  # noqa: E402
     SAMPLING_LOGP,
     TOKEN_LOGP,
 )
+from rllib_ragen.inference.weights import pack_weights  # noqa: E402
+from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate  # noqa: E402
 from rllib_ragen.rollout.prompt.protocol import PromptProtocol, ProtocolConfig  # noqa: E402
-from rllib_ragen.training.token_batch import Trajectory, build_token_batch  # noqa: E402
 from rllib_ragen.rollout.prompt.token_history import TokenHistory  # noqa: E402
-from rllib_ragen.inference.weights import pack_weights  # noqa: E402
 from rllib_ragen.training.losses import aggregate_loss, policy_loss  # noqa: E402
-from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
+from rllib_ragen.training.token_batch import Trajectory, build_token_batch  # noqa: E402
 
 VARIANTS = ("naive", "fast-fp32", "fast", "lora8", "lora64")
 LORA_RANKS = {"lora8": 8, "lora64": 64}

@@ -26,10 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 from rllib_ragen.intervals import format_rate
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # env -> (the paper's name for the setting, StarPO-S success %, Qwen2.5-0.5B-Instruct).
 PAPER_STARPO_S = {

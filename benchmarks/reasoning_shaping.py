@@ -24,10 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from rllib_ragen.intervals import format_rate, paired_difference_interval
 
-from rllib_ragen.intervals import format_rate, paired_difference_interval  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 DEFAULT_SHAPING = "think_length_coeff=0.1,think_names_action_coeff=0.1"
 # Per-iteration rollout metrics read back from MLflow: the thought's length and the task's success.

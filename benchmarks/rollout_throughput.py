@@ -17,13 +17,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 import ray  # noqa: E402

@@ -24,22 +24,20 @@ use its action budget; the expert row is the ceiling of the budget.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 from envs import make_env
 from envs.base import DYNAMICS_STREAM, TextEnv
 from envs.frozenlake_words import DIRECTIONS
+from rllib_ragen.algorithm.presets import cpu_preset
 from rllib_ragen.data.experts import TurnBudgetLeft, expert_for
 from rllib_ragen.intervals import format_rate
-from rllib_ragen.algorithm.presets import cpu_preset
 from rllib_ragen.run.provenance import header
+
+ROOT = Path(__file__).resolve().parents[1]
 
 EVAL_SEED_START = 123  # StarPOConfig's eval_seed
 # A player: (env, budget left, rng) -> the turn's actions.

@@ -1,10 +1,12 @@
 """95% intervals for success rates measured on fixed evaluation seeds.
 
-- `wilson_interval`: one success rate (Wilson score interval).
+- `wilson_interval`: one success rate (Wilson score interval, scipy's
+  `binomtest(...).proportion_ci(method="wilson")`).
 - `paired_difference_interval`: the change in success between two evaluations
   on the same seeds (before and after RL), with Agresti and Min's adjustment
   of the paired Wald interval (half a count added to each of the four
-  outcome cells), which keeps its coverage near 95% for small samples.
+  outcome cells), which keeps its coverage near 95% for small samples; no
+  library has it (statsmodels' paired tests give no interval of the difference).
 """
 
 from __future__ import annotations
@@ -12,19 +14,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-Z95 = 1.959963984540054
+from scipy.stats import binomtest
+
+Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 
 
-def wilson_interval(successes: float, n: int, *, z: float = Z95) -> tuple[float, float]:
-    """(low, high) of the success probability after `successes` of `n` trials."""
+def wilson_interval(successes: float, n: int, *, confidence: float = 0.95) -> tuple[float, float]:
+    """(low, high) of the success probability after `successes` (a whole number, e.g. 3.0) of `n` trials."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    if not 0 <= successes <= n:
-        raise ValueError(f"successes must be within [0, {n}], got {successes}")
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    if not 0 <= successes <= n or successes != int(successes):
+        raise ValueError(f"successes must be a whole number within [0, {n}], got {successes}")
+    interval = binomtest(int(successes), n).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(interval.low), float(interval.high)
 
 
 def paired_difference_interval(

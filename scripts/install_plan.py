@@ -89,10 +89,11 @@ def missing(extras: list[str]) -> list[str]:
     """What `check` finds not installed: requirements (recursively) or the editable project itself."""
     from packaging.requirements import Requirement
 
+    commands = ", ".join(_pyproject().get("scripts", {}))
     found = (
         []
         if _is_editable_here()
-        else [f"rllib-ragen installed in editable mode from {ROOT}"]
+        else [f"rllib-ragen installed in editable mode from {ROOT}, with its commands ({commands})"]
     )
     seen: set[tuple[str, frozenset[str]]] = set()
     pending = [Requirement(r) for r in project_requirements(extras)]
@@ -141,16 +142,18 @@ def _pyproject() -> dict:
 
 
 def _is_editable_here() -> bool:
+    """Installed in editable mode from this checkout, with every console script pyproject.toml names
+    (an install from before a new command lacks it: pip installs it again)."""
     try:
-        direct_url = importlib.metadata.distribution("rllib-ragen").read_text(
-            "direct_url.json"
-        )
+        distribution = importlib.metadata.distribution("rllib-ragen")
     except importlib.metadata.PackageNotFoundError:
         return False
-    info = json.loads(direct_url or "{}")
+    info = json.loads(distribution.read_text("direct_url.json") or "{}")
+    installed = {e.name for e in distribution.entry_points if e.group == "console_scripts"}
     return (
         info.get("dir_info", {}).get("editable", False)
         and info.get("url") == ROOT.as_uri()
+        and set(_pyproject().get("scripts", {})) <= installed
     )
 
 

@@ -1,10 +1,17 @@
 """The code's shape, checked on its syntax trees (no import, no model): no import cycle among the
-project's modules, and functions that fit on one screen."""
+project's modules, the layers of pyproject.toml's import-linter contract (`lint-imports`) kept and
+naming every module, and functions that fit on one screen."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("rllib_ragen", "envs")
@@ -111,3 +118,29 @@ def test_envs_do_not_depend_on_the_trainer():
     for name, path in modules.items():
         if name.startswith("envs"):
             assert not {m for m in _imports(name, path, modules) if m.startswith("rllib_ragen")}, name
+
+
+def _layers() -> list[list[str]]:
+    """The import-linter layers contract of pyproject.toml, top layer first, each a list of modules."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = [c for c in config["contracts"] if c["type"] == "layers"]
+    return [[name.strip() for name in layer.replace("|", ":").split(":")] for layer in contract["layers"]]
+
+
+def test_every_module_is_in_a_layer():
+    # A module outside every layer would escape the contract: e.g. a new top-level module of rllib_ragen.
+    layered = {name for layer in _layers() for name in layer}
+    modules = _modules()
+    outside = sorted(
+        name for name in modules
+        if name not in PACKAGES and not any(name == m or name.startswith(f"{m}.") for m in layered)
+    )
+    assert not outside, f"add these to a layer in pyproject.toml's [tool.importlinter]: {outside}"
+    assert layered <= set(modules), sorted(layered - set(modules))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("importlinter") is None, reason="import-linter (the test extra) is missing")
+def test_lint_imports_keeps_the_layers_contract():
+    command = "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True, no_logo=True))"
+    out = subprocess.run([sys.executable, "-c", command], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -12,8 +12,8 @@ import torch
 from mlflow.tracking import MlflowClient
 from run_helpers import driver_args, tiny_config
 
+from rllib_ragen.algorithm.offline import OfflineSettings, offline_config
 from rllib_ragen.data.demonstrations import DemonstrationConfig, expert_demonstrations
-from rllib_ragen.data.offline import OfflineSettings, offline_config
 from rllib_ragen.data.parquet import write_trajectories
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.rollout.env_group import TurnBudget

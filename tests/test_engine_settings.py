@@ -11,7 +11,7 @@ import pytest
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.inference.engine_config import EngineConfig
 from rllib_ragen.inference.vllm.actor import llm_kwargs
-from rllib_ragen.training.lora import LoraSettings
+from rllib_ragen.lora import LoraSettings
 
 # A value different from the default for every field .inference() sets (the seed comes from .debugging()).
 NON_DEFAULTS = {

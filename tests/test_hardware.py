@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from rllib_ragen import hardware
 from rllib_ragen.algorithm.presets import cpu_preset
-from rllib_ragen.run import hardware
-from rllib_ragen.run.hardware import cpu_flags
+from rllib_ragen.hardware import cpu_flags
 
 
 def test_cpu_flags_are_read_from_cpuinfo():

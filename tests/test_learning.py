@@ -16,9 +16,9 @@ import pytest
 import ray
 
 from rllib_ragen.algorithm.starpo import StarPOConfig
-from rllib_ragen.data.warm_start import WarmStartConfig, warm_start
 from rllib_ragen.rollout.env_group import TurnBudget
 from rllib_ragen.rollout.prompt.protocol import ProtocolConfig
+from rllib_ragen.run.warm_start import WarmStartConfig, warm_start
 from rllib_ragen.training.advantages import (
     ADVANTAGE_ESTIMATORS,
     register_advantage_estimator,

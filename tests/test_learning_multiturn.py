@@ -16,9 +16,9 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_ragen.algorithm.starpo import StarPOConfig
-from rllib_ragen.data.warm_start import WarmStartConfig, warm_start
 from rllib_ragen.rollout.env_group import TurnBudget
 from rllib_ragen.rollout.prompt.protocol import ProtocolConfig
+from rllib_ragen.run.warm_start import WarmStartConfig, warm_start
 from rllib_ragen.training.advantages import (
     ADVANTAGE_ESTIMATORS,
     CRITIC_ESTIMATORS,

@@ -12,14 +12,14 @@ from peft import PeftModel
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_ragen.algorithm.starpo import StarPO, StarPOConfig
-from rllib_ragen.models import load_causal_lm
-from rllib_ragen.run.checkpoints import save_checkpoint
-from rllib_ragen.training.lora import (
+from rllib_ragen.lora import (
     LoraSettings,
     add_adapters,
     is_adapter_weight,
     merged_state_dict,
 )
+from rllib_ragen.models import load_causal_lm
+from rllib_ragen.run.checkpoints import save_checkpoint
 
 RANK, ALPHA = 4, 8.0
 # Tiny model: 2 layers, hidden 64, MLP 128, one 32-wide kv head. Adapter parameters per layer are

@@ -7,14 +7,8 @@ import math
 import pytest
 import torch
 
-from rllib_ragen.training.losses import (
-    aggregate_loss,
-    entropy_from_logits,
-    kl_penalty,
-    policy_loss,
-    token_logprobs,
-    value_loss,
-)
+from rllib_ragen.logits import entropy_from_logits, token_logprobs
+from rllib_ragen.training.losses import aggregate_loss, kl_penalty, policy_loss, value_loss
 
 # One row of 7 tokens: ratios 1.1 (inside the clip range), 1.5 (above 1 + 0.28),
 # 0.5 (below 1 - 0.2) with A = +2, then the same three and 4.0 (above clip_c = 3) with A = -2.

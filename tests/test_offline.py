@@ -9,9 +9,7 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.offline.offline_prelearner import OfflinePreLearner
 
-from rllib_ragen.algorithm.starpo import StarPOConfig
-from rllib_ragen.data.demonstrations import DemonstrationConfig, expert_demonstrations
-from rllib_ragen.data.offline import (
+from rllib_ragen.algorithm.offline import (
     BCTorchLearner,
     OfflineSettings,
     TrajectoryOfflineData,
@@ -19,6 +17,8 @@ from rllib_ragen.data.offline import (
     offline_config,
     response_token_nll,
 )
+from rllib_ragen.algorithm.starpo import StarPOConfig
+from rllib_ragen.data.demonstrations import DemonstrationConfig, expert_demonstrations
 from rllib_ragen.data.parquet import write_trajectories
 from rllib_ragen.data.schema import TRAJECTORY_SCHEMA
 from rllib_ragen.models import load_causal_lm, load_tokenizer

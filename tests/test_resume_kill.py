@@ -23,6 +23,7 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.core import DEFAULT_MODULE_ID
 from run_helpers import ROOT, driver_args, tiny_config
 
+from rllib_ragen.lora import is_adapter_weight
 from rllib_ragen.run.callbacks import (
     MLflowCallback,
     MLflowSettings,
@@ -39,7 +40,6 @@ from rllib_ragen.run.checkpoints import (
 )
 from rllib_ragen.run.experiment import run
 from rllib_ragen.run.tracking import MLflowTracker, metrics_from_json
-from rllib_ragen.training.lora import is_adapter_weight
 
 TRAIN_SEED_START = 10_000  # StarPOConfig's default
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from envs import make_env
-from rllib_ragen.data.warm_start import WarmStartConfig, demonstrations, warm_start
 from rllib_ragen.episode_keys import RESPONSE_TEXT, SYSTEM_IDS, USER_IDS
 from rllib_ragen.models import load_causal_lm, load_tokenizer
 from rllib_ragen.rollout.env_group import TurnBudget
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
 from rllib_ragen.rollout.prompt.protocol import PromptProtocol, ProtocolConfig
+from rllib_ragen.run.warm_start import WarmStartConfig, demonstrations, warm_start
 
 AGENT = "traj_0"
 PROTOCOL = ProtocolConfig(max_actions_per_turn=3, think=True)

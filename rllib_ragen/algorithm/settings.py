@@ -27,6 +27,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 
 from rllib_ragen.checks import check_choice
 from rllib_ragen.inference.engine_config import EngineConfig
+from rllib_ragen.lora import LoraSettings
 from rllib_ragen.rollout.async_rollouts import AsyncRollouts
 from rllib_ragen.rollout.env_group import DEFAULT_GROUP_RANDOMNESS, GROUP_RANDOMNESS, TurnBudget
 from rllib_ragen.rollout.prompt.protocol import ProtocolConfig
@@ -35,7 +36,6 @@ from rllib_ragen.training.advantages import AdvantageSettings
 from rllib_ragen.training.collapse_metrics import CollapseMetricsSettings
 from rllib_ragen.training.echo_trap import EchoTrapRule
 from rllib_ragen.training.filtering import FilterSettings
-from rllib_ragen.training.lora import LoraSettings
 from rllib_ragen.training.losses import KL_KINDS, LOSS_AGGREGATIONS
 from rllib_ragen.training.module import LLMModuleConfig, ScoringConfig
 from rllib_ragen.training.off_policy import OffPolicyCorrection

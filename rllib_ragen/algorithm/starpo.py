@@ -55,9 +55,11 @@ from rllib_ragen.algorithm.settings import (  # noqa: F401 (IGNORED_RLLIB_SETTIN
 from rllib_ragen.data.parquet import write_rollouts
 from rllib_ragen.inference.engine_config import resolve_kind
 from rllib_ragen.inference.weight_sync import PolicyWeightSync
+from rllib_ragen.lora import LoraSettings, peft_model_with_adapters
 from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model, resolves_locally
 from rllib_ragen.rollout.async_rollouts import AsyncGroupSampler, policy_version_of, staleness_counts
-from rllib_ragen.rollout.env_runner import LLMEnvRunner, policy_weights, rollout_statistics
+from rllib_ragen.rollout.env_runner import LLMEnvRunner, policy_weights
+from rllib_ragen.rollout.episode_readers import rollout_statistics
 from rllib_ragen.rollout.evaluation import evaluate_on_seeds
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
 from rllib_ragen.sharding import split_contiguous
@@ -75,7 +77,6 @@ from rllib_ragen.training.echo_trap import REWARD_VARIANCE, EchoTrapMonitor
 from rllib_ragen.training.filtering import TOP_P, select_groups_by_variance
 from rllib_ragen.training.learner import StarPOTorchLearner
 from rllib_ragen.training.learner_connector import GroupAdvantages, OldLogProbsAndValues, TokenRows
-from rllib_ragen.training.lora import LoraSettings, peft_model_with_adapters
 from rllib_ragen.training.module import LLMRLModule
 from rllib_ragen.training.token_masks import ResponseSpanLabeller
 
@@ -290,7 +291,7 @@ class StarPOConfig(AlgorithmConfig):
         if self.is_offline and self.offline_data_class is None:
             raise ValueError(
                 "offline StarPO reads trajectory Parquet files into group episodes: set it up with "
-                "rllib_ragen.data.offline.offline_config(config, OfflineSettings(...))"
+                "rllib_ragen.algorithm.offline.offline_config(config, OfflineSettings(...))"
             )
         self._warn_when_mini_batches_repeat_rows()
 

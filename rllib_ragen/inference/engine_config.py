@@ -8,7 +8,7 @@ import os
 
 from rllib_ragen.checks import check_choice, check_positive
 from rllib_ragen.inference.vllm.adapter import max_lora_rank
-from rllib_ragen.training.lora import LoraSettings
+from rllib_ragen.lora import LoraSettings
 
 ENGINE_KINDS = ("auto", "vllm", "hf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")

@@ -19,7 +19,7 @@ from rllib_ragen.inference.batching import check_score_inputs, check_token_ids, 
 from rllib_ragen.inference.engine import Completion, InferenceEngine, SamplingParams
 from rllib_ragen.inference.sampling import choose_tokens, processed_logprobs
 from rllib_ragen.inference.weights import check_weights
-from rllib_ragen.training.losses import token_logprobs
+from rllib_ragen.logits import token_logprobs
 
 logger = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from rllib_ragen.inference.collective import GroupHost, GroupSpec, TensorLayout,
 from rllib_ragen.inference.engine import EngineTimeoutError
 from rllib_ragen.inference.engine_config import EngineConfig
 from rllib_ragen.inference.weights import pack_weights, unique_weights
-from rllib_ragen.training.losses import token_logprobs
+from rllib_ragen.logits import token_logprobs
 
 # The probe scored after every sync: fixed random token ids (no text, no tokenizer needed).
 PROBE_PROMPT_TOKENS = 24

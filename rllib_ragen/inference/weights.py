@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rllib_ragen.training.lora import LoraSettings, adapter_state_dict, add_adapters
+from rllib_ragen.lora import LoraSettings, adapter_state_dict, add_adapters
 
 # numpy has no bfloat16: such tensors travel as raw integers of the same width.
 _RAW_VIEWS = {torch.bfloat16: torch.int16}

@@ -1,22 +1,20 @@
 """Evaluation on fixed seeds: one trajectory per initial-state seed, summarised
-with 95% Wilson intervals, and its trajectory page.
+with 95% Wilson intervals, and the results table.
 
 Every evaluation goes through `evaluate_on_seeds`: the periodic one in training
 (`StarPO.evaluate_fixed_seeds`, which the tuned examples also run before RL and
 `benchmarks/cpu_learning.py` reads back), and that of any saved policy
-(`python -m rllib_ragen.run.evaluate`).
+(`rllib_ragen.run.evaluate`, the `rllib-ragen evaluate` command). Its trajectory
+page is `rllib_ragen.run.trajectory_page.evaluation_page`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
-from envs import make_env
 from rllib_ragen.intervals import format_rate, wilson_interval
-from rllib_ragen.rollout.env_runner import rollout_statistics, succeeded
-from rllib_ragen.run.trajectory_page import grid_legend, trajectories_html
+from rllib_ragen.rollout.episode_readers import rollout_statistics, succeeded
 
 TABLE_HEADER = (
     "| env | episodes | success [95% interval] | mean return | valid answers | mean turns | mean response tokens |\n"
@@ -76,24 +74,3 @@ def evaluation_table(evaluations: Mapping[str, Evaluation]) -> str:
     """A markdown table, one row per label (e.g. env name)."""
     rows = [table_row(label, e.stats, e.successes) for label, e in evaluations.items()]
     return "\n".join([TABLE_HEADER, *rows])
-
-
-def evaluation_page(
-    config: Any, episodes: Iterable[Any], *, title: str, limit: int, **settings: Any
-) -> str:
-    """The trajectory page of an evaluation under `config` (a `StarPOConfig`), with
-    the run's settings on top (the config's that shape a rollout, plus `settings`)."""
-    shown = {
-        "env": config.env,
-        "model": config.llm_model,
-        "temperature": config.eval_temperature,
-        "max turns": config.max_turns,
-        "actions per turn / trajectory": f"{config.max_actions_per_turn} / {config.max_actions_per_traj}",
-        "response length": config.response_length,
-        "think": config.think,
-        **settings,
-    }
-    legend = grid_legend(make_env(config.env, **config.env_config).instructions)
-    return trajectories_html(
-        episodes, title=title, settings=shown, legend=legend, limit=limit
-    )

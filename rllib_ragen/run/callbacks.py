@@ -46,7 +46,6 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.utils import force_list
 from ray.rllib.utils.metrics import EVALUATION_RESULTS
 
-from rllib_ragen.rollout.evaluation import evaluation_page
 from rllib_ragen.run.checkpoints import save_checkpoint, tracking_state
 from rllib_ragen.run.ray_session import PROJECT_ROOT
 from rllib_ragen.run.tracking import (
@@ -61,6 +60,7 @@ from rllib_ragen.run.tracking import (
     metrics_from_json,
     metrics_to_json,
 )
+from rllib_ragen.run.trajectory_page import evaluation_page
 
 FINAL_POLICY = "final_policy"
 

@@ -1,14 +1,14 @@
 """Evaluate a policy on fixed seeds, per env, with 95% intervals.
 
-    python -m rllib_ragen.run.evaluate checkpoints/sokoban-starpo --env sokoban frozenlake --episodes 64
-    python -m rllib_ragen.run.evaluate checkpoints/sokoban-starpo --generalisation
-    python -m rllib_ragen.run.evaluate ~/.cache/rllib_ragen/models/warm-start-37c94fbeb5ad --env sokoban
+    rllib-ragen evaluate checkpoints/sokoban-starpo --env sokoban frozenlake --episodes 64
+    rllib-ragen evaluate checkpoints/sokoban-starpo --generalisation
+    rllib-ragen evaluate ~/.cache/rllib_ragen/models/warm-start-37c94fbeb5ad --env sokoban
 
 POLICY is a StarPO checkpoint (`checkpoints/<env>-starpo/iter_NNNNNN`, or the
 directory holding them: its newest complete one), evaluated with its run's
 rollout settings; or a Hugging Face model directory (a run's `final_policy/`, a
 warm start in ~/.cache/rllib_ragen/models) or a model name
-(`python -m rllib_ragen.models list`), evaluated with --preset's settings.
+(`rllib-ragen models list`), evaluated with --preset's settings.
 
 Each env is played once per seed --seed-start .. --seed-start + --episodes - 1
 at --temperature (defaults: the run's or preset's evaluation settings). Prints
@@ -16,23 +16,42 @@ one table row per env (success with its 95% Wilson interval, mean return,
 share of turns with a valid action, mean turns, mean response tokens per
 turn), writes a trajectory page per env and summary.json to --output-dir, and
 with --mlflow logs them as one MLflow run.
+
+Also `python -m rllib_ragen.run.evaluate POLICY ...`. The one place a saved policy is evaluated:
+the flags, loading the policy (a checkpoint's with its run's settings), one
+`LLMEnvRunner` per env through `rllib_ragen.rollout.evaluation` (the code
+training evaluates with), the pages, summary.json and MLflow. Only light
+modules are imported at the top (`--help` must not wait for Ray or torch); the
+rest is imported where it is used.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import pickle
 import sys
 import tempfile
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rllib_ragen.algorithm.starpo import StarPOConfig
+    from rllib_ragen.rollout.evaluation import Evaluation
 
 # RAGEN's generalisation set: trained on Sokoban, evaluated on these.
 GENERALISATION_ENVS = ("sokoban", "sokoban_new_vocab", "larger_sokoban", "frozenlake")
 DEFAULT_EXPERIMENT = "rllib-ragen-evaluation"
+RLLIB_CHECKPOINT_FILE = "rllib_checkpoint.json"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m rllib_ragen.run.evaluate") -> argparse.ArgumentParser:
+    """The flags of the evaluation command."""
     parser = argparse.ArgumentParser(
-        prog="python -m rllib_ragen.run.evaluate",
+        prog=prog,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -140,15 +159,236 @@ def chosen_envs(args: argparse.Namespace, run_env: str | None) -> list[str]:
     return [run_env]
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """A policy ready to evaluate.
+
+    Args:
+        source: What the user named (checkpoint, directory or model name).
+        model: Local Hugging Face directory of the policy.
+        run_config: The StarPO config of the checkpoint's run; None for a model.
+    """
+
+    source: str
+    model: Path
+    run_config: StarPOConfig | None
+
+
+def load_policy(source: str, *, scratch: Path) -> Policy:
+    """The policy `source` names; a checkpoint's policy is exported into `scratch`.
+
+    Raises:
+        ValueError: `source` is a directory that is neither a model nor a checkpoint.
+        rllib_ragen.models.ModelNotFoundError: an unknown model name or missing path.
+    """
+    from rllib_ragen.models import resolve_model
+    from rllib_ragen.run.checkpoints import latest_checkpoint
+
+    path = Path(source).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file():
+        checkpoint = (
+            path
+            if (path / RLLIB_CHECKPOINT_FILE).is_file()
+            else latest_checkpoint(path)
+        )
+        if checkpoint is None:
+            raise ValueError(
+                f"{path} is neither a Hugging Face model directory (config.json), an RLlib checkpoint "
+                f"({RLLIB_CHECKPOINT_FILE}) nor a directory of complete StarPO checkpoints (iter_NNNNNN)"
+            )
+        config = checkpoint_config(checkpoint)
+        print(f"exporting the policy of checkpoint {checkpoint}", flush=True)
+        return Policy(
+            source,
+            export_checkpoint_policy(checkpoint, config, scratch / "policy"),
+            config,
+        )
+    return Policy(source, resolve_model(source, progress=True), None)
+
+
+def checkpoint_config(checkpoint: Path) -> StarPOConfig:
+    """The `StarPOConfig` a StarPO checkpoint was saved with."""
+    from ray.rllib.utils.checkpoints import Checkpointable
+
+    from rllib_ragen.algorithm.starpo import StarPOConfig
+
+    with open(checkpoint / Checkpointable.CLASS_AND_CTOR_ARGS_FILE_NAME, "rb") as file:
+        (config,), _ = pickle.load(file)["ctor_args_and_kwargs"]
+    return (
+        config if isinstance(config, StarPOConfig) else StarPOConfig.from_dict(config)
+    )
+
+
+def export_checkpoint_policy(
+    checkpoint: Path, config: StarPOConfig, directory: Path
+) -> Path:
+    """Writes the policy of a StarPO checkpoint as a Hugging Face model directory."""
+    from ray.rllib.core import (
+        COMPONENT_LEARNER,
+        COMPONENT_LEARNER_GROUP,
+        COMPONENT_RL_MODULE,
+        DEFAULT_MODULE_ID,
+    )
+    from ray.rllib.core.rl_module.rl_module import RLModule
+
+    from rllib_ragen.algorithm.starpo import save_policy
+
+    module_dir = (
+        checkpoint
+        / COMPONENT_LEARNER_GROUP
+        / COMPONENT_LEARNER
+        / COMPONENT_RL_MODULE
+        / DEFAULT_MODULE_ID
+    )
+    module = RLModule.from_checkpoint(module_dir)
+    return save_policy(
+        module.get_state(inference_only=True),
+        base_model=config.llm_model,
+        dtype=config.dtype,
+        directory=directory,
+        lora=config.lora_settings,
+    )
+
+
+def env_config(
+    policy: Policy,
+    env: str,
+    *,
+    preset_name: str,
+    settings: Mapping[str, Any],
+    assignments: Sequence[str] = (),
+) -> StarPOConfig:
+    """The rollout settings of `policy` on `env`: its run's (a checkpoint) or the preset's,
+    with `settings` (config attribute -> value) and `assignments` (`--set KEY=VALUE`)
+    applied, on one local runner."""
+    from rllib_ragen.algorithm.presets import preset
+    from rllib_ragen.run.experiment import apply_setting
+
+    if policy.run_config is None:
+        config = preset(preset_name, env)
+    else:
+        config = policy.run_config.copy(copy_frozen=False).environment(env)
+    config.llm(model=str(policy.model))
+    config.env_runners(num_env_runners=0)
+    for key, value in settings.items():
+        setattr(config, key, value)
+    for assignment in assignments:
+        apply_setting(config, assignment)
+    config.validate_starpo()
+    return config
+
+
+def evaluate_env(config: StarPOConfig, *, seeds: Sequence[int]) -> Evaluation:
+    """One trajectory per seed on `config.env` at `config.eval_temperature`, on a runner of its own."""
+    from rllib_ragen.inference.engine_config import resolve_kind
+    from rllib_ragen.rollout.env_runner import LLMEnvRunner
+    from rllib_ragen.rollout.evaluation import evaluate_on_seeds
+    from rllib_ragen.run.ray_session import init_ray
+
+    if resolve_kind(config.engine) == "vllm":
+        init_ray()  # vLLM engines are Ray actors
+    runner = LLMEnvRunner(config=config)
+    try:
+        return evaluate_on_seeds(
+            runner.sample, seeds=seeds, temperature=config.eval_temperature
+        )
+    finally:
+        runner.stop()
+
+
+def evaluate_policy(
+    policy: Policy,
+    envs: Sequence[str],
+    *,
+    preset_name: str,
+    settings: Mapping[str, Any],
+    assignments: Sequence[str] = (),
+    output_dir: Path,
+) -> dict[str, Evaluation]:
+    """Evaluates `policy` on each env; writes `<output_dir>/<env>.html` and `summary.json`."""
+    from rllib_ragen.run.trajectory_page import evaluation_page
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    evaluations: dict[str, Evaluation] = {}
+    summary = {
+        "policy": policy.source,
+        "settings": {**settings, "set": list(assignments)},
+        "envs": {},
+    }
+    for env in envs:
+        config = env_config(
+            policy,
+            env,
+            preset_name=preset_name,
+            settings=settings,
+            assignments=assignments,
+        )
+        seeds = range(config.eval_seed, config.eval_seed + config.eval_size)
+        print(
+            f"{env}: {len(seeds)} episodes (seeds {seeds[0]}..{seeds[-1]}, temperature "
+            f"{config.eval_temperature}) ...",
+            flush=True,
+        )
+        began = time.perf_counter()
+        evaluations[env] = evaluation = evaluate_env(config, seeds=seeds)
+        page = evaluation_page(
+            config,
+            evaluation.episodes,
+            title=f"{policy.source} on {env}",
+            limit=len(seeds),
+            seeds=f"{seeds[0]}..{seeds[-1]}",
+            policy=policy.source,
+        )
+        (output_dir / f"{env}.html").write_text(page)
+        summary["envs"][env] = {
+            "seeds": [seeds[0], seeds[-1]],
+            "stats": evaluation.stats,
+            "successes": evaluation.successes,
+        }
+        # After each env, so that the envs done so far survive a failure in the next one.
+        (output_dir / "summary.json").write_text(
+            json.dumps(summary, indent=1, default=float)
+        )
+        print(
+            f"{env}: done in {time.perf_counter() - began:.0f} s; page {output_dir / f'{env}.html'}",
+            flush=True,
+        )
+    return evaluations
+
+
+def log_to_mlflow(
+    policy: Policy,
+    evaluations: Mapping[str, Evaluation],
+    *,
+    output_dir: Path,
+    tracking_uri: str | None,
+    experiment: str,
+    settings: Mapping[str, Any],
+) -> str:
+    """One MLflow run with the settings, `evaluation/<env>/<stat>` metrics and the pages; returns its URL."""
+    from rllib_ragen.run.tracking import MLflowTracker
+
+    tracker = MLflowTracker(
+        tracking_uri=tracking_uri,
+        experiment=experiment,
+        run_name=f"evaluate {Path(policy.source).name}",
+        tags={"policy": policy.source, "envs": ",".join(evaluations)},
+    )
+    tracker.log_params({"policy": policy.source, **settings})
+    for env, evaluation in evaluations.items():
+        tracker.log_metrics(
+            {f"evaluation/{env}/{k}": v for k, v in evaluation.stats.items()}, step=0
+        )
+    tracker.log_artifacts(output_dir, "evaluation")
+    tracker.end()
+    return tracker.run_url
+
+
+def main(argv: list[str] | None = None, *, prog: str = "python -m rllib_ragen.run.evaluate") -> int:
+    """Entry point of `python -m rllib_ragen.run.evaluate` and `rllib-ragen evaluate`; returns the exit status."""
+    args = build_parser(prog).parse_args(argv)
     # Imported after parsing, so that --help answers without loading Ray and torch.
     from rllib_ragen.rollout.evaluation import evaluation_table
-    from rllib_ragen.run.policy_evaluation import (
-        evaluate_policy,
-        load_policy,
-        log_to_mlflow,
-    )
 
     try:
         settings = overrides(args)

@@ -1,5 +1,9 @@
-"""The driver behind every tuned example: flags -> config -> train loop with
-progress, MLflow tracking, checkpoints, resume and the `--as-test` check.
+"""The driver behind every tuned example and `rllib-ragen train`: flags -> config ->
+train loop with progress, MLflow tracking, checkpoints, resume and the `--as-test` check.
+
+`TUNED_RUNS` holds each env's defaults (description, success threshold,
+iterations, job budget): `python tuned_examples/sokoban_starpo.py` and
+`rllib-ragen train --env sokoban` are the same run.
 
 Only light modules are imported at the top (`--help` must not wait for Ray or
 torch); the rest is imported where it is used. Flag and config errors end the
@@ -45,6 +49,45 @@ RUN_LOG = "run.log"
 USER_ERRORS = (ValueError, TypeError, FileNotFoundError)
 
 
+@dataclasses.dataclass(frozen=True)
+class TunedRun:
+    """What a run of one env does without flags (each is also a flag but `description`).
+
+    Args:
+        description: The first line of `--help`.
+        success_threshold: Success rate `--as-test` requires.
+        stop_iters: Training iterations.
+        job_budget_min: The whole job's time budget in minutes, or None for none.
+    """
+
+    description: str
+    success_threshold: float = 0.0
+    stop_iters: int = 20
+    job_budget_min: float | None = None
+
+
+# The whole job (warm start, evaluations, training) of the grid envs within 30 minutes on any 2 cores: a CPU
+# without bf16 units spends longer on the warm start and evaluations, and training gets what is left.
+TUNED_RUNS: dict[str, TunedRun] = {
+    "bandit": TunedRun(
+        "Train an LLM agent to prefer the better arm of a two-armed bandit with StarPO.",
+        success_threshold=0.9, stop_iters=20,
+    ),
+    "countdown": TunedRun("Train an LLM agent on Countdown equations with StarPO.", stop_iters=20),
+    "frozenlake": TunedRun(
+        "Train an LLM agent on slippery FrozenLake with StarPO.", stop_iters=200, job_budget_min=27.0,
+    ),
+    "sokoban": TunedRun(
+        "Train an LLM agent to solve Sokoban rooms (6x6, one box) with StarPO.", stop_iters=200, job_budget_min=27.0,
+    ),
+}
+
+
+def tuned_run(env: str) -> TunedRun:
+    """`TUNED_RUNS[env]`, or plain defaults for any other env (e.g. one of your own)."""
+    return TUNED_RUNS.get(env, TunedRun(f"Train an LLM agent on {env} with StarPO."))
+
+
 class CLIParser(argparse.ArgumentParser):
     """argparse with its errors on one line: `error: ...`, exit code 2."""
 
@@ -80,10 +123,11 @@ def positive_float(text: str) -> float:
 
 
 def build_parser(
-    *, env: str, description: str, success_threshold: float, stop_iters: int, job_budget_min: float | None = None
+    *, env: str, description: str, success_threshold: float, stop_iters: int, job_budget_min: float | None = None,
+    prog: str | None = None,
 ) -> argparse.ArgumentParser:
     """The flags every tuned example takes (RLlib's tuned-example style)."""
-    parser = CLIParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = CLIParser(prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_config_flags(parser, env=env, stop_iters=stop_iters)
     add_tracking_flags(parser)
     parser.add_argument("--time-budget-min", type=positive_float,
@@ -264,7 +308,7 @@ def apply_warm_start(config: StarPOConfig, *, num_examples: int | None = None, p
     solves part of the task: RL gains most there, see
     docs/results/multiturn_learning_2026-11.md), else random play (the answer format only).
     """
-    from rllib_ragen.data.warm_start import WarmStartConfig, warm_start
+    from rllib_ragen.run.warm_start import WarmStartConfig, warm_start
 
     player = player or ("expert" if has_expert(config.env) else "random")
     num_examples = num_examples or WARM_START_STATES[player]
@@ -523,19 +567,21 @@ def check_success(result: dict[str, Any], threshold: float) -> None:
     print(f"--as-test passed: success {success:.3f} >= {threshold}")
 
 
-def main(
-    *, env: str, description: str, success_threshold: float, stop_iters: int, job_budget_min: float | None = None,
-    argv: list[str] | None = None,
-) -> None:
-    """Entry point of a tuned example: a flag or config error ends it with one line and exit code 2."""
+def main(*, env: str, argv: list[str] | None = None, prog: str | None = None, **settings: Any) -> None:
+    """Entry point of a tuned example: a flag or config error ends it with one line and exit code 2.
+
+    Args:
+        env: The env (the `--env` default).
+        argv: The flags (default: the command line's).
+        prog: The program name `--help` shows.
+        **settings: `TunedRun` fields replacing `tuned_run(env)`'s.
+    """
     job_started = time.perf_counter()
-    parser = build_parser(
-        env=env, description=description, success_threshold=success_threshold, stop_iters=stop_iters,
-        job_budget_min=job_budget_min,
-    )
+    tuned = dataclasses.replace(tuned_run(env), **settings)
+    parser = build_parser(env=env, prog=prog, **dataclasses.asdict(tuned))
     args = parser.parse_args(argv)
     if args.job_budget_min is None and args.time_budget_min is None:
-        args.job_budget_min = job_budget_min
+        args.job_budget_min = tuned.job_budget_min
     if not args.verbose:
         quiet_progress_bars()  # before the libraries are imported: they read it then
     try:
@@ -545,8 +591,7 @@ def main(
     except USER_ERRORS as error:
         parser.exit(2, f"error: {error}\n")
     # Imported first: they attach the console handlers that route_library_logs takes away.
-    from rllib_ragen.data import warm_start  # noqa: F401
-    from rllib_ragen.run import callbacks  # noqa: F401
+    from rllib_ragen.run import callbacks, warm_start  # noqa: F401
 
     log_file = run_directory(config, args) / RUN_LOG
     route_library_logs(log_file, verbose=args.verbose)

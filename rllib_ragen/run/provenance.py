@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rllib_ragen.run.hardware import cpu_flags, cpu_model, fast_bf16
+from rllib_ragen.hardware import cpu_flags, cpu_model, fast_bf16
 
 
 def commit(repo: Path) -> str:

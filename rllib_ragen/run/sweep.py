@@ -4,12 +4,24 @@ every trial an MLflow run (through `MLflowCallback`), a results table at the end
 RAGEN's knobs worth sweeping are the rollout frequency (optimiser passes per
 rollout batch), the group size and the turn budget; any other `StarPOConfig`
 attribute can be swept the same way (`--grid KEY=V1,V2`).
+
+The command line: `rllib-ragen sweep --help` (or `python tuned_examples/sweep_starpo.py`).
+By default it sweeps rollout frequency (1, 2), group size (4, 8) and the turn
+budget (max_turns 3, 5) on the CPU preset: 8 trials, one MLflow run each
+(./mlflow.db unless --tracking-uri), and prints a results table at the end.
+--scheduler asha stops weak trials early. Each trial holds one CPU, so
+--max-concurrent should not exceed the cores you can spare.
+
+    rllib-ragen sweep --env bandit --stop-iters 10 \\
+        --grid rollout_frequency=1,2 --grid group_size=4,8 --scheduler asha --max-concurrent 2
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import itertools
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +36,17 @@ from envs import check_env
 from rllib_ragen.algorithm.starpo import StarPO, StarPOConfig
 from rllib_ragen.rllib_private import config_dict_value
 from rllib_ragen.run.callbacks import MLflowSettings, with_mlflow
-from rllib_ragen.run.experiment import progress_line, setting_value, split_assignment
+from rllib_ragen.run.experiment import (
+    add_config_flags,
+    add_tracking_flags,
+    choose_starting_model,
+    config_from_args,
+    mlflow_settings,
+    progress_line,
+    setting_value,
+    split_assignment,
+)
+from rllib_ragen.run.ray_session import init_ray
 from rllib_ragen.run.tracking import TRIAL_TAG, experiment_id_of, find_run
 
 SCHEDULERS = ("fifo", "asha")
@@ -235,3 +257,45 @@ def _nested(metrics: Mapping[str, Any], key: str) -> Any:
             return None
         value = value[part]
     return value
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The flags of a sweep: the tuned examples' config and tracking flags, the grid and the scheduling."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description="A Ray Tune sweep of StarPO.", formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    add_config_flags(parser, env="sokoban", stop_iters=20)
+    add_tracking_flags(parser)
+    default_grid = " ".join(f"{k}={','.join(map(str, v))}" for k, v in DEFAULT_GRID.items())
+    parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                        help=f"sweep a config key over values (repeatable; default: {default_grid})")
+    parser.add_argument("--scheduler", choices=SCHEDULERS, default="fifo", help="asha stops weak trials early")
+    parser.add_argument("--metric", default=DEFAULT_METRIC, help="result key to compare trials by")
+    parser.add_argument("--mode", choices=("max", "min"), default="max", help="maximise or minimise --metric")
+    parser.add_argument("--grace-period", type=int, default=1, help="ASHA: iterations before a trial may be stopped")
+    parser.add_argument("--max-concurrent", type=int, default=1, help="trials at once (1 CPU each)")
+    parser.add_argument("--storage-path", help="where Tune keeps trial results (default: ~/ray_results)")
+    parser.add_argument("--name", help="Tune experiment name")
+    return parser
+
+
+def main(argv: list[str] | None = None, *, prog: str | None = None) -> pd.DataFrame:
+    """Entry point of `rllib-ragen sweep` (and `tuned_examples/sweep_starpo.py`); returns the results table."""
+    args = build_parser(prog).parse_args(argv)
+    config = config_from_args(args)
+    grid = parse_grid(config, args.grid) if args.grid else dict(DEFAULT_GRID)
+    sweep = SweepConfig(
+        grid=grid, stop_iters=args.stop_iters, scheduler=args.scheduler, metric=args.metric, mode=args.mode,
+        max_concurrent=args.max_concurrent, grace_period=args.grace_period,
+        storage_path=str(Path(args.storage_path).resolve()) if args.storage_path else None, name=args.name,
+    )
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    init_ray(log_to_driver=True)
+    tags = choose_starting_model(config, args)  # once, in the driver: every trial loads the same cached model
+    settings = mlflow_settings(args, tags={**tags, "preset": args.preset})
+    print(f"sweeping {sweep.num_trials} trials of {config.env} over {grid}; MLflow: {settings.tracking_uri} "
+          f"experiment {settings.experiment}")
+    _, table = run_sweep(config, sweep, settings)
+    with pd.option_context("display.width", 200, "display.max_columns", None):
+        print("\nresults (best first):\n" + table.to_string(index=False))
+    return table

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from rllib_ragen.episode_keys import GROUP_ID, RESPONSE_TEXT, SYSTEM_IDS, USER_IDS
-from rllib_ragen.rollout.env_runner import think_text
+from rllib_ragen.rollout.episode_readers import think_text
 from rllib_ragen.training.learner_connector import score_rows
 
 Tensor = torch.Tensor

@@ -30,16 +30,16 @@ from ray.rllib.utils.annotations import override
 from torch import nn
 
 from rllib_ragen.columns import ATTENTION_MASK, INPUT_IDS, TOKEN_ENTROPY, TOKEN_LOGP
-from rllib_ragen.models import load_causal_lm, resolve_model
-from rllib_ragen.training.advantages import critic_free_estimators
-from rllib_ragen.training.lora import (
+from rllib_ragen.logits import entropy_from_logits, token_logprobs
+from rllib_ragen.lora import (
     LoraSettings,
     adapter_state_dict,
     add_adapters,
     merged_state_dict,
     shared_trunk_copy,
 )
-from rllib_ragen.training.losses import entropy_from_logits, token_logprobs
+from rllib_ragen.models import load_causal_lm, resolve_model
+from rllib_ragen.training.advantages import critic_free_estimators
 
 CRITIC_KINDS = ("none", "head", "separate")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from torch import Tensor
 
-from rllib_ragen.training.lora import LoraSettings
+from rllib_ragen.lora import LoraSettings
 
 # vLLM's allowed `max_lora_rank` values (`vllm.config.lora.MaxLoRARanks`, vLLM 0.32). A copy, so that
 # config validation need not import vLLM (seconds); tests/test_weight_sync.py checks it against vLLM's.

@@ -6,7 +6,7 @@ signal at all. The warm start plays the env with a random player
 (`rllib_ragen.data.demonstrations.random_demonstrations`: multi-turn, 1..k valid
 actions per turn drawn uniformly at random, never a solver's choice), writes
 those trajectories to Parquet, and behaviour-clones them through RLlib's offline
-API (`rllib_ragen.data.offline`: the same `LLMRLModule`, `BCTorchLearner` and
+API (`rllib_ragen.algorithm.offline`: the same `LLMRLModule`, `BCTorchLearner` and
 micro-batching as StarPO). Afterwards the model follows the format while its
 choices are still random, so any later gain in success is the RL's doing.
 
@@ -35,6 +35,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
 from envs import make_env
+from rllib_ragen.algorithm.offline import OfflineSettings, offline_config
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.data.demonstrations import (
     DemonstrationConfig,
@@ -43,7 +44,6 @@ from rllib_ragen.data.demonstrations import (
     random_demonstrations,
 )
 from rllib_ragen.data.experts import WARM_START_PLAYERS
-from rllib_ragen.data.offline import OfflineSettings, offline_config
 from rllib_ragen.data.parquet import write_trajectories
 from rllib_ragen.models import (
     BuiltinModel,

@@ -1,0 +1,7 @@
+"""`python -m rllib_ragen.models list` / `pull NAME` (also `rllib-ragen models`)."""
+
+import sys
+
+from rllib_ragen.models.cli import main
+
+sys.exit(main())

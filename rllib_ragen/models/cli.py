@@ -1,0 +1,54 @@
+"""`rllib-ragen models` (also `python -m rllib_ragen.models`): list the built-in models, or pull one."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rllib_ragen.models.cache import CACHE_ENV_VAR, MARKER_FILE, default_cache_dir
+from rllib_ragen.models.local import ModelNotFoundError
+from rllib_ragen.models.registry import BUILTIN_MODELS, resolve_model
+
+PROG = "python -m rllib_ragen.models"
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The flags of `list` and `pull`."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--cache-dir", type=Path, default=None, help=f"cache root (default: ${CACHE_ENV_VAR} or ~/.cache/rllib_ragen)"
+    )
+    parser = argparse.ArgumentParser(
+        prog=prog, description="The built-in models (built once into the cache), or any model, as a local directory."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", parents=[common], help="list the built-in models and whether they are cached")
+    pull = commands.add_parser(
+        "pull", parents=[common], help="download or build a model; print its local directory"
+    )
+    pull.add_argument("name", help="a built-in model name, a hub id ORG/NAME, or a local directory")
+    return parser
+
+
+def _list_builtins(cache_root: Path) -> None:
+    for model in BUILTIN_MODELS.values():
+        target = cache_root / "models" / model.name
+        state = f"cached at {target}" if (target / MARKER_FILE).is_file() else "not built yet"
+        print(f"{model.name}\t{state}\n    {model.description}")
+
+
+def main(argv: list[str] | None = None, *, prog: str = PROG) -> int:
+    """Entry point of `python -m rllib_ragen.models` and `rllib-ragen models`; returns the exit status."""
+    args = build_parser(prog).parse_args(argv)
+    cache_root = args.cache_dir.expanduser() if args.cache_dir is not None else default_cache_dir()
+    if args.command == "list":
+        _list_builtins(cache_root)
+        return 0
+    try:
+        path = resolve_model(args.name, cache_dir=cache_root, progress=True)
+    except ModelNotFoundError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
