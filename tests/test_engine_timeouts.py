@@ -30,7 +30,6 @@ STALL_S = 120.0
 
 @pytest.fixture(scope="module")
 def algo(tiny_model_path):
-    pytest.importorskip("vllm")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     config = (
         StarPOConfig()

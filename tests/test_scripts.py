@@ -105,6 +105,7 @@ def _load_script(path: Path):
     return module
 
 
+@pytest.mark.slow  # six runs, each evaluated before and after its iteration
 def test_paper_table_tiny_runs_every_table_4_setting(ray_session, tmp_path, monkeypatch):
     """`benchmarks/paper_table.py --tiny` end to end (in this process, sharing its Ray): each of the
     six settings trains 1 iteration through the tuned examples' driver and is evaluated before and after."""

@@ -60,7 +60,6 @@ def ray_cluster():
 
 @pytest.fixture(scope="module")
 def pool(model_dir, ray_cluster):
-    pytest.importorskip("vllm")
     config = EngineConfig(
         kind="vllm", num_engines=2, kv_cache_gb=0.05, max_model_len=512, dtype="float32",
         num_threads=1, enable_prefix_caching=True,
@@ -249,7 +248,6 @@ def test_bad_updates_and_prompts_are_rejected_before_reaching_the_engines(pool):
 
 @pytest.mark.vllm
 def test_a_model_vllm_cannot_run_fails_at_start_with_the_reason(tmp_path, ray_cluster):
-    pytest.importorskip("vllm")
     config = tiny_random_config()
     config.num_attention_heads, config.num_key_value_heads, config.head_dim = 4, 2, 16  # no CPU kernel for 16
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
@@ -260,7 +258,6 @@ def test_a_model_vllm_cannot_run_fails_at_start_with_the_reason(tmp_path, ray_cl
 
 @pytest.mark.vllm
 def test_auto_picks_vllm_when_importable():
-    pytest.importorskip("vllm")
     assert resolve_kind("auto") == "vllm"
 
 
