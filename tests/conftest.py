@@ -55,7 +55,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-
 # ---------------------------------------------------------------------- the two tiers
 # A test marked with any of these belongs to the slow tier (pyproject.toml describes each marker).
 SLOW_TIER_MARKERS = ("slow", "vllm", "learning")
