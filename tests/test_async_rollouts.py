@@ -56,6 +56,7 @@ def test_bad_async_settings_are_named(tiny_model_path):
         _config(tiny_model_path, runners=1, async_rollouts=True, max_staleness=-1).validate_starpo()
 
 
+@pytest.mark.slow  # remote env runners, each loading the model in its own process
 def test_max_staleness_zero_is_the_synchronous_update(tiny_model_path, ray_session):
     sync_weights, sync_results = _train(_config(tiny_model_path, runners=1), 2)
     async_weights, async_results = _train(_config(tiny_model_path, runners=1, async_rollouts=True, max_staleness=0), 2)
@@ -67,6 +68,7 @@ def test_max_staleness_zero_is_the_synchronous_update(tiny_model_path, ray_sessi
         assert asynchronous["async_rollouts"]["stale_groups_dropped"] == 0
 
 
+@pytest.mark.slow  # remote env runners, each loading the model in its own process
 def test_a_dead_runner_loses_no_finished_group_and_the_run_goes_on(tiny_model_path, ray_session):
     config = _config(tiny_model_path, runners=2, async_rollouts=True, max_staleness=1)
     algo = config.build_algo()
@@ -88,6 +90,7 @@ def test_a_dead_runner_loses_no_finished_group_and_the_run_goes_on(tiny_model_pa
         algo.stop()
 
 
+@pytest.mark.slow  # remote env runners, each loading the model in its own process
 def test_a_broadcast_that_missed_a_runner_is_caught_by_the_version_tags(tiny_model_path, ray_session):
     algo = _config(tiny_model_path, runners=2, async_rollouts=True, max_staleness=0).build_algo()
     try:

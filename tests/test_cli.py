@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from mlflow.tracking import MlflowClient
 from run_helpers import ROOT, write_readme_env
 
@@ -61,6 +62,7 @@ def test_user_errors_are_one_line_with_exit_code_2_before_ray_starts(tmp_path):
     assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.slow  # a whole run in a new process: a remote env runner, 3 iterations, 2 evaluations
 def test_readme_env_on_a_remote_runner_with_a_clean_console_and_bounded_checkpoints(
     tiny_model_path, tmp_path
 ):

@@ -2,7 +2,6 @@
 
 import math
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -113,17 +112,38 @@ def test_reset_results_are_checked():
         check_reset_result((3, {}))
 
 
-def test_call_with_timeout_returns_raises_or_abandons():
+def test_call_with_timeout_returns_raises_or_abandons(monkeypatch):
     assert call_with_timeout(lambda: 7, None) == 7
     assert call_with_timeout(lambda: 7, 1.0) == 7
     with pytest.raises(ZeroDivisionError):
         call_with_timeout(lambda: 1 / 0, 1.0)
-    release = threading.Event()
-    began = time.perf_counter()
-    with pytest.raises(EnvFault, match="did not return within 0.2 s"):
-        call_with_timeout(lambda: release.wait(30), 0.2)
-    assert 0.2 <= time.perf_counter() - began < 2
+
+    # A call that ends when released (or, should the timeout never fire, after 300 s, failing the
+    # test): an EnvFault raised while it still runs can only come from the timeout.
+    started, release, returned = threading.Event(), threading.Event(), threading.Event()
+
+    def hung():
+        started.set()
+        release.wait(300)
+        returned.set()
+
+    waits = []  # the timeouts the caller's thread waited on the worker with
+    join = threading.Thread.join
+
+    def recorded_join(thread, timeout=None):
+        if thread.name == "env-call":
+            waits.append(timeout)
+        return join(thread, timeout)
+
+    monkeypatch.setattr(threading.Thread, "join", recorded_join)
+    with pytest.raises(EnvFault, match=r"did not return within 0.2 s \(abandoned\)"):
+        call_with_timeout(hung, 0.2)
+    monkeypatch.undo()
+    assert waits == [0.2]  # one wait, of the configured length
+    assert not returned.is_set()  # the caller left it running...
+    assert started.wait(timeout=60)  # ...in its worker thread
     release.set()
+    assert returned.wait(timeout=60)  # the abandoned thread finishes on its own
 
 
 def test_step_timeout_must_be_positive():

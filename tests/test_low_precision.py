@@ -54,6 +54,7 @@ def learner_of(algo):
     return local_learner(algo.learner_group)
 
 
+@pytest.mark.slow  # two algorithms, three bfloat16 iterations with a separate critic (slow without native bf16)
 def test_bfloat16_policy_trains_saves_restores_and_exports(tiny_model_path, tmp_path, ray_cluster):
     config = (
         StarPOConfig()

@@ -142,6 +142,7 @@ class _CtrlCAtIteration2(RLlibCallback):
             signal.raise_signal(signal.SIGINT)
 
 
+@pytest.mark.slow  # two runs through the driver: interrupted at iteration 2, then resumed
 def test_ctrl_c_stops_after_the_iteration_with_a_checkpoint_then_resume_finishes(
     ray_session, tiny_model_path, tmp_path
 ):

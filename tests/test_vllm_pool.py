@@ -7,7 +7,6 @@ pushes it, so the pool always mirrors `learner` and can be compared with it.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -60,7 +59,6 @@ def ray_cluster():
 
 @pytest.fixture(scope="module")
 def pool(model_dir, ray_cluster):
-    pytest.importorskip("vllm")
     config = EngineConfig(
         kind="vllm", num_engines=2, kv_cache_gb=0.05, max_model_len=512, dtype="float32",
         num_threads=1, enable_prefix_caching=True,
@@ -193,25 +191,37 @@ def test_a_tied_head_only_change_reaches_the_logits(pool, learner):
 
 
 @pytest.mark.vllm
-def test_an_engine_killed_mid_call_is_replaced_with_current_weights(pool, learner):
+def test_an_engine_killed_mid_call_is_replaced_with_current_weights(pool, learner, monkeypatch):
     with torch.no_grad():
         learner.model.norm.weight.mul_(1.5)  # weights the engines' checkpoint does not have
     pool.update_weights(dict(learner.state_dict()))
     prompts = [PROMPTS[i % len(PROMPTS)] + [i + 10] for i in range(16)]
     params = SamplingParams(max_new_tokens=96, temperature=1.0, seed=7)
-    restarts = pool.restarts
-    start = time.perf_counter()
     reference = pool.generate(prompts, params)
-    duration = time.perf_counter() - start
+    restarts = pool.restarts
 
-    result: list = []
-    call = threading.Thread(target=lambda: result.extend(pool.generate(prompts, params)))
-    call.start()
-    time.sleep(duration / 4)
+    # Engine 0 is busy with a task of its own, so its shard of the call queues behind it and cannot
+    # finish; the engine is killed when the pool starts waiting for that shard, i.e. with every
+    # shard of the call submitted and engine 0's still in flight, whatever the timing.
     victim = pool.actors[0]
-    ray.kill(victim)
-    call.join(timeout=300)
+    busy = victim.__ray_call__.remote(lambda _: time.sleep(300))
+    waits, kills = [], []
+    wait = pool._await
 
+    def kill_engine_0_at_the_first_wait(rank, ref, *args):
+        waits.append(rank)
+        if rank == 0 and not kills:
+            kills.append(victim)
+            ray.kill(victim)
+        return wait(rank, ref, *args)
+
+    monkeypatch.setattr(pool, "_await", kill_engine_0_at_the_first_wait)
+    result = pool.generate(prompts, params)
+    monkeypatch.undo()
+
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(busy, timeout=60)  # killed mid-task: the task in front of the shard never finished
+    assert waits[0] == 0 and kills == [victim]  # killed once, at the call's first wait: on its shard
     assert pool.restarts == restarts + 1 and pool.actors[0] is not victim
     # Same completions as before the kill: every prompt done, in order, by engines with the synced weights.
     assert_same_completions(result, reference)
@@ -249,7 +259,6 @@ def test_bad_updates_and_prompts_are_rejected_before_reaching_the_engines(pool):
 
 @pytest.mark.vllm
 def test_a_model_vllm_cannot_run_fails_at_start_with_the_reason(tmp_path, ray_cluster):
-    pytest.importorskip("vllm")
     config = tiny_random_config()
     config.num_attention_heads, config.num_key_value_heads, config.head_dim = 4, 2, 16  # no CPU kernel for 16
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
@@ -260,7 +269,6 @@ def test_a_model_vllm_cannot_run_fails_at_start_with_the_reason(tmp_path, ray_cl
 
 @pytest.mark.vllm
 def test_auto_picks_vllm_when_importable():
-    pytest.importorskip("vllm")
     assert resolve_kind("auto") == "vllm"
 
 

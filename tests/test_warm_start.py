@@ -71,6 +71,7 @@ def _valid_ratio(lm, prompts, protocol, *, samples=4):
     return valid / (samples * len(prompts))
 
 
+@pytest.mark.slow  # 4 epochs of behaviour cloning through RLlib, then sampling from both models
 def test_warm_start_teaches_the_format_through_rllib_and_is_cached(ray_session, tiny_model_path, tmp_path):
     protocol = ProtocolConfig(max_actions_per_turn=1, think=False, prefill=True)
     budget = TurnBudget(max_turns=1, max_actions_per_traj=1)
