@@ -155,7 +155,7 @@ class BanditEnv(TextEnv):
         lines = [f"Two slot machines stand before you: {first} and {second}."]
         if self.config.describe_payouts:
             lines += [f"{arm}: {self._payout_description(arm)}" for arm in self.arm_order]
-        return "\n".join(lines + ["Which machine do you pull?"])
+        return "\n".join([*lines, "Which machine do you pull?"])
 
     def _payout_description(self, arm: str) -> str:
         if arm == self.pair[0]:

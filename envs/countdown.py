@@ -217,7 +217,7 @@ def _random_combination(
         i, j = rng.choice(len(pool), size=2, replace=False)
         (a, a_text), (b, b_text) = pool[i], pool[j]
         symbol = str(rng.choice(list(_OP_SYMBOLS)))
-        if symbol == "-" and a <= b or symbol == "/" and a % b:
+        if (symbol == "-" and a <= b) or (symbol == "/" and a % b):
             return None
         value = int(_OP_SYMBOLS[symbol](a, b))
         pool = [item for k, item in enumerate(pool) if k not in (i, j)]

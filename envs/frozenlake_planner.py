@@ -61,13 +61,18 @@ class _Plans:
                 products.append(functools.reduce(np.matmul, (matrices[a] for a in sequence)))
         self.products = np.stack(products)  # [N, S, S]
         self.lengths = np.array([len(s) for s in self.sequences])
+        # Per instance: an lru_cache on the method would be one class-wide cache keeping every instance alive.
+        self._values: dict[tuple[int, int], np.ndarray] = {}
 
-    @functools.lru_cache(maxsize=None)
     def values(self, turns_left: int, actions_left: int) -> np.ndarray:
         """[S] success probability of playing optimally from each state."""
-        if turns_left == 0 or actions_left == 0:
-            return self.goal
-        return self._scores(turns_left, actions_left).max(axis=0)
+        key = (turns_left, actions_left)
+        if key not in self._values:
+            if turns_left == 0 or actions_left == 0:
+                self._values[key] = self.goal
+            else:
+                self._values[key] = self._scores(turns_left, actions_left).max(axis=0)
+        return self._values[key]
 
     def _scores(self, turns_left: int, actions_left: int) -> np.ndarray:
         """[N, S] success probability of opening with each sequence (-1 where it exceeds the budget)."""

@@ -141,7 +141,7 @@ def _reverse_moves(
         behind = layout.neighbors[player][opposite[direction]]
         if behind >= 0 and behind in boxes:
             pulled = boxes.index(behind)
-            moved = boxes[:pulled] + (player,) + boxes[pulled + 1 :]
+            moved = (*boxes[:pulled], player, *boxes[pulled + 1 :])
             yield nxt, moved, pulled, swaps + (pulled != last)
 
 

@@ -289,7 +289,11 @@ class SettingsBinding:
 
     def attributes(self) -> dict[str, str]:
         """field -> config attribute, for every field the config holds."""
-        return {f.name: self.renames.get(f.name, f.name) for f in dataclasses.fields(self.group) if f.name not in self.derived}
+        return {
+            f.name: self.renames.get(f.name, f.name)
+            for f in dataclasses.fields(self.group)
+            if f.name not in self.derived
+        }
 
     def defaults(self) -> dict[str, Any]:
         """config attribute -> default value, as the group declares it (a fresh one from a default factory)."""
@@ -349,7 +353,9 @@ SETTINGS_GROUPS = (
     SettingsBinding(OffPolicyCorrection, "training", name="off_policy_correction_config"),
     SettingsBinding(RewardShaping, "reward_shaping", name="reward_shaping_config"),
     SettingsBinding(CollapseMetricsSettings, "diagnostics"),
-    SettingsBinding(EchoTrapRule, "diagnostics", {f.name: f"echo_trap_{f.name}" for f in dataclasses.fields(EchoTrapRule)}),
+    SettingsBinding(
+        EchoTrapRule, "diagnostics", {f.name: f"echo_trap_{f.name}" for f in dataclasses.fields(EchoTrapRule)}
+    ),
     SettingsBinding(EvalSettings, "starpo_evaluation"),
     SettingsBinding(RecordingSettings, "rollout_recording"),
 )

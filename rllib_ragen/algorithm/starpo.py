@@ -428,7 +428,7 @@ def _merge_runner_metrics(per_runner: list[dict], episodes: list) -> list[dict]:
     for key, value in exact.items():
         merged.log_value(key, value, window=1)
     rest = [{k: v for k, v in m.items() if k not in exact} for m in per_runner]
-    return rest + [merged.reduce()]
+    return [*rest, merged.reduce()]
 
 
 def _update_on_own_shard(

@@ -210,7 +210,9 @@ def _play(
     turns_left, actions_left = budget.max_turns, budget.max_actions_per_traj
     user_ids = protocol.user_ids(observations[AGENT], turns_left=turns_left, actions_left=actions_left)
     while True:
-        turn = next_turn(group.template_env, TurnBudgetLeft(turns_left, actions_left, protocol.config.max_actions_per_turn))
+        turn = next_turn(
+            group.template_env, TurnBudgetLeft(turns_left, actions_left, protocol.config.max_actions_per_turn)
+        )
         if turn is None:
             return None
         response_ids = demonstration_response(protocol, turn.actions, turn.thought)
@@ -252,4 +254,4 @@ def demonstration_response(protocol: PromptProtocol, actions: list[str], thought
     if protocol.config.think:
         answer = f"<think>{thought}</think>{answer}"
     template = protocol.template
-    return template.encode(answer[len(protocol.config.prefill_text):]) + [template.eos_token_id]
+    return [*template.encode(answer[len(protocol.config.prefill_text):]), template.eos_token_id]

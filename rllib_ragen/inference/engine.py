@@ -125,5 +125,5 @@ class InferenceEngine(abc.ABC):
         """A small status report (engine kind, live workers...)."""
         return {"engine": type(self).__name__, "healthy": True}
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> None:  # noqa: B027 (a no-op default: an engine holding no resources need not override it)
         """Frees the engine's resources."""

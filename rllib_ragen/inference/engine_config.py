@@ -32,8 +32,8 @@ class EngineConfig:
             it starts; None = vLLM's default (0.9). Set it below 1 minus the
             learner's share when both use one GPU. Rejected on CPU, where vLLM would
             read it as a share of host RAM.
-        dtype: Engine weight dtype: "auto", "float32", "bfloat16" or "float16"; "auto" = the dtype the checkpoint's config.json declares
-            for vLLM (not vLLM's own "auto", which makes float32 checkpoints bfloat16 on
+        dtype: Engine weight dtype: "auto", "float32", "bfloat16" or "float16"; "auto" = the dtype the checkpoint's
+            config.json declares for vLLM (not vLLM's own "auto", which makes float32 checkpoints bfloat16 on
             CPU), float32 for HF.
         max_model_len: Longest prompt + response an engine serves; a trajectory
             whose next prompt leaves less than `response_length` tokens is

@@ -108,10 +108,7 @@ class PolicyWeightSync:
                 None leaves the runners' versions as they are (a re-sync).
         """
         start = time.perf_counter()
-        if self._host is not None:
-            nbytes = self._sync_collective(version)
-        else:
-            nbytes = self._sync_object_store(version)
+        nbytes = self._sync_collective(version) if self._host is not None else self._sync_object_store(version)
         runner = self.env_runner_group.local_env_runner
         if runner is not None and version is not None:
             runner.policy_version = version

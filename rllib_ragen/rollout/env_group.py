@@ -23,6 +23,7 @@ trajectory is truncated (or, on reset, left out) while the others go on.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import numbers
@@ -255,7 +256,7 @@ class EnvGroup(MultiAgentEnv):
         for action in to_run:
             try:
                 observation, r, terminated, truncated, info = check_step_result(
-                    call_with_timeout(lambda: env.step(action), self.step_timeout_s)
+                    call_with_timeout(functools.partial(env.step, action), self.step_timeout_s)
                 )
             except Exception as fault:
                 error = self._record_fault(agent, f"step {action!r}", fault)

@@ -163,7 +163,9 @@ def add_config_flags(parser: argparse.ArgumentParser, *, env: str, stop_iters: i
     parser.add_argument("--env", default=env,
                         help="registered env name, or an env class as an import path module:Class (module "
                              "importable from the working directory or PYTHONPATH, e.g. my_envs:GuessEnv)")
-    parser.add_argument("--preset", choices=PRESETS, default="cpu", help="cpu: SmolLM2-135M on CPU; gpu: RAGEN's defaults")
+    parser.add_argument(
+        "--preset", choices=PRESETS, default="cpu", help="cpu: SmolLM2-135M on CPU; gpu: RAGEN's defaults"
+    )
     parser.add_argument("--stop-iters", type=positive_int, default=stop_iters, help="training iterations")
     parser.add_argument("--model", help="model name, local HF dir or hub id (default: the preset's)")
     parser.add_argument("--engine", choices=("auto", "vllm", "hf"), help="rollout engine (default: the preset's)")
@@ -213,7 +215,9 @@ def config_from_args(args: argparse.Namespace) -> StarPOConfig:
     check_env(args.env)  # before the preset imports Ray and torch: a typo fails at once
     config = preset(args.preset, args.env)
     config.llm(model=_given(args.model, config.llm_model))
-    config.inference(engine=_given(args.engine, config.engine), num_engines=_given(args.num_engines, config.num_engines))
+    config.inference(
+        engine=_given(args.engine, config.engine), num_engines=_given(args.num_engines, config.num_engines)
+    )
     config.rollouts(
         n_groups=_given(args.n_groups, config.n_groups),
         group_size=_given(args.group_size, config.group_size),
@@ -373,7 +377,9 @@ def run(
             summary = summarize(before[1], algo.last_evaluation_successes, iterations=algo.iteration,
                                 minutes=(time.perf_counter() - began) / 60)
             if args.summary_json:
-                summary.update(stats_before=before[0], stats_after=result["evaluation"], starting_model=algo.config.llm_model)
+                summary.update(
+                    stats_before=before[0], stats_after=result["evaluation"], starting_model=algo.config.llm_model
+                )
                 Path(args.summary_json).write_text(json.dumps(summary, default=float))
     finally:
         algo.stop()
@@ -446,7 +452,9 @@ def training_budget_s(args: argparse.Namespace, job_started: float) -> float | N
     return min(budgets, default=None)
 
 
-def _train(algo: Algorithm, callback: MLflowCallback, *, stop_iters: int, budget_s: float | None = None) -> dict[str, Any]:
+def _train(
+    algo: Algorithm, callback: MLflowCallback, *, stop_iters: int, budget_s: float | None = None
+) -> dict[str, Any]:
     """Iterates up to `stop_iters`, or until `budget_s` seconds would be passed; the
     callback checkpoints and closes the run at the last iteration, which evaluates.
 

@@ -4,8 +4,8 @@ Jinja2 template `templates/trajectory_page.html.j2`.
 At the top the run's settings and a summary table (success, return, turns and
 valid-answer ratio per trajectory; click a heading to sort, or open the page
 as `page.html#sort=-return` for a sorted view); below, each trajectory as a
-collapsible `<details>` block (the first one open; a summary link opens its own) with its turns: thought, response, actions,
-reward and the state after. Grid states (Sokoban, FrozenLake) are drawn as
+collapsible `<details>` block (the first one open; a summary link opens its own) with its turns: thought, response,
+actions, reward and the state after. Grid states (Sokoban, FrozenLake) are drawn as
 coloured cells beside their text, the colours taken from the meaning of each
 symbol in the env's legend (`grid_legend`). `evaluation_page` is the page of an
 evaluation (training's periodic one, or `rllib-ragen evaluate`'s) with the run's

@@ -119,7 +119,9 @@ class WarmStartConfig:
         env = make_env(self.env, **self.env_config)
         texts = {"instructions": env.instructions, "first_state": env.reset(seed=self.seed)[0]}
         payload = json.dumps(
-            {"model": model, "method": WARM_START_METHOD, **texts, **dataclasses.asdict(self)}, sort_keys=True, default=str
+            {"model": model, "method": WARM_START_METHOD, **texts, **dataclasses.asdict(self)},
+            sort_keys=True,
+            default=str,
         )
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 

@@ -83,7 +83,10 @@ class StarPOTorchLearner(MiniBatchStepLearner):
             if not param.requires_grad:  # LoRA's frozen base: no gradients, no optimiser state
                 continue
             (critic_params if name.split(".")[0] in critic_names else policy_params).append(param)
-        groups = {POLICY_OPTIMIZER: (policy_params, config.actor_lr), CRITIC_OPTIMIZER: (critic_params, config.critic_lr)}
+        groups = {
+            POLICY_OPTIMIZER: (policy_params, config.actor_lr),
+            CRITIC_OPTIMIZER: (critic_params, config.critic_lr),
+        }
         for name, (params, lr) in groups.items():
             if params:
                 self.register_optimizer(
@@ -222,10 +225,7 @@ def _micro_batch_weights(
         length = int(lengths[rows].max())
         micro = {k: v[rows, :length] if v.dim() == 2 else v[rows] for k, v in batch.items()}
         micro_mask = mask_or_generated(micro, POLICY_MASK)
-        if agg == "token-mean":
-            weight = micro_mask.sum() / total_tokens
-        else:
-            weight = micro_mask.any(dim=1).sum() / total_rows
+        weight = micro_mask.sum() / total_tokens if agg == "token-mean" else micro_mask.any(dim=1).sum() / total_rows
         out.append((micro, weight))
     return out
 

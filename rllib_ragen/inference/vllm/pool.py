@@ -14,6 +14,7 @@ replaced actor is restored from it), or a collective broadcast (`start_receive`)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -189,10 +190,8 @@ class VLLMEnginePool(InferenceEngine):
         """
         infos = []
         for actor in self.actors:
-            try:
+            with contextlib.suppress(RayActorError, GetTimeoutError):
                 infos.append(ray.get(actor.info.remote(), timeout=timeout_s))
-            except (RayActorError, GetTimeoutError):
-                pass
         return {
             "engine": type(self).__name__,
             "healthy": len(infos) == len(self.actors) > 0,
@@ -217,10 +216,10 @@ class VLLMEnginePool(InferenceEngine):
         results = []
         for rank, (ref, (lo, hi)) in enumerate(zip(refs, bounds)):
             if ref is not None:
-                # _get runs before the loop moves on, so the lambda sees this shard's lo, hi.
+                # The defaults bind this shard's lo, hi into the resend.
                 results.extend(
                     self._get(rank, ref, step=step, setting="call_timeout_s", deadline=deadline,
-                              resend=lambda actor: submit(actor, lo, hi))
+                              resend=lambda actor, lo=lo, hi=hi: submit(actor, lo, hi))
                 )
         return results
 
