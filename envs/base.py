@@ -59,7 +59,8 @@ class TextEnv(gym.Env, abc.ABC):
     Stepping before `reset` or after the episode ended raises RuntimeError.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    # gymnasium declares metadata an instance attribute, though every env sets it on the class.
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}  # type: ignore[misc]
     render_mode = "ansi"
     config_class: ClassVar[type | None] = None
 
@@ -127,7 +128,8 @@ class TextEnv(gym.Env, abc.ABC):
         self._episode_open = not (terminated or truncated)
         return self.render_text(), float(reward), terminated, truncated, info
 
-    def render(self) -> str:
+    # gymnasium's return type is a union over a TypeVar no caller binds; "ansi" renders are str.
+    def render(self) -> str:  # type: ignore[override]
         return self.render_text()
 
     @abc.abstractmethod
@@ -185,7 +187,8 @@ def build_config(config_class: type, config: Any, overrides: Mapping[str, Any]) 
         raise TypeError(
             f"unknown {config_class.__name__} key(s) {unknown}; accepted keys: {list(accepted)}"
         )
-    return dataclasses.replace(config if config is not None else config_class(), **overrides)
+    base: Any = config if config is not None else config_class()
+    return dataclasses.replace(base, **overrides)
 
 
 def config_field_names(config_class: type) -> tuple[str, ...]:

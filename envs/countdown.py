@@ -132,7 +132,9 @@ def _parse(equation: str) -> tuple[ast.expr, int | None]:
 def _evaluate(node: ast.expr) -> Fraction:
     """Exact value of a tree accepted by `_parse`; ZeroDivisionError on x/0."""
     if isinstance(node, ast.Constant):
+        assert isinstance(node.value, int), "`_parse` admits only int constants"
         return Fraction(node.value)
+    assert isinstance(node, ast.BinOp), "`_parse` admits only int constants and binary operations"
     return _OPERATORS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
 
 
@@ -175,6 +177,7 @@ class CountdownEnv(TextEnv):
         return "".join(parts)
 
     def _step(self, action: str) -> tuple[float, bool, bool, dict[str, Any]]:
+        assert self.target is not None, "TextEnv.step steps only after reset"
         score = score_equation(action, self.numbers, self.target)
         info = {
             "action_is_valid": score.well_formed,

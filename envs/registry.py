@@ -185,7 +185,9 @@ def accepted_config_keys(factory: EnvFactory) -> tuple[str, ...] | None:
 
 
 def _check_keys(name: str, config: dict[str, Any], accepted: tuple[str, ...] | None) -> None:
-    unknown = sorted(set(config) - set(accepted)) if accepted is not None else []
+    if accepted is None:
+        return
+    unknown = sorted(set(config) - set(accepted))
     if unknown:
         raise TypeError(
             f"env {name!r} does not accept config key(s) {unknown}; "

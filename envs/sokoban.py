@@ -138,6 +138,7 @@ class SokobanEnv(TextEnv):
 
     def _step(self, action: str) -> tuple[float, bool, bool, dict[str, Any]]:
         room = self.room
+        assert room is not None, "TextEnv.step steps only after reset"
         name = match_action(action, ACTIONS)
         if name is None:
             info = {"action_is_valid": False, "action_is_effective": False, "success": room.solved}

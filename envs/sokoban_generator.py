@@ -106,7 +106,8 @@ def reverse_play(
     # state key -> (boxes in identity order, last pulled box id, box swaps)
     seen = {(player, frozenset(start_boxes))}
     frontier = deque([(player, start_boxes, -1, 0, 0)])
-    best_score, best = 0, []
+    best_score = 0
+    best: list[tuple[int, tuple[int, ...]]] = []
     while frontier:
         player_cell, boxes, last, swaps, depth = frontier.popleft()
         score = swaps * _displacement(layout, boxes, origin)

@@ -41,7 +41,7 @@ import dataclasses
 import itertools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from ray.rllib.connectors.learner.learner_connector_pipeline import (
@@ -52,6 +52,9 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.offline.offline_data import OfflineData
 from ray.rllib.utils.annotations import override
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from rllib_ragen.algorithm.starpo import StarPO, StarPOConfig
 from rllib_ragen.columns import TOKEN_ENTROPY, TOKEN_LOGP
@@ -215,7 +218,7 @@ def learner_nll(algo: StarPO, episodes: Sequence[MultiAgentEpisode]) -> float:
 
 @torch.no_grad()
 def response_token_nll(
-    policy: torch.nn.Module, episodes: Sequence[MultiAgentEpisode], *, history_window: int | None,
+    policy: PreTrainedModel, episodes: Sequence[MultiAgentEpisode], *, history_window: int | None,
     micro_batch_size: int = 4,
 ) -> float:
     """Mean NLL per response token of `episodes` under an HF causal LM (e.g. demonstrations).
@@ -235,7 +238,7 @@ def response_token_nll(
     return total / max(count, 1)
 
 
-def response_nll(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def response_nll(model: PreTrainedModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Mean negative log-likelihood of the response tokens of `batch` (rows [R, L]) under an HF causal LM."""
     hidden = trunk_hidden(model.base_model, batch)
     logp = score_generated_tokens(model.get_output_embeddings(), hidden, batch, 1.0, with_entropy=False)[TOKEN_LOGP]

@@ -402,7 +402,8 @@ def settings_builder(method: Callable) -> Callable:
         inspect.Parameter(s.keyword, inspect.Parameter.KEYWORD_ONLY, default=NotProvided, annotation=s.annotation)
         for s in settings.values()
     ]
-    builder.__signature__ = signature.replace(parameters=[
+    # typeshed's functools._Wrapped does not declare __signature__, which inspect.signature reads.
+    builder.__signature__ = signature.replace(parameters=[  # type: ignore[attr-defined]
         *(p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD), *parameters,
         *(p for p in signature.parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD),
     ])

@@ -168,6 +168,7 @@ class StarPOConfig(AlgorithmConfig):
         if unknown:
             raise unexpected_keyword(type(self).__name__, "training", unknown[0])
         super().training(**kwargs)
+        return self
 
     @settings_builder
     def diagnostics(self) -> StarPOConfig:
@@ -585,7 +586,9 @@ class StarPO(Algorithm):
         corrected, and shards sampled again after a runner failed.
         """
         config = self.config
-        results = self._sampler.next_batch(self._take_train_seeds, run_ahead=config.max_staleness)
+        sampler = self._sampler
+        assert sampler is not None, "setup creates the sampler when async_rollouts is on"
+        results = sampler.next_batch(self._take_train_seeds, run_ahead=config.max_staleness)
         episodes = [episode for _, shard, _ in results for episode in shard]
         self.metrics.aggregate(
             _merge_runner_metrics([metrics for _, _, metrics in results], episodes), key=ENV_RUNNER_RESULTS
@@ -597,7 +600,7 @@ class StarPO(Algorithm):
             **staleness_counts(staleness, max_staleness=config.max_staleness),
             "stale_groups_dropped": 0.0 if correct else float(sum(stale)),
             "stale_groups_corrected": float(sum(stale)) if correct else 0.0,
-            "reissued_shards": float(self._sampler.reissued_shards),
+            "reissued_shards": float(sampler.reissued_shards),
         }
         for key, value in stats.items():
             self.metrics.log_value((ASYNC_ROLLOUT_RESULTS, key), value, window=1)
@@ -783,12 +786,13 @@ def save_policy(
     PEFT adapter directory."""
     model_path = resolve_model(base_model)
     policy = load_causal_lm(model_path, dtype=getattr(torch, dtype))
+    to_save: Any = policy
     if lora is not None and lora.enabled:
         peft_policy = peft_model_with_adapters(policy, policy_weights(module_state), lora)
-        policy = peft_policy if adapter else peft_policy.merge_and_unload()
+        to_save = peft_policy if adapter else peft_policy.merge_and_unload()
     else:
         policy.load_state_dict(policy_weights(module_state))
     directory = Path(directory)
-    policy.save_pretrained(directory, safe_serialization=True)
+    to_save.save_pretrained(directory, safe_serialization=True)
     load_tokenizer(model_path).save_pretrained(directory)
     return directory

@@ -94,7 +94,7 @@ def expert_demonstrations(tokenizer: Any, config: DemonstrationConfig) -> list[M
         config: Seeds, env, protocol and budget.
     """
     group, protocol = _group_and_protocol(tokenizer, config.env, config.env_config, config.protocol, config.budget)
-    episodes = []
+    episodes: list[MultiAgentEpisode] = []
     for seed in config.seeds:
         reset = group.reset(seed=seed)
         episode = _play(

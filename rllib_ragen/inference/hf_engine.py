@@ -11,9 +11,13 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from rllib_ragen.inference.batching import check_score_inputs, check_token_ids, left_pad
 from rllib_ragen.inference.engine import Completion, InferenceEngine, SamplingParams
@@ -39,7 +43,7 @@ class HFEngine(InferenceEngine):
 
     def __init__(
         self,
-        model: str | Path | nn.Module,
+        model: str | Path | PreTrainedModel,
         *,
         dtype: torch.dtype = torch.float32,
         max_batch_size: int = 32,

@@ -28,7 +28,7 @@ import logging
 import math
 import numbers
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -227,7 +227,7 @@ class EnvGroup(MultiAgentEnv):
         """Marks `agent`'s trajectory finished from outside (e.g. its next prompt is too long)."""
         self._done[agent] = True
 
-    def step(self, action_dict: dict[str, Sequence[str]]):
+    def step(self, action_dict: Mapping[str, Sequence[str]]):
         """Steps each agent through the actions of its turn.
 
         Returns RLlib's multi-agent 5-tuple; agents absent from `action_dict`

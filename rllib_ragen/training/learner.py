@@ -78,7 +78,8 @@ class StarPOTorchLearner(MiniBatchStepLearner):
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
         module = self.module[module_id]
         critic_names = set(module.get_non_inference_attributes())
-        policy_params, critic_params = [], []
+        policy_params: list[torch.nn.Parameter] = []
+        critic_params: list[torch.nn.Parameter] = []
         for name, param in module.named_parameters():
             if not param.requires_grad:  # LoRA's frozen base: no gradients, no optimiser state
                 continue

@@ -55,7 +55,7 @@ def trajectories_from_episodes(
     episodes: Iterable[MultiAgentEpisode | SingleAgentEpisode], *, history_window: int | None
 ) -> list[Trajectory]:
     """All agent trajectories of group episodes, in a stable order."""
-    out = []
+    out: list[Trajectory] = []
     for episode in episodes:
         agents = episode.agent_episodes.values() if isinstance(episode, MultiAgentEpisode) else [episode]
         out.extend(trajectory_from_episode(a, history_window=history_window) for a in agents if len(a) > 0)

@@ -101,7 +101,7 @@ class TokenHistory:
             ):
                 ids += piece
                 mask += [int(is_response)] * len(piece)
-                logprobs += list(piece_logprobs) if is_response else [0.0] * len(piece)
+                logprobs += list(piece_logprobs) if piece_logprobs is not None else [0.0] * len(piece)
         return ids, mask, logprobs
 
     def training_rows(self) -> list[tuple[list[int], list[int], list[float]]]:
