@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -102,7 +102,8 @@ class OfflineSettings:
     @property
     def rllib_input(self) -> str | list[str]:
         """`input_` as RLlib takes it: one path or a list of paths."""
-        return self.input_path if isinstance(self.input_path, str) else list(self.input_path)
+        # __post_init__ leaves a str or a tuple of str.
+        return list(self.input_path) if isinstance(self.input_path, tuple) else str(self.input_path)
 
 
 def offline_config(config: StarPOConfig, settings: OfflineSettings) -> StarPOConfig:
@@ -132,6 +133,10 @@ class TrajectoryOfflineData(OfflineData):
     (`rllib_ragen.data.parquet.map_to_trajectories`), run as Ray tasks.
     """
 
+    # Set by RLlib's OfflineData.__init__ (Ray is read as untyped).
+    data: Any
+    data_is_mapped: bool
+
     def __init__(self, config: StarPOConfig) -> None:
         if config.prelearner_class is not None:
             raise ValueError(
@@ -139,7 +144,7 @@ class TrajectoryOfflineData(OfflineData):
                 f"learner; unset prelearner_class (got {config.prelearner_class.__name__})"
             )
         super().__init__(config)
-        self._groups: Iterator[MultiAgentEpisode] | None = None
+        self._groups: Generator[MultiAgentEpisode, None, None] | None = None
 
     @override(OfflineData)
     def sample(
@@ -173,7 +178,7 @@ class TrajectoryOfflineData(OfflineData):
             self._groups.close()
             self._groups = None
 
-    def _endless_groups(self) -> Iterator[MultiAgentEpisode]:
+    def _endless_groups(self) -> Generator[MultiAgentEpisode, None, None]:
         while True:
             count = 0
             for group in iter_group_episodes(self.data, **self.iter_batches_kwargs):

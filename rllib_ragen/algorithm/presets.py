@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported where used: the CLI reads PRESETS without importing Ray or torch
     from rllib_ragen.algorithm.starpo import StarPOConfig
@@ -61,7 +61,7 @@ def cpu_preset(env: str) -> StarPOConfig:
     from rllib_ragen.algorithm.starpo import StarPOConfig
     from rllib_ragen.hardware import fast_bf16
 
-    budget = dict(ENV_BUDGETS.get(env, {}))
+    budget: dict[str, Any] = dict(ENV_BUDGETS.get(env, {}))
     budget["max_turns"] = min(budget.get("max_turns", 3), 3)
     # RAGEN's -0.1 format penalty equals one Sokoban step penalty, so a small
     # model that cannot solve rooms yet earns more by answering badly (-0.1 a

@@ -176,11 +176,13 @@ class PolicyWeightSync:
             )
         members = self._members()
         backend = "nccl" if device.type == "cuda" and self.config.num_gpus_per_engine > 0 else "gloo"
-        spec = self._host.spec(tuple(members), world_size=1 + sum(count for _, count, _ in members), backend=backend)
+        host = self._host
+        assert host is not None, "sync runs the collective path only with a group host"
+        spec = host.spec(tuple(members), world_size=1 + sum(count for _, count, _ in members), backend=backend)
         try:
             self._broadcast(spec, layout, members, pairs, version)
         except BaseException:
-            self._host.invalidate()
+            host.invalidate()
             raise
         return layout.nbytes
 
@@ -301,6 +303,13 @@ def _policy_tensors(learner, adapter: bool) -> dict[str, Tensor] | None:
     return _module(learner).policy_state_dict(adapter=adapter) if _is_rank_zero() else None
 
 
+def _rank_zero_tensors(learner, adapter: bool) -> dict[str, Tensor]:
+    """`_policy_tensors` where the caller already checked that this learner is rank 0."""
+    tensors = _policy_tensors(learner, adapter)
+    assert tensors is not None, "called on rank 0 only"
+    return tensors
+
+
 def _vocab_size(learner) -> int | None:
     return _module(learner).policy.get_input_embeddings().num_embeddings if _is_rank_zero() else None
 
@@ -308,21 +317,21 @@ def _vocab_size(learner) -> int | None:
 def _put_policy(learner, adapter: bool) -> tuple[ray.ObjectRef, int] | None:
     if not _is_rank_zero():
         return None
-    packed = pack_weights(_policy_tensors(learner, adapter))
+    packed = pack_weights(_rank_zero_tensors(learner, adapter))
     return ray.put(packed), packed.nbytes
 
 
 def _policy_layout(learner, adapter: bool) -> tuple[TensorLayout, torch.device] | None:
     if not _is_rank_zero():
         return None
-    pairs = unique_weights(_policy_tensors(learner, adapter))
+    pairs = unique_weights(_rank_zero_tensors(learner, adapter))
     return TensorLayout.of(pairs), pairs[0][1].device
 
 
 def _send_from_learner(learner, adapter: bool, spec: GroupSpec, layout: TensorLayout) -> bool | None:
     if not _is_rank_zero():
         return None
-    send(spec, [tensor for _, tensor in unique_weights(_policy_tensors(learner, adapter))], layout)
+    send(spec, [tensor for _, tensor in unique_weights(_rank_zero_tensors(learner, adapter))], layout)
     return True
 
 

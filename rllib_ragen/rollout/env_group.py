@@ -211,7 +211,7 @@ class EnvGroup(MultiAgentEnv):
             try:
                 observation, info = check_reset_result(
                     call_with_timeout(
-                        lambda env=env, options=member_options: env.reset(seed=seed, options=options),
+                        functools.partial(env.reset, seed=seed, options=member_options),
                         self.step_timeout_s,
                     )
                 )

@@ -310,7 +310,7 @@ def evaluate_policy(
 
     output_dir.mkdir(parents=True, exist_ok=True)
     evaluations: dict[str, Evaluation] = {}
-    summary = {
+    summary: dict[str, Any] = {
         "policy": policy.source,
         "settings": {**settings, "set": list(assignments)},
         "envs": {},

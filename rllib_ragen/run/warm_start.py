@@ -153,7 +153,9 @@ def demonstrations(tokenizer: Any, config: WarmStartConfig) -> list[MultiAgentEp
     within the budget are skipped.
     """
     seeds = [config.seed * 1_000_003 + index for index in range(config.num_examples)]
-    common = dict(env=config.env, env_config=dict(config.env_config), protocol=config.protocol, budget=config.budget)
+    common: dict[str, Any] = dict(
+        env=config.env, env_config=dict(config.env_config), protocol=config.protocol, budget=config.budget
+    )
     if config.player == "expert":
         return expert_demonstrations(tokenizer, DemonstrationConfig(seeds=tuple(seeds), **common))
     return random_demonstrations(tokenizer, RandomPlayConfig(

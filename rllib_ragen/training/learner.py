@@ -123,7 +123,8 @@ class StarPOTorchLearner(MiniBatchStepLearner):
         # its share of the global mini-batch and the gradients are summed over learners once.
         module = self.module[DEFAULT_MODULE_ID].unwrapped()
         share = global_share(mask_or_generated(module_batch, POLICY_MASK), self.config.loss_agg_mode)
-        total_loss, fwd_out = 0.0, None
+        total_loss: Any = 0.0  # a Tensor after the first micro-batch
+        fwd_out = None
         for micro, weight in weights:
             fwd_out = {DEFAULT_MODULE_ID: module.forward_train(micro)}
             loss = self.compute_losses(fwd_out=fwd_out, batch={DEFAULT_MODULE_ID: micro})[DEFAULT_MODULE_ID]

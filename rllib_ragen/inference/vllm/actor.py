@@ -14,8 +14,12 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from vllm.outputs import RequestOutput
 
 from rllib_ragen.inference.collective import GroupSpec, TensorLayout, receive
 from rllib_ragen.inference.engine import Completion, SamplingParams
@@ -39,7 +43,7 @@ def actor_env_vars(config: EngineConfig) -> dict[str, str]:
     }
 
 
-def llm_kwargs(config: EngineConfig, model_path: str, rank: int) -> dict[str, object]:
+def llm_kwargs(config: EngineConfig, model_path: str, rank: int) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM` for engine number `rank` of a pool."""
     return {
         "model": model_path,
@@ -159,7 +163,7 @@ class VLLMEngineActor:
             lora_request=self._lora_request,
         )
         return [
-            [out.prompt_logprobs[position][seq[position]].logprob for position in range(len(p), len(seq))]
+            [_prompt_logprob(out, position, seq[position]) for position in range(len(p), len(seq))]
             for out, seq, p in zip(outputs, sequences, prompts)
         ]
 
@@ -193,3 +197,13 @@ class VLLMEngineActor:
     def info(self) -> dict[str, object]:
         """This actor's process id, rank and thread count (also a liveness probe)."""
         return {"pid": os.getpid(), "rank": self.rank, "num_threads": self.num_threads}
+
+
+def _prompt_logprob(output: RequestOutput, position: int, token: int) -> float:
+    """The log-prob vLLM reports for `token` at `position` of a prompt scored with `prompt_logprobs=0`."""
+    # vLLM types both levels Optional: None without prompt_logprobs, and at position 0 (no context).
+    per_position = output.prompt_logprobs
+    assert per_position is not None, "scored with prompt_logprobs"
+    candidates = per_position[position]
+    assert candidates is not None, f"no log-probs at prompt position {position}"
+    return candidates[token].logprob

@@ -216,10 +216,9 @@ class VLLMEnginePool(InferenceEngine):
         results = []
         for rank, (ref, (lo, hi)) in enumerate(zip(refs, bounds)):
             if ref is not None:
-                # The defaults bind this shard's lo, hi into the resend.
                 results.extend(
                     self._get(rank, ref, step=step, setting="call_timeout_s", deadline=deadline,
-                              resend=lambda actor, lo=lo, hi=hi: submit(actor, lo, hi))
+                              resend=_shard_resend(submit, lo, hi))
                 )
         return results
 
@@ -326,3 +325,8 @@ class VLLMEnginePool(InferenceEngine):
                 f"a sequence needs {longest} positions (prompt + new tokens), more than "
                 f"max_model_len={self.config.max_model_len}"
             )
+
+
+def _shard_resend(submit: Callable[[Any, int, int], ray.ObjectRef], lo: int, hi: int) -> Callable[[Any], ray.ObjectRef]:
+    """`submit` of the shard [lo, hi) on whichever actor it is given."""
+    return lambda actor: submit(actor, lo, hi)
