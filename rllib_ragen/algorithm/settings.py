@@ -402,11 +402,12 @@ def settings_builder(method: Callable) -> Callable:
         inspect.Parameter(s.keyword, inspect.Parameter.KEYWORD_ONLY, default=NotProvided, annotation=s.annotation)
         for s in settings.values()
     ]
-    # typeshed's functools._Wrapped does not declare __signature__, which inspect.signature reads.
-    builder.__signature__ = signature.replace(parameters=[  # type: ignore[attr-defined]
+    builder_signature = signature.replace(parameters=[
         *(p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD), *parameters,
         *(p for p in signature.parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD),
     ])
+    # typeshed's functools._Wrapped does not declare __signature__, which inspect.signature reads.
+    builder.__signature__ = builder_signature  # type: ignore[attr-defined]
     builder.__doc__ = _builder_doc(method.__doc__, settings.values())
     return builder
 
