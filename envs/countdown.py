@@ -211,9 +211,7 @@ def generate_instance(
     )
 
 
-def _random_combination(
-    rng: np.random.Generator, numbers: tuple[int, ...]
-) -> tuple[int, str] | None:
+def _random_combination(rng: np.random.Generator, numbers: tuple[int, ...]) -> tuple[int, str] | None:
     """Folds the numbers into one (value, expression), or None on a non-integer step."""
     pool = [(n, str(n)) for n in numbers]
     while len(pool) > 1:

@@ -148,9 +148,7 @@ def generate_map(rng: np.random.Generator, *, size: int, p_frozen: float) -> tup
         desc = tuple("".join(row) for row in grid)
         if goal_reachable(desc):
             return desc
-    raise RuntimeError(
-        f"no reachable {size}x{size} map with p_frozen={p_frozen} in {MAX_MAP_TRIES} tries"
-    )
+    raise RuntimeError(f"no reachable {size}x{size} map with p_frozen={p_frozen} in {MAX_MAP_TRIES} tries")
 
 
 def goal_reachable(desc: Sequence[str]) -> bool:
@@ -176,7 +174,5 @@ def check_desc(desc: Sequence[str]) -> tuple[str, ...]:
         raise ValueError(f"desc must be non-empty rows of equal length, got {rows!r}")
     text = "".join(rows)
     if set(text) - set("SFHG") or text.count("S") != 1 or text.count("G") != 1:
-        raise ValueError(
-            f"desc must use only S, F, H, G with exactly one S and one G, got {rows!r}"
-        )
+        raise ValueError(f"desc must use only S, F, H, G with exactly one S and one G, got {rows!r}")
     return rows

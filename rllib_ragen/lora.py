@@ -86,18 +86,30 @@ class LoraSettings:
                 raise ValueError(f"lora_top_layers={self.top_layers} but the model has {num_layers} layers")
             # PEFT takes `layers_to_transform` with module names only, not with "all-linear".
             target = _linear_module_names(model) if target == "all-linear" else target
-            layers = {"layers_to_transform": list(range(num_layers - self.top_layers, num_layers)),
-                      "layers_pattern": "layers"}
+            layers = {
+                "layers_to_transform": list(range(num_layers - self.top_layers, num_layers)),
+                "layers_pattern": "layers",
+            }
         # PEFT annotates lora_alpha int, but scales by lora_alpha / r and accepts any number.
-        return LoraConfig(r=self.rank, lora_alpha=self.alpha,  # type: ignore[arg-type]
-                          target_modules=target, lora_dropout=self.dropout, **layers)
+        return LoraConfig(
+            r=self.rank,
+            lora_alpha=self.alpha,  # type: ignore[arg-type]
+            target_modules=target,
+            lora_dropout=self.dropout,
+            **layers,
+        )
 
 
 def _linear_module_names(model: nn.Module) -> list[str]:
     """The names (last part) of `model`'s linear layers but its output head: what "all-linear" adapts."""
     head = cast(Any, model).get_output_embeddings()  # an HF model: nn.Module types no get_output_embeddings
-    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
-                   if isinstance(module, nn.Linear) and module is not head})
+    return sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, module in model.named_modules()
+            if isinstance(module, nn.Linear) and module is not head
+        }
+    )
 
 
 def _as_tuple(value: str | tuple[str, ...]) -> tuple[str, ...]:
@@ -138,9 +150,11 @@ def merged_state_dict(model: nn.Module) -> dict[str, Tensor]:
     in W's dtype. Unadapted tensors are the model's own (tied ones stay one tensor).
     """
     # PEFT defines get_delta_weight on each LoraLayer subclass (Linear, Embedding, ...), not on the base.
-    deltas = {name: module.get_delta_weight(ADAPTER)  # type: ignore[attr-defined]
-              for name, module in model.named_modules()
-              if isinstance(module, LoraLayer) and ADAPTER in module.lora_A}
+    deltas = {
+        name: module.get_delta_weight(ADAPTER)  # type: ignore[attr-defined]
+        for name, module in model.named_modules()
+        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A
+    }
     merged = {}
     for name, tensor in model.state_dict().items():
         if is_adapter_weight(name):

@@ -223,7 +223,10 @@ def learner_nll(algo: StarPO, episodes: Sequence[MultiAgentEpisode]) -> float:
 
 @torch.no_grad()
 def response_token_nll(
-    policy: PreTrainedModel, episodes: Sequence[MultiAgentEpisode], *, history_window: int | None,
+    policy: PreTrainedModel,
+    episodes: Sequence[MultiAgentEpisode],
+    *,
+    history_window: int | None,
     micro_batch_size: int = 4,
 ) -> float:
     """Mean NLL per response token of `episodes` under an HF causal LM (e.g. demonstrations).

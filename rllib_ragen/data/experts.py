@@ -107,9 +107,7 @@ class _SokobanExpert:
 
 
 def _frozenlake_turn(env: FrozenLakeEnv, left: TurnBudgetLeft) -> Turn:
-    actions, _ = best_turn(
-        env, turns_left=left.turns, actions_left=left.actions, max_actions_per_turn=left.per_turn
-    )
+    actions, _ = best_turn(env, turns_left=left.turns, actions_left=left.actions, max_actions_per_turn=left.per_turn)
     lake = env.lake
     assert lake is not None, "best_turn reads the lake, so the env was reset"
     row, col = divmod(int(lake.s), lake.ncol)

@@ -111,9 +111,7 @@ class GroupHost:
 
     def __init__(self, *, host: str, timeout_s: float) -> None:
         self.host, self.timeout_s = host, timeout_s
-        self._store = dist.TCPStore(
-            host, 0, None, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False
-        )
+        self._store = dist.TCPStore(host, 0, None, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
         self.generation = 0
         self._members: Hashable | None = None
 

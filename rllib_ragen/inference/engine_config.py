@@ -96,8 +96,15 @@ class EngineConfig:
         check_choice("kind", self.kind, ENGINE_KINDS)
         check_choice("dtype", self.dtype, DTYPES)
         check_choice("weight_sync", self.weight_sync, WEIGHT_SYNC_KINDS)
-        for name in ("num_engines", "max_model_len", "tensor_parallel_size", "max_batch_size",
-                     "start_timeout_s", "call_timeout_s", "weight_sync_timeout_s"):
+        for name in (
+            "num_engines",
+            "max_model_len",
+            "tensor_parallel_size",
+            "max_batch_size",
+            "start_timeout_s",
+            "call_timeout_s",
+            "weight_sync_timeout_s",
+        ):
             check_positive(name, getattr(self, name))
         if self.num_threads is not None:
             check_positive("num_threads", self.num_threads)
@@ -173,7 +180,7 @@ def vllm_available() -> bool:
 
 
 def resolve_kind(kind: str) -> str:
-    """"vllm" or "hf" for `kind`; "auto" picks vllm when it is importable.
+    """ "vllm" or "hf" for `kind`; "auto" picks vllm when it is importable.
 
     Raises:
         ImportError: kind="vllm" but vllm is not installed.

@@ -159,8 +159,11 @@ class HFEngine(InferenceEngine):
             mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
             positions = positions[:, -1:] + 1
             out = self.model(
-                input_ids=chosen[:, None].to(self.device), attention_mask=mask, position_ids=positions,
-                past_key_values=cache, use_cache=True,
+                input_ids=chosen[:, None].to(self.device),
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
             )
             logits = out.logits[:, -1]
         stops = set(params.stop_token_ids)

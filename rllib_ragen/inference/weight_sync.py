@@ -118,8 +118,12 @@ class PolicyWeightSync:
         """Largest |log-prob| difference between the learner and any engine on the probe continuation."""
         if self._probe is None:
             vocab_size = self._on_learner(_vocab_size, "reading the vocabulary size")
-            ids = torch.randint(3, vocab_size, (PROBE_PROMPT_TOKENS + PROBE_CONTINUATION_TOKENS,),
-                                generator=torch.Generator().manual_seed(0)).tolist()
+            ids = torch.randint(
+                3,
+                vocab_size,
+                (PROBE_PROMPT_TOKENS + PROBE_CONTINUATION_TOKENS,),
+                generator=torch.Generator().manual_seed(0),
+            ).tolist()
             self._probe = ids[:PROBE_PROMPT_TOKENS], ids[PROBE_PROMPT_TOKENS:]
         prompt, continuation = self._probe
         reference = self._on_learner(
@@ -128,7 +132,8 @@ class PolicyWeightSync:
         scored = [] if self._local_engine is None else self._local_engine.score_each(prompt, continuation)
         runner_scores = self._on_remote_runners(
             functools.partial(_score_each_on_runner, prompt=prompt, continuation=continuation),
-            "scoring the weight-sync probe", "call_timeout_s",
+            "scoring the weight-sync probe",
+            "call_timeout_s",
         )
         scored += [each for _, per_runner in runner_scores for each in per_runner]
         return max(abs(a - b) for each in scored for a, b in zip(each, reference, strict=True))
@@ -235,8 +240,10 @@ class PolicyWeightSync:
         tag = f"rllib_ragen_weight_sync_{next(self._syncs)}"
         first_ranks = itertools.accumulate([first_rank] + [count for _, count, _ in members[:-1]])
         calls = [
-            functools.partial(_tagged, fn=functools.partial(_receive_on_runner, spec=spec, first_rank=first,
-                                                             layout=layout, version=version))
+            functools.partial(
+                _tagged,
+                fn=functools.partial(_receive_on_runner, spec=spec, first_rank=first, layout=layout, version=version),
+            )
             for first in first_ranks
         ]
         ids = [index for index, _, _ in members]
@@ -277,7 +284,9 @@ class PolicyWeightSync:
             return []
         timeout_s = getattr(self.config, setting)
         answers = self.env_runner_group.foreach_env_runner(
-            functools.partial(_tagged, fn=fn), local_env_runner=False, remote_worker_ids=ids,
+            functools.partial(_tagged, fn=fn),
+            local_env_runner=False,
+            remote_worker_ids=ids,
             timeout_seconds=timeout_s,
         )
         missing = sorted(set(ids) - {index for index, _ in answers})
@@ -343,7 +352,7 @@ def _learner_logprobs(learner, prompt: list[int], continuation: list[int]) -> li
     policy = _module(learner).policy
     ids = torch.tensor([prompt + continuation], device=policy.device)
     logits = policy(input_ids=ids).logits[:, len(prompt) - 1 : -1].float()
-    return token_logprobs(logits, ids[:, len(prompt):])[0].tolist()
+    return token_logprobs(logits, ids[:, len(prompt) :])[0].tolist()
 
 
 # ---------------------------------------------------------------------- run on an env runner

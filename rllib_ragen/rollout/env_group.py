@@ -199,9 +199,7 @@ class EnvGroup(MultiAgentEnv):
     def all_done(self) -> bool:
         return all(self._done.values())
 
-    def reset(
-        self, *, seed: int | None = None, options: dict | None = None
-    ) -> tuple[dict[str, str], dict[str, dict]]:
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict[str, str], dict[str, dict]]:
         """Resets every member with `seed`; members whose reset failed are absent from the result."""
         self.seed, self.errors = seed, []
         observations, infos = {}, {}
@@ -238,9 +236,7 @@ class EnvGroup(MultiAgentEnv):
             if self._done[agent]:
                 raise ValueError(f"{agent} already finished; it cannot act again")
             index = self.agents.index(agent)
-            obs[agent], rewards[agent], term, trunc, infos[agent] = self._step_one(
-                agent, self.envs[index], actions
-            )
+            obs[agent], rewards[agent], term, trunc, infos[agent] = self._step_one(agent, self.envs[index], actions)
             terminateds[agent], truncateds[agent] = term, trunc
             self._done[agent] = term or trunc
         terminateds["__all__"] = truncateds["__all__"] = self.all_done
@@ -272,8 +268,7 @@ class EnvGroup(MultiAgentEnv):
             reward += self.budget.format_penalty
         self._turns[agent] += 1
         out_of_budget = (
-            self._turns[agent] >= self.budget.max_turns
-            or self._actions[agent] >= self.budget.max_actions_per_traj
+            self._turns[agent] >= self.budget.max_turns or self._actions[agent] >= self.budget.max_actions_per_traj
         )
         info = {
             **info,
@@ -291,6 +286,10 @@ class EnvGroup(MultiAgentEnv):
         self.errors.append(f"{agent} {call}: {line}")
         logger.warning(
             "env %r (seed %s, %s) failed in %s and its trajectory was ended: %s",
-            self.env_name, self.seed, agent, call, line,
+            self.env_name,
+            self.seed,
+            agent,
+            call,
+            line,
         )
         return line

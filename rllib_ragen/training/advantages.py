@@ -511,7 +511,9 @@ class AdvantageSettings:
     def hparams(self) -> dict[str, Any]:
         """The configured value of every hyper-parameter the estimator declares and the config sets."""
         named = {
-            "gamma": self.gamma, "lam": self.lambda_, "high_level_gamma": self.high_level_gamma,
+            "gamma": self.gamma,
+            "lam": self.lambda_,
+            "high_level_gamma": self.high_level_gamma,
             "norm_by_std": self.grpo_norm_by_std,
         }
         declared = estimator_hparam_names(self.advantage_estimator)
@@ -527,9 +529,7 @@ def get_advantage_estimator(name: str) -> Estimator:
     try:
         return ADVANTAGE_ESTIMATORS[name]
     except KeyError:
-        raise KeyError(
-            f"unknown advantage estimator {name!r}; choose one of {sorted(ADVANTAGE_ESTIMATORS)}"
-        ) from None
+        raise KeyError(f"unknown advantage estimator {name!r}; choose one of {sorted(ADVANTAGE_ESTIMATORS)}") from None
 
 
 def compute_advantages(name: str, inputs: AdvantageInputs, **hparams: float | bool | None) -> tuple[Tensor, Tensor]:

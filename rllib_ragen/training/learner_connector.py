@@ -128,7 +128,10 @@ class OldLogProbsAndValues(ConnectorV2):
         # step, so it must not run DDP's collective forward hooks.
         module = rl_module[DEFAULT_MODULE_ID].unwrapped()
         old_logp, old_values = score_rows(
-            module, shared_data[TOKEN_BATCH], self.micro_batch_size, with_logp=self.score_old_logp,
+            module,
+            shared_data[TOKEN_BATCH],
+            self.micro_batch_size,
+            with_logp=self.score_old_logp,
             with_values=self.with_values,
         )
         shared_data[OLD_VALUES] = old_values

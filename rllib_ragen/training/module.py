@@ -89,8 +89,7 @@ class LLMModuleConfig:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.logit_temperature <= 0:
             raise ValueError(
-                f"logit_temperature must be > 0 (greedy rollouts are scored at 1.0), "
-                f"got {self.logit_temperature}"
+                f"logit_temperature must be > 0 (greedy rollouts are scored at 1.0), got {self.logit_temperature}"
             )
 
 
@@ -115,9 +114,7 @@ class ScoringConfig:
 
     def __post_init__(self) -> None:
         if self.autocast_dtype is not None and self.autocast_dtype not in AUTOCAST_DTYPES:
-            raise ValueError(
-                f"autocast_dtype must be None or one of {AUTOCAST_DTYPES}, got {self.autocast_dtype!r}"
-            )
+            raise ValueError(f"autocast_dtype must be None or one of {AUTOCAST_DTYPES}, got {self.autocast_dtype!r}")
         if self.logit_chunk_size < 1:
             raise ValueError(f"logit_chunk_size must be >= 1, got {self.logit_chunk_size}")
 

@@ -159,7 +159,9 @@ class VLLMEngineActor:
         sequences = [list(p) + list(c) for p, c in zip(prompts, continuations)]
         params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=s) for s in sequences], params, use_tqdm=False,
+            [TokensPrompt(prompt_token_ids=s) for s in sequences],
+            params,
+            use_tqdm=False,
             lora_request=self._lora_request,
         )
         return [

@@ -105,7 +105,8 @@ class VLLMEnginePool(InferenceEngine):
         self._check_prompts(prompts, extra_tokens=params.max_new_tokens)
         seeds = [None if params.seed is None else params.seed + i for i in range(len(prompts))]
         return self._run_sharded(
-            len(prompts), "generate",
+            len(prompts),
+            "generate",
             lambda actor, lo, hi: actor.generate.remote(prompts[lo:hi], params, seeds[lo:hi]),
         )
 
@@ -217,8 +218,14 @@ class VLLMEnginePool(InferenceEngine):
         for rank, (ref, (lo, hi)) in enumerate(zip(refs, bounds)):
             if ref is not None:
                 results.extend(
-                    self._get(rank, ref, step=step, setting="call_timeout_s", deadline=deadline,
-                              resend=_shard_resend(submit, lo, hi))
+                    self._get(
+                        rank,
+                        ref,
+                        step=step,
+                        setting="call_timeout_s",
+                        deadline=deadline,
+                        resend=_shard_resend(submit, lo, hi),
+                    )
                 )
         return results
 
@@ -314,7 +321,9 @@ class VLLMEnginePool(InferenceEngine):
         self.last_sync_seconds = time.perf_counter() - start
         logger.info(
             "weights synced to %d engines in %.2f s (slowest engine load %.2f s)",
-            len(self.actors), self.last_sync_seconds, max((s or 0.0 for s in load_seconds), default=0.0),
+            len(self.actors),
+            self.last_sync_seconds,
+            max((s or 0.0 for s in load_seconds), default=0.0),
         )
 
     def _check_prompts(self, sequences: Sequence[Sequence[int]], *, extra_tokens: int) -> None:
