@@ -138,6 +138,7 @@ class BanditEnv(TextEnv):
 
     def _step(self, action: str) -> tuple[float, bool, bool, dict[str, Any]]:
         cfg = self.config
+        assert self.pair is not None and self.dynamics_rng is not None, "TextEnv.step steps only after reset"
         low, high = self.pair
         arm = match_action(action, self.pair)
         if arm is None:
@@ -154,10 +155,11 @@ class BanditEnv(TextEnv):
         first, second = self.arm_order
         lines = [f"Two slot machines stand before you: {first} and {second}."]
         if self.config.describe_payouts:
-            lines += [f"{arm}: {self._payout_description(arm)}" for arm in self.arm_order]
-        return "\n".join(lines + ["Which machine do you pull?"])
+            lines += [f"{arm}: {self._payout_description(arm)}" for arm in (first, second)]
+        return "\n".join([*lines, "Which machine do you pull?"])
 
     def _payout_description(self, arm: str) -> str:
+        assert self.pair is not None, "render_text describes arms only after reset"
         if arm == self.pair[0]:
             return "pays a small reward every time."
         return "pays a large reward, but only some of the time."

@@ -59,18 +59,15 @@ class TextEnv(gym.Env, abc.ABC):
     Stepping before `reset` or after the episode ended raises RuntimeError.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    # gymnasium declares metadata an instance attribute, though every env sets it on the class.
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}  # type: ignore[misc]
     render_mode = "ansi"
     config_class: ClassVar[type | None] = None
 
     def __init__(self) -> None:
         super().__init__()
-        self.observation_space = gym.spaces.Text(
-            max_length=MAX_TEXT_LENGTH, min_length=0, charset=_CHARSET
-        )
-        self.action_space = gym.spaces.Text(
-            max_length=MAX_TEXT_LENGTH, min_length=0, charset=_CHARSET
-        )
+        self.observation_space = gym.spaces.Text(max_length=MAX_TEXT_LENGTH, min_length=0, charset=_CHARSET)
+        self.action_space = gym.spaces.Text(max_length=MAX_TEXT_LENGTH, min_length=0, charset=_CHARSET)
         self._episode_open = False
         self.dynamics_rng: np.random.Generator | None = None
 
@@ -100,9 +97,7 @@ class TextEnv(gym.Env, abc.ABC):
             )
         return str(rng.choice(self.available_actions))
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """Starts an episode from `seed`; `options` are the env's, plus `DYNAMICS_STREAM` (module docstring)."""
         options = dict(options or {})
         stream = options.pop(DYNAMICS_STREAM, None)
@@ -127,7 +122,8 @@ class TextEnv(gym.Env, abc.ABC):
         self._episode_open = not (terminated or truncated)
         return self.render_text(), float(reward), terminated, truncated, info
 
-    def render(self) -> str:
+    # gymnasium's return type is a union over a TypeVar no caller binds; "ansi" renders are str.
+    def render(self) -> str:  # type: ignore[override]
         return self.render_text()
 
     @abc.abstractmethod
@@ -176,16 +172,13 @@ def build_config(config_class: type, config: Any, overrides: Mapping[str, Any]) 
     typo in a YAML or `make_env` call fails loudly instead of being ignored.
     """
     if config is not None and not isinstance(config, config_class):
-        raise TypeError(
-            f"config must be a {config_class.__name__}, got {type(config).__name__}"
-        )
+        raise TypeError(f"config must be a {config_class.__name__}, got {type(config).__name__}")
     accepted = config_field_names(config_class)
     unknown = sorted(set(overrides) - set(accepted))
     if unknown:
-        raise TypeError(
-            f"unknown {config_class.__name__} key(s) {unknown}; accepted keys: {list(accepted)}"
-        )
-    return dataclasses.replace(config if config is not None else config_class(), **overrides)
+        raise TypeError(f"unknown {config_class.__name__} key(s) {unknown}; accepted keys: {list(accepted)}")
+    base: Any = config if config is not None else config_class()
+    return dataclasses.replace(base, **overrides)
 
 
 def config_field_names(config_class: type) -> tuple[str, ...]:

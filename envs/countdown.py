@@ -132,7 +132,9 @@ def _parse(equation: str) -> tuple[ast.expr, int | None]:
 def _evaluate(node: ast.expr) -> Fraction:
     """Exact value of a tree accepted by `_parse`; ZeroDivisionError on x/0."""
     if isinstance(node, ast.Constant):
+        assert isinstance(node.value, int), "`_parse` admits only int constants"
         return Fraction(node.value)
+    assert isinstance(node, ast.BinOp), "`_parse` admits only int constants and binary operations"
     return _OPERATORS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
 
 
@@ -175,6 +177,7 @@ class CountdownEnv(TextEnv):
         return "".join(parts)
 
     def _step(self, action: str) -> tuple[float, bool, bool, dict[str, Any]]:
+        assert self.target is not None, "TextEnv.step steps only after reset"
         score = score_equation(action, self.numbers, self.target)
         info = {
             "action_is_valid": score.well_formed,
@@ -208,16 +211,14 @@ def generate_instance(
     )
 
 
-def _random_combination(
-    rng: np.random.Generator, numbers: tuple[int, ...]
-) -> tuple[int, str] | None:
+def _random_combination(rng: np.random.Generator, numbers: tuple[int, ...]) -> tuple[int, str] | None:
     """Folds the numbers into one (value, expression), or None on a non-integer step."""
     pool = [(n, str(n)) for n in numbers]
     while len(pool) > 1:
         i, j = rng.choice(len(pool), size=2, replace=False)
         (a, a_text), (b, b_text) = pool[i], pool[j]
         symbol = str(rng.choice(list(_OP_SYMBOLS)))
-        if symbol == "-" and a <= b or symbol == "/" and a % b:
+        if (symbol == "-" and a <= b) or (symbol == "/" and a % b):
             return None
         value = int(_OP_SYMBOLS[symbol](a, b))
         pool = [item for k, item in enumerate(pool) if k not in (i, j)]

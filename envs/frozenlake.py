@@ -109,6 +109,7 @@ class FrozenLakeEnv(TextEnv):
             desc = generate_map(rng, size=self.config.size, p_frozen=self.config.p_frozen)
         self.lake = GymFrozenLake(desc=list(desc), is_slippery=self.config.is_slippery)
         # The slips: gymnasium's lake draws them from its own generator, seeded here.
+        assert self.dynamics_rng is not None, "TextEnv.reset sets dynamics_rng before _reset"
         self.lake.reset(seed=int(self.dynamics_rng.integers(2**63)))
         self.num_steps = 0
         return {"success": False}
@@ -117,6 +118,7 @@ class FrozenLakeEnv(TextEnv):
         name = match_action(action, ACTIONS)
         if name is None:
             return 0.0, False, False, {"action_is_valid": False, "action_is_effective": False}
+        assert self.lake is not None, "TextEnv.step steps only after reset"
         before = int(self.lake.s)
         _, reward, terminated, _, _ = self.lake.step(ACTIONS.index(name))
         self.num_steps += 1
@@ -146,9 +148,7 @@ def generate_map(rng: np.random.Generator, *, size: int, p_frozen: float) -> tup
         desc = tuple("".join(row) for row in grid)
         if goal_reachable(desc):
             return desc
-    raise RuntimeError(
-        f"no reachable {size}x{size} map with p_frozen={p_frozen} in {MAX_MAP_TRIES} tries"
-    )
+    raise RuntimeError(f"no reachable {size}x{size} map with p_frozen={p_frozen} in {MAX_MAP_TRIES} tries")
 
 
 def goal_reachable(desc: Sequence[str]) -> bool:
@@ -174,7 +174,5 @@ def check_desc(desc: Sequence[str]) -> tuple[str, ...]:
         raise ValueError(f"desc must be non-empty rows of equal length, got {rows!r}")
     text = "".join(rows)
     if set(text) - set("SFHG") or text.count("S") != 1 or text.count("G") != 1:
-        raise ValueError(
-            f"desc must use only S, F, H, G with exactly one S and one G, got {rows!r}"
-        )
+        raise ValueError(f"desc must use only S, F, H, G with exactly one S and one G, got {rows!r}")
     return rows

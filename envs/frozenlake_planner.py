@@ -16,14 +16,18 @@ import functools
 import itertools
 
 import numpy as np
+from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake
+from gymnasium.spaces import Discrete
 
 from envs.frozenlake import ACTIONS, FrozenLakeEnv
 
 
 def transition_matrices(env: FrozenLakeEnv) -> np.ndarray:
     """[A, S, S] probabilities of moving s -> s' under each action; holes and the goal absorb."""
-    lake = env.lake
-    n_states = lake.observation_space.n
+    lake = _lake(env)
+    space = lake.observation_space
+    assert isinstance(space, Discrete), f"FrozenLake's states are Discrete, got {space}"
+    n_states = int(space.n)
     matrices = np.zeros((len(ACTIONS), n_states, n_states))
     for state in range(n_states):
         for action in range(len(ACTIONS)):
@@ -40,12 +44,17 @@ def best_turn(
 ) -> tuple[list[str], float]:
     """The action sequence to play now from the env's state, and its success probability."""
     plans = _Plans(transition_matrices(env), _goal_vector(env), max_actions_per_turn)
-    sequence, value = plans.best(int(env.lake.s), turns_left, actions_left)
+    sequence, value = plans.best(int(_lake(env).s), turns_left, actions_left)
     return [ACTIONS[a] for a in sequence], value
 
 
+def _lake(env: FrozenLakeEnv) -> GymFrozenLake:
+    assert env.lake is not None, "the env has no lake before reset()"
+    return env.lake
+
+
 def _goal_vector(env: FrozenLakeEnv) -> np.ndarray:
-    return (env.lake.desc.flatten() == b"G").astype(float)
+    return (_lake(env).desc.flatten() == b"G").astype(float)
 
 
 class _Plans:
@@ -61,13 +70,18 @@ class _Plans:
                 products.append(functools.reduce(np.matmul, (matrices[a] for a in sequence)))
         self.products = np.stack(products)  # [N, S, S]
         self.lengths = np.array([len(s) for s in self.sequences])
+        # Per instance: an lru_cache on the method would be one class-wide cache keeping every instance alive.
+        self._values: dict[tuple[int, int], np.ndarray] = {}
 
-    @functools.lru_cache(maxsize=None)
     def values(self, turns_left: int, actions_left: int) -> np.ndarray:
         """[S] success probability of playing optimally from each state."""
-        if turns_left == 0 or actions_left == 0:
-            return self.goal
-        return self._scores(turns_left, actions_left).max(axis=0)
+        key = (turns_left, actions_left)
+        if key not in self._values:
+            if turns_left == 0 or actions_left == 0:
+                self._values[key] = self.goal
+            else:
+                self._values[key] = self._scores(turns_left, actions_left).max(axis=0)
+        return self._values[key]
 
     def _scores(self, turns_left: int, actions_left: int) -> np.ndarray:
         """[N, S] success probability of opening with each sequence (-1 where it exceeds the budget)."""

@@ -27,8 +27,10 @@ import numpy as np
 DIRECTIONS: tuple[tuple[str, int, int], ...] = (("Left", 0, -1), ("Down", 1, 0), ("Right", 0, 1), ("Up", -1, 0))
 _CELL_WORDS = {"F": "ice", "S": "ice", "H": "hole", "G": "goal"}
 _WHERE = {"F": "You are at", "S": "You are at", "H": "You fell into the hole at", "G": "You reached the goal at"}
-_FIRST_LINE = re.compile(r"^(You are at|You fell into the hole at|You reached the goal at) "
-                         r"\((\d+),(\d+)\) on a (\d+)x(\d+) lake\.$")
+_FIRST_LINE = re.compile(
+    r"^(You are at|You fell into the hole at|You reached the goal at) "
+    r"\((\d+),(\d+)\) on a (\d+)x(\d+) lake\.$"
+)
 _CELL = re.compile(r"\((\d+),(\d+)\)")
 
 
@@ -41,7 +43,8 @@ def describe(desc: np.ndarray, player: tuple[int, int]) -> str:
     lines = [
         f"{_WHERE[str(desc[row, col])]} ({row + 1},{col + 1}) on a {n_rows}x{n_cols} lake.",
         f"Goal: {offset_words(goal[0] - row, goal[1] - col)}.",
-        "Next to you: " + ", ".join(f"{name} {_neighbour(desc, row + dr, col + dc)}" for name, dr, dc in DIRECTIONS)
+        "Next to you: "
+        + ", ".join(f"{name} {_neighbour(desc, row + dr, col + dc)}" for name, dr, dc in DIRECTIONS)
         + ".",
         "Holes at: " + (", ".join(f"({r + 1},{c + 1})" for r, c in holes) or "none") + ".",
     ]

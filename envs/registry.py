@@ -51,9 +51,7 @@ _REGISTRY: dict[str, _Entry] = {}
 _IMPORT_SEPARATOR = ":"
 
 
-def register_env(
-    name: str, factory: EnvFactory, *, overwrite: bool = False, **default_config: Any
-) -> None:
+def register_env(name: str, factory: EnvFactory, *, overwrite: bool = False, **default_config: Any) -> None:
     """Registers `factory` under `name` with `default_config` as its defaults.
 
     Args:
@@ -140,9 +138,7 @@ def _entry(name: str) -> _Entry:
     if name in _REGISTRY:
         return _REGISTRY[name]
     if not is_import_path(name):
-        raise KeyError(
-            f"unknown env {name!r}; registered envs: {list_envs()} (or give an import path, module:Class)"
-        )
+        raise KeyError(f"unknown env {name!r}; registered envs: {list_envs()} (or give an import path, module:Class)")
     return _import_entry(name)
 
 
@@ -185,12 +181,11 @@ def accepted_config_keys(factory: EnvFactory) -> tuple[str, ...] | None:
 
 
 def _check_keys(name: str, config: dict[str, Any], accepted: tuple[str, ...] | None) -> None:
-    unknown = sorted(set(config) - set(accepted)) if accepted is not None else []
+    if accepted is None:
+        return
+    unknown = sorted(set(config) - set(accepted))
     if unknown:
-        raise TypeError(
-            f"env {name!r} does not accept config key(s) {unknown}; "
-            f"accepted keys: {list(accepted)}"
-        )
+        raise TypeError(f"env {name!r} does not accept config key(s) {unknown}; accepted keys: {list(accepted)}")
 
 
 def _register_builtins() -> None:

@@ -64,16 +64,13 @@ class SokobanConfig:
     def __post_init__(self) -> None:
         dims = tuple(self.dim_room)
         if len(dims) != 2 or any(not isinstance(d, numbers.Integral) or d < 4 for d in dims):
-            raise ValueError(
-                f"dim_room must be two ints >= 4 (height, width), got {self.dim_room!r}"
-            )
+            raise ValueError(f"dim_room must be two ints >= 4 (height, width), got {self.dim_room!r}")
         dims = (int(dims[0]), int(dims[1]))
         object.__setattr__(self, "dim_room", dims)
         interior = (dims[0] - 2) * (dims[1] - 2)
         if not 1 <= self.num_boxes <= interior - 2:
             raise ValueError(
-                f"num_boxes must be between 1 and {interior - 2} for a {dims[0]}x{dims[1]} room, "
-                f"got {self.num_boxes}"
+                f"num_boxes must be between 1 and {interior - 2} for a {dims[0]}x{dims[1]} room, got {self.num_boxes}"
             )
         if self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
@@ -108,8 +105,7 @@ class SokobanEnv(TextEnv):
     @property
     def instructions(self) -> str:
         return (
-            "You are solving Sokoban: push every box onto a target.\n"
-            f"Symbols: {self.config.symbols.legend()}.\n{RULES}"
+            f"You are solving Sokoban: push every box onto a target.\nSymbols: {self.config.symbols.legend()}.\n{RULES}"
         )
 
     @property
@@ -123,21 +119,18 @@ class SokobanEnv(TextEnv):
         room = options.get("room")
         if room is None:
             cfg = self.config
-            room = generate_room(
-                rng, dim_room=cfg.dim_room, num_boxes=cfg.num_boxes, search_depth=cfg.search_depth
-            )
+            room = generate_room(rng, dim_room=cfg.dim_room, num_boxes=cfg.num_boxes, search_depth=cfg.search_depth)
         elif isinstance(room, str):
             room = parse_room(room, self.config.symbols, separator=self.config.cell_separator)
         elif not isinstance(room, Room):
-            raise TypeError(
-                f"options['room'] must be a Room or its text, got {type(room).__name__}"
-            )
+            raise TypeError(f"options['room'] must be a Room or its text, got {type(room).__name__}")
         self.room = room
         self.num_steps = 0
         return {"success": room.solved}
 
     def _step(self, action: str) -> tuple[float, bool, bool, dict[str, Any]]:
         room = self.room
+        assert room is not None, "TextEnv.step steps only after reset"
         name = match_action(action, ACTIONS)
         if name is None:
             info = {"action_is_valid": False, "action_is_effective": False, "success": room.solved}

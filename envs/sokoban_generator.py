@@ -84,17 +84,13 @@ def carve_floor(rng: np.random.Generator, height: int, width: int, steps: int) -
     return frozenset(floor)
 
 
-def _place_pieces(
-    rng: np.random.Generator, floor: frozenset[int], num_boxes: int
-) -> tuple[frozenset[int], int]:
+def _place_pieces(rng: np.random.Generator, floor: frozenset[int], num_boxes: int) -> tuple[frozenset[int], int]:
     """Distinct target cells (boxes start on them) and a player cell."""
     cells = rng.choice(sorted(floor), size=num_boxes + 1, replace=False)
     return frozenset(int(c) for c in cells[:num_boxes]), int(cells[num_boxes])
 
 
-def reverse_play(
-    rng: np.random.Generator, layout: Layout, player: int, search_depth: int
-) -> Room | None:
+def reverse_play(rng: np.random.Generator, layout: Layout, player: int, search_depth: int) -> Room | None:
     """The best start reachable by walking and pulling boxes off their targets.
 
     Breadth-first over reverse moves up to `search_depth` deep. Boxes keep
@@ -106,7 +102,8 @@ def reverse_play(
     # state key -> (boxes in identity order, last pulled box id, box swaps)
     seen = {(player, frozenset(start_boxes))}
     frontier = deque([(player, start_boxes, -1, 0, 0)])
-    best_score, best = 0, []
+    best_score = 0
+    best: list[tuple[int, tuple[int, ...]]] = []
     while frontier:
         player_cell, boxes, last, swaps, depth = frontier.popleft()
         score = swaps * _displacement(layout, boxes, origin)
@@ -141,7 +138,7 @@ def _reverse_moves(
         behind = layout.neighbors[player][opposite[direction]]
         if behind >= 0 and behind in boxes:
             pulled = boxes.index(behind)
-            moved = boxes[:pulled] + (player,) + boxes[pulled + 1 :]
+            moved = (*boxes[:pulled], player, *boxes[pulled + 1 :])
             yield nxt, moved, pulled, swaps + (pulled != last)
 
 

@@ -82,9 +82,7 @@ class Layout:
     walls: frozenset[int]
     targets: frozenset[int]
     # neighbors[cell][d]: the non-wall cell next to `cell` in direction d, or -1.
-    neighbors: tuple[tuple[int, ...], ...] = dataclasses.field(
-        init=False, repr=False, compare=False
-    )
+    neighbors: tuple[tuple[int, ...], ...] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.height < 1 or self.width < 1:
@@ -92,9 +90,7 @@ class Layout:
         size = self.height * self.width
         outside = [c for c in self.walls | self.targets if not 0 <= c < size]
         if outside:
-            raise ValueError(
-                f"cells {sorted(outside)} lie outside the {self.height}x{self.width} grid"
-            )
+            raise ValueError(f"cells {sorted(outside)} lie outside the {self.height}x{self.width} grid")
         if self.walls & self.targets:
             raise ValueError(f"targets {sorted(self.walls & self.targets)} are on walls")
         object.__setattr__(self, "neighbors", tuple(self._neighbors_of(c) for c in range(size)))
@@ -223,4 +219,3 @@ def parse_room(text: str, symbols: GridSymbols = STANDARD_SYMBOLS, *, separator:
         )
     layout = Layout(len(rows), width, frozenset(walls), frozenset(targets))
     return Room(layout, players[0], frozenset(boxes))
-

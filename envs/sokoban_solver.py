@@ -29,9 +29,7 @@ def solve(env_or_room: Any, *, max_states: int = DEFAULT_MAX_STATES) -> list[str
     """
     room = env_or_room if isinstance(env_or_room, Room) else getattr(env_or_room, "room", None)
     if not isinstance(room, Room):
-        raise TypeError(
-            f"solve needs a Room or an env with a .room Room, got {type(env_or_room).__name__}"
-        )
+        raise TypeError(f"solve needs a Room or an env with a .room Room, got {type(env_or_room).__name__}")
     if max_states < 1:
         raise ValueError(f"max_states must be >= 1, got {max_states}")
     return _bfs(room, max_states)
@@ -41,9 +39,7 @@ def _bfs(room: Room, max_states: int) -> list[str] | None:
     layout = room.layout
     live = live_cells(layout)
     start = (room.player, room.boxes)
-    parent: dict[tuple[int, frozenset[int]], tuple[tuple[int, frozenset[int]], int] | None] = {
-        start: None
-    }
+    parent: dict[tuple[int, frozenset[int]], tuple[tuple[int, frozenset[int]], int] | None] = {start: None}
     frontier = deque([start])
     while frontier:
         state = frontier.popleft()

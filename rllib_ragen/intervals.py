@@ -41,9 +41,9 @@ def paired_difference_interval(
     n = len(pairs)
     difference = (gained - lost) / n
     # Agresti-Min: half a count in each of the four cells (n grows by 2).
-    g, l, m = gained + 0.5, lost + 0.5, n + 2
-    centre = (g - l) / m
-    half = z * math.sqrt(max((g + l) - (g - l) ** 2 / m, 0.0)) / m
+    g, k, m = gained + 0.5, lost + 0.5, n + 2
+    centre = (g - k) / m
+    half = z * math.sqrt(max((g + k) - (g - k) ** 2 / m, 0.0)) / m
     return difference, max(-1.0, centre - half), min(1.0, centre + half)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Mapping
+from typing import Any, cast
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, inject_adapter_in_model
@@ -78,24 +79,37 @@ class LoraSettings:
         """PEFT's config for `model` (needed when `top_layers` > 0; an adapter directory served by an
         engine needs none: its tensors' names say which layers they adapt)."""
         target = self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules)
-        layers = {}
+        layers: dict[str, Any] = {}
         if self.top_layers and model is not None:
-            num_layers = model.config.num_hidden_layers
+            num_layers = cast(Any, model).config.num_hidden_layers  # an HF model: nn.Module types no .config
             if self.top_layers > num_layers:
                 raise ValueError(f"lora_top_layers={self.top_layers} but the model has {num_layers} layers")
             # PEFT takes `layers_to_transform` with module names only, not with "all-linear".
             target = _linear_module_names(model) if target == "all-linear" else target
-            layers = {"layers_to_transform": list(range(num_layers - self.top_layers, num_layers)),
-                      "layers_pattern": "layers"}
-        return LoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=target, lora_dropout=self.dropout,
-                          **layers)
+            layers = {
+                "layers_to_transform": list(range(num_layers - self.top_layers, num_layers)),
+                "layers_pattern": "layers",
+            }
+        # PEFT annotates lora_alpha int, but scales by lora_alpha / r and accepts any number.
+        return LoraConfig(
+            r=self.rank,
+            lora_alpha=self.alpha,  # type: ignore[arg-type]
+            target_modules=target,
+            lora_dropout=self.dropout,
+            **layers,
+        )
 
 
 def _linear_module_names(model: nn.Module) -> list[str]:
     """The names (last part) of `model`'s linear layers but its output head: what "all-linear" adapts."""
-    head = model.get_output_embeddings()
-    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
-                   if isinstance(module, nn.Linear) and module is not head})
+    head = cast(Any, model).get_output_embeddings()  # an HF model: nn.Module types no get_output_embeddings
+    return sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, module in model.named_modules()
+            if isinstance(module, nn.Linear) and module is not head
+        }
+    )
 
 
 def _as_tuple(value: str | tuple[str, ...]) -> tuple[str, ...]:
@@ -135,8 +149,12 @@ def merged_state_dict(model: nn.Module) -> dict[str, Tensor]:
     W' = W + (alpha / r) B @ A per adapted layer (PEFT's `get_delta_weight`),
     in W's dtype. Unadapted tensors are the model's own (tied ones stay one tensor).
     """
-    deltas = {name: module.get_delta_weight(ADAPTER) for name, module in model.named_modules()
-              if isinstance(module, LoraLayer) and ADAPTER in module.lora_A}
+    # PEFT defines get_delta_weight on each LoraLayer subclass (Linear, Embedding, ...), not on the base.
+    deltas = {
+        name: module.get_delta_weight(ADAPTER)  # type: ignore[attr-defined]
+        for name, module in model.named_modules()
+        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A
+    }
     merged = {}
     for name, tensor in model.state_dict().items():
         if is_adapter_weight(name):

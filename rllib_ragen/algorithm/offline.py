@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from ray.rllib.connectors.learner.learner_connector_pipeline import (
@@ -52,6 +52,9 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.offline.offline_data import OfflineData
 from ray.rllib.utils.annotations import override
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from rllib_ragen.algorithm.starpo import StarPO, StarPOConfig
 from rllib_ragen.columns import TOKEN_ENTROPY, TOKEN_LOGP
@@ -99,7 +102,8 @@ class OfflineSettings:
     @property
     def rllib_input(self) -> str | list[str]:
         """`input_` as RLlib takes it: one path or a list of paths."""
-        return self.input_path if isinstance(self.input_path, str) else list(self.input_path)
+        # __post_init__ leaves a str or a tuple of str.
+        return list(self.input_path) if isinstance(self.input_path, tuple) else str(self.input_path)
 
 
 def offline_config(config: StarPOConfig, settings: OfflineSettings) -> StarPOConfig:
@@ -129,6 +133,10 @@ class TrajectoryOfflineData(OfflineData):
     (`rllib_ragen.data.parquet.map_to_trajectories`), run as Ray tasks.
     """
 
+    # Set by RLlib's OfflineData.__init__ (Ray is read as untyped).
+    data: Any
+    data_is_mapped: bool
+
     def __init__(self, config: StarPOConfig) -> None:
         if config.prelearner_class is not None:
             raise ValueError(
@@ -136,7 +144,7 @@ class TrajectoryOfflineData(OfflineData):
                 f"learner; unset prelearner_class (got {config.prelearner_class.__name__})"
             )
         super().__init__(config)
-        self._groups: Iterator[MultiAgentEpisode] | None = None
+        self._groups: Generator[MultiAgentEpisode, None, None] | None = None
 
     @override(OfflineData)
     def sample(
@@ -170,7 +178,7 @@ class TrajectoryOfflineData(OfflineData):
             self._groups.close()
             self._groups = None
 
-    def _endless_groups(self) -> Iterator[MultiAgentEpisode]:
+    def _endless_groups(self) -> Generator[MultiAgentEpisode, None, None]:
         while True:
             count = 0
             for group in iter_group_episodes(self.data, **self.iter_batches_kwargs):
@@ -215,7 +223,10 @@ def learner_nll(algo: StarPO, episodes: Sequence[MultiAgentEpisode]) -> float:
 
 @torch.no_grad()
 def response_token_nll(
-    policy: torch.nn.Module, episodes: Sequence[MultiAgentEpisode], *, history_window: int | None,
+    policy: PreTrainedModel,
+    episodes: Sequence[MultiAgentEpisode],
+    *,
+    history_window: int | None,
     micro_batch_size: int = 4,
 ) -> float:
     """Mean NLL per response token of `episodes` under an HF causal LM (e.g. demonstrations).
@@ -235,7 +246,7 @@ def response_token_nll(
     return total / max(count, 1)
 
 
-def response_nll(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def response_nll(model: PreTrainedModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Mean negative log-likelihood of the response tokens of `batch` (rows [R, L]) under an HF causal LM."""
     hidden = trunk_hidden(model.base_model, batch)
     logp = score_generated_tokens(model.get_output_embeddings(), hidden, batch, 1.0, with_entropy=False)[TOKEN_LOGP]

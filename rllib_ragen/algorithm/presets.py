@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported where used: the CLI reads PRESETS without importing Ray or torch
     from rllib_ragen.algorithm.starpo import StarPOConfig
@@ -44,8 +44,15 @@ def ragen_preset(env: str) -> StarPOConfig:
         .rollouts(n_groups=8, group_size=16, response_length=400, temperature=1.0, **ENV_BUDGETS.get(env, {}))
         .inference(engine="vllm", num_gpus_per_engine=1.0, max_model_len=3600, engine_dtype="bfloat16")
         .training(
-            advantage_estimator="gae", rollout_filter_ratio=0.25, mini_batch_size=32, micro_batch_size=4,
-            actor_lr=1e-6, critic_lr=1e-5, entropy_coeff=0.001, kl_coeff=0.0, autocast_dtype="bfloat16",
+            advantage_estimator="gae",
+            rollout_filter_ratio=0.25,
+            mini_batch_size=32,
+            micro_batch_size=4,
+            actor_lr=1e-6,
+            critic_lr=1e-5,
+            entropy_coeff=0.001,
+            kl_coeff=0.0,
+            autocast_dtype="bfloat16",
         )
         .learners(num_gpus_per_learner=1)
         .starpo_evaluation(eval_interval=10, eval_size=256, eval_temperature=0.5)
@@ -61,7 +68,7 @@ def cpu_preset(env: str) -> StarPOConfig:
     from rllib_ragen.algorithm.starpo import StarPOConfig
     from rllib_ragen.hardware import fast_bf16
 
-    budget = dict(ENV_BUDGETS.get(env, {}))
+    budget: dict[str, Any] = dict(ENV_BUDGETS.get(env, {}))
     budget["max_turns"] = min(budget.get("max_turns", 3), 3)
     # RAGEN's -0.1 format penalty equals one Sokoban step penalty, so a small
     # model that cannot solve rooms yet earns more by answering badly (-0.1 a
@@ -83,15 +90,26 @@ def cpu_preset(env: str) -> StarPOConfig:
         # dearest part on CPU, trains only on rows that carry a signal.
         .rollouts(n_groups=16, group_size=4, response_length=64, temperature=1.0, **budget)
         .inference(
-            engine="auto", num_engines=1, kv_cache_gb=2.0, max_model_len=2048, enable_prefix_caching=True,
+            engine="auto",
+            num_engines=1,
+            kv_cache_gb=2.0,
+            max_model_len=2048,
+            enable_prefix_caching=True,
             engine_dtype="bfloat16" if bf16 else "float32",
         )
         .training(
-            advantage_estimator="gae", rollout_filter_ratio=0.125, mini_batch_size=8, micro_batch_size=2,
-            micro_batch_tokens=2048, autocast_dtype="bfloat16" if bf16 else None,
+            advantage_estimator="gae",
+            rollout_filter_ratio=0.125,
+            mini_batch_size=8,
+            micro_batch_size=2,
+            micro_batch_tokens=2048,
+            autocast_dtype="bfloat16" if bf16 else None,
             # A CPU run makes tens of updates, not RAGEN's 200 at 1e-6: the Bandit
             # preset's step size, with which it learned within 7 iterations.
-            actor_lr=2e-5, critic_lr=1e-4, entropy_coeff=0.001, kl_coeff=0.0,
+            actor_lr=2e-5,
+            critic_lr=1e-4,
+            entropy_coeff=0.001,
+            kl_coeff=0.0,
         )
         # On the same fixed seeds every few iterations: the success curve from the
         # warm-started policy (evaluated before RL by the tuned examples) on.
@@ -124,7 +142,12 @@ def _readable_frozenlake_settings(config: StarPOConfig) -> None:
     config.environment(env_config={"is_slippery": False, "render": "words"})
     config.llm(critic="none")
     config.rollouts(
-        max_turns=5, max_actions_per_turn=1, max_actions_per_traj=5, history_window=0, think=False, prefill=True,
+        max_turns=5,
+        max_actions_per_turn=1,
+        max_actions_per_traj=5,
+        history_window=0,
+        think=False,
+        prefill=True,
         response_length=12,
     )
     # The update is the dearest part (about 300 trained tokens/s on 2 cores): a quarter of the groups, the
@@ -151,7 +174,11 @@ def _single_choice_settings(config: StarPOConfig) -> None:
     config.llm(critic="none")
     config.rollouts(n_groups=8, group_size=8, response_length=16, think=False, prefill=True)
     config.training(
-        advantage_estimator="brpo", rollout_filter_ratio=0.5, mini_batch_size=32, micro_batch_size=8, actor_lr=2e-5,
+        advantage_estimator="brpo",
+        rollout_filter_ratio=0.5,
+        mini_batch_size=32,
+        micro_batch_size=8,
+        actor_lr=2e-5,
         entropy_coeff=0.0,
     )
     config.starpo_evaluation(eval_size=64)

@@ -289,7 +289,11 @@ class SettingsBinding:
 
     def attributes(self) -> dict[str, str]:
         """field -> config attribute, for every field the config holds."""
-        return {f.name: self.renames.get(f.name, f.name) for f in dataclasses.fields(self.group) if f.name not in self.derived}
+        return {
+            f.name: self.renames.get(f.name, f.name)
+            for f in dataclasses.fields(self.group)
+            if f.name not in self.derived
+        }
 
     def defaults(self) -> dict[str, Any]:
         """config attribute -> default value, as the group declares it (a fresh one from a default factory)."""
@@ -322,7 +326,10 @@ def docstring_entries(doc: str | None) -> dict[str, str]:
 # Every settings group of StarPOConfig: each default and each check is declared in its group.
 SETTINGS_GROUPS = (
     SettingsBinding(
-        LLMModuleConfig, "llm", {"model": "llm_model"}, keywords={"model": "model"},
+        LLMModuleConfig,
+        "llm",
+        {"model": "llm_model"},
+        keywords={"model": "model"},
         derived={"logit_temperature": operator.attrgetter("temperature"), "lora": operator.attrgetter("lora_settings")},
     ),
     SettingsBinding(LoraSettings, "llm", {f.name: f"lora_{f.name}" for f in dataclasses.fields(LoraSettings)}),
@@ -331,10 +338,14 @@ SETTINGS_GROUPS = (
     SettingsBinding(ProtocolConfig, "rollouts"),
     SettingsBinding(AsyncRollouts, "rollouts", name="async_rollouts_config"),
     SettingsBinding(
-        EngineConfig, "inference",
+        EngineConfig,
+        "inference",
         {
-            "kind": "engine", "dtype": "engine_dtype", "num_threads": "engine_threads",
-            "max_restarts_per_call": "max_engine_restarts_per_call", "start_timeout_s": "engine_start_timeout_s",
+            "kind": "engine",
+            "dtype": "engine_dtype",
+            "num_threads": "engine_threads",
+            "max_restarts_per_call": "max_engine_restarts_per_call",
+            "start_timeout_s": "engine_start_timeout_s",
             "call_timeout_s": "engine_call_timeout_s",
         },
         # RLlib's `.debugging(seed=...)`, `.llm(lora_*=...)`
@@ -349,7 +360,9 @@ SETTINGS_GROUPS = (
     SettingsBinding(OffPolicyCorrection, "training", name="off_policy_correction_config"),
     SettingsBinding(RewardShaping, "reward_shaping", name="reward_shaping_config"),
     SettingsBinding(CollapseMetricsSettings, "diagnostics"),
-    SettingsBinding(EchoTrapRule, "diagnostics", {f.name: f"echo_trap_{f.name}" for f in dataclasses.fields(EchoTrapRule)}),
+    SettingsBinding(
+        EchoTrapRule, "diagnostics", {f.name: f"echo_trap_{f.name}" for f in dataclasses.fields(EchoTrapRule)}
+    ),
     SettingsBinding(EvalSettings, "starpo_evaluation"),
     SettingsBinding(RecordingSettings, "rollout_recording"),
 )
@@ -396,10 +409,15 @@ def settings_builder(method: Callable) -> Callable:
         inspect.Parameter(s.keyword, inspect.Parameter.KEYWORD_ONLY, default=NotProvided, annotation=s.annotation)
         for s in settings.values()
     ]
-    builder.__signature__ = signature.replace(parameters=[
-        *(p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD), *parameters,
-        *(p for p in signature.parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD),
-    ])
+    builder_signature = signature.replace(
+        parameters=[
+            *(p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD),
+            *parameters,
+            *(p for p in signature.parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD),
+        ]
+    )
+    # typeshed's functools._Wrapped does not declare __signature__, which inspect.signature reads.
+    builder.__signature__ = builder_signature  # type: ignore[attr-defined]
     builder.__doc__ = _builder_doc(method.__doc__, settings.values())
     return builder
 
@@ -408,8 +426,12 @@ def _builder_doc(doc: str | None, settings: Any) -> str:
     intro, _, other_args = inspect.cleandoc(doc or "").partition("\nArgs:\n")
     entries = [
         textwrap.fill(
-            f"{s.keyword}: {s.doc} Default: {s.default!r}.", width=92, initial_indent="    ",
-            subsequent_indent="        ", break_long_words=False, break_on_hyphens=False,
+            f"{s.keyword}: {s.doc} Default: {s.default!r}.",
+            width=92,
+            initial_indent="    ",
+            subsequent_indent="        ",
+            break_long_words=False,
+            break_on_hyphens=False,
         )
         for s in settings
     ]
@@ -420,8 +442,11 @@ def unexpected_keyword(owner: str, builder: str, keyword: str) -> TypeError:
     """The TypeError for `keyword` given to builder `owner.builder()`, naming the builder that sets it."""
     known = {s.attribute: s for s in SETTINGS} | {s.keyword: s for s in SETTINGS}
     setting = known.get(keyword)
-    hint = (f"; set it with .{setting.builder}({setting.keyword}=...)" if setting is not None
-            else f"; help({owner}.{builder}) lists its settings")
+    hint = (
+        f"; set it with .{setting.builder}({setting.keyword}=...)"
+        if setting is not None
+        else f"; help({owner}.{builder}) lists its settings"
+    )
     return TypeError(f"{owner}.{builder}() got an unexpected keyword argument {keyword!r}{hint}")
 
 
@@ -439,9 +464,7 @@ def refuse_ignored_rllib_settings(settings: Mapping[str, Any]) -> None:
     """Raises ValueError if `settings` sets an RLlib knob StarPO ignores, naming StarPO's own."""
     for name in settings:
         if name in IGNORED_RLLIB_SETTINGS:
-            raise ValueError(
-                f"StarPO does not use RLlib's {name}; set {IGNORED_RLLIB_SETTINGS[name]} instead"
-            )
+            raise ValueError(f"StarPO does not use RLlib's {name}; set {IGNORED_RLLIB_SETTINGS[name]} instead")
 
 
 def check_no_ignored_rllib_settings(config: AlgorithmConfig) -> None:

@@ -168,6 +168,7 @@ class StarPOConfig(AlgorithmConfig):
         if unknown:
             raise unexpected_keyword(type(self).__name__, "training", unknown[0])
         super().training(**kwargs)
+        return self
 
     @settings_builder
     def diagnostics(self) -> StarPOConfig:
@@ -245,7 +246,8 @@ class StarPOConfig(AlgorithmConfig):
         return [
             TokenRows(history_window=self.history_window),
             OldLogProbsAndValues(
-                micro_batch_size=self.micro_batch_size, score_old_logp=score_old_logp,
+                micro_batch_size=self.micro_batch_size,
+                score_old_logp=score_old_logp,
                 with_values=advantages.needs_critic,
             ),
             GroupAdvantages(
@@ -316,8 +318,12 @@ class StarPOConfig(AlgorithmConfig):
                 f"num_env_runners={self.num_env_runners} samples on remote runners: set "
                 ".env_runners(create_local_env_runner=False), a local runner would hold an idle engine"
             )
-        if (self.weight_sync == "collective" and self.num_learners >= 1 and self.num_env_runners == 0
-                and resolve_kind(self.engine) == "hf"):
+        if (
+            self.weight_sync == "collective"
+            and self.num_learners >= 1
+            and self.num_env_runners == 0
+            and resolve_kind(self.engine) == "hf"
+        ):
             raise ValueError(
                 "weight_sync='collective' with remote learners (num_learners >= 1) cannot reach engine='hf' in "
                 "the driver (it would have to receive while the driver waits for the sender): use "
@@ -359,7 +365,8 @@ class StarPOConfig(AlgorithmConfig):
                 "|w|=0.01), so most weights never move (measured on tiny-random at 1e-6: 1.8%% of the policy's "
                 "weights changed in 2 steps, 99.99%% with float32). Prefer dtype='float32' with "
                 ".training(autocast_dtype='bfloat16')",
-                self.actor_lr, _BF16_SMALLEST_VISIBLE_STEP,
+                self.actor_lr,
+                _BF16_SMALLEST_VISIBLE_STEP,
             )
 
     def _warn_when_mini_batches_repeat_rows(self) -> None:
@@ -369,7 +376,11 @@ class StarPOConfig(AlgorithmConfig):
             logger.warning(
                 "mini_batch_size=%d is larger than the at most %d rows an update gets (the StarPO-S filter keeps "
                 "%d of n_groups=%d groups x group_size=%d%s): RLlib fills mini-batches by repeating rows",
-                self.mini_batch_size, kept_rows, kept_groups, self.n_groups, self.group_size,
+                self.mini_batch_size,
+                kept_rows,
+                kept_groups,
+                self.n_groups,
+                self.group_size,
                 "" if self.history_window is None else f" x max_turns={self.max_turns}",
             )
 
@@ -388,8 +399,7 @@ class StarPOConfig(AlgorithmConfig):
         connector does not score them in a separate forward pass.
         """
         return (
-            self.rollout_frequency == 1 and self.num_learners <= 1
-            and self.max_rows_per_update <= self.mini_batch_size
+            self.rollout_frequency == 1 and self.num_learners <= 1 and self.max_rows_per_update <= self.mini_batch_size
         )
 
     @property
@@ -428,7 +438,7 @@ def _merge_runner_metrics(per_runner: list[dict], episodes: list) -> list[dict]:
     for key, value in exact.items():
         merged.log_value(key, value, window=1)
     rest = [{k: v for k, v in m.items() if k not in exact} for m in per_runner]
-    return rest + [merged.reduce()]
+    return [*rest, merged.reduce()]
 
 
 def _update_on_own_shard(
@@ -481,7 +491,8 @@ class StarPO(Algorithm):
                 shard_timeout_s=self.config.engine_call_timeout_s * self.config.max_turns,
             )
         self.weight_sync = PolicyWeightSync(
-            config=self.config.engine_config, learner_group=self.learner_group,
+            config=self.config.engine_config,
+            learner_group=self.learner_group,
             env_runner_group=self.env_runner_group,
         )
         # The engines loaded the checkpoint themselves; this first sync proves the path at start.
@@ -517,8 +528,11 @@ class StarPO(Algorithm):
         self.policy_version += 1
         report = self.weight_sync.sync(version=self.policy_version)
         gap = self.weight_sync.check()
-        for key, value in (("seconds", report.seconds), ("megabytes", report.nbytes / 2**20),
-                           ("engine_logp_max_abs_diff", gap)):
+        for key, value in (
+            ("seconds", report.seconds),
+            ("megabytes", report.nbytes / 2**20),
+            ("engine_logp_max_abs_diff", gap),
+        ):
             self.metrics.log_value((WEIGHT_SYNC_RESULTS, key), value, window=1)
 
     @override(Algorithm)
@@ -528,11 +542,13 @@ class StarPO(Algorithm):
         # Before the filter (as RAGEN-2), with the weights that sampled the batch.
         collapse = self.measure_collapse(episodes)
         kept, in_group_std = self._filter_groups(episodes)
-        self._watch_echo_trap({
-            REWARD_VARIANCE: in_group_std,
-            CONDITIONAL_ENTROPY: collapse.get(CONDITIONAL_ENTROPY),
-            MUTUAL_INFORMATION: collapse.get(MUTUAL_INFORMATION),
-        })
+        self._watch_echo_trap(
+            {
+                REWARD_VARIANCE: in_group_std,
+                CONDITIONAL_ENTROPY: collapse.get(CONDITIONAL_ENTROPY),
+                MUTUAL_INFORMATION: collapse.get(MUTUAL_INFORMATION),
+            }
+        )
         if kept:
             with self.metrics.log_time((TIMERS, UPDATE_TIMER)):
                 learner_results = self.update_learners(kept)
@@ -543,8 +559,10 @@ class StarPO(Algorithm):
             with self.metrics.log_time((TIMERS, WEIGHT_SYNC_TIMER)):
                 self.sync_engine_weights()
         else:  # RAGEN-2 skips such a step too: no group has a signal to learn from
-            logger.warning("iteration %d: the group filter kept no group (no in-group reward spread); "
-                           "no update this iteration", self.iteration + 1)
+            logger.warning(
+                "iteration %d: the group filter kept no group (no in-group reward spread); no update this iteration",
+                self.iteration + 1,
+            )
         interval, iteration = self.config.eval_interval, self.iteration + 1
         if interval and (iteration % interval == 0 or iteration == self.final_iteration):
             self.evaluate_fixed_seeds()
@@ -566,8 +584,11 @@ class StarPO(Algorithm):
             episodes = self._sample_on_remote_runners(self._take_train_seeds())
         if config.rollout_parquet_dir and (self.iteration + 1) % config.write_rollouts_every == 0:
             write_rollouts(
-                episodes, config.rollout_parquet_dir, iteration=self.iteration + 1,
-                env=config.env, env_config=config.env_config,
+                episodes,
+                config.rollout_parquet_dir,
+                iteration=self.iteration + 1,
+                env=config.env,
+                env_config=config.env_config,
             )
         return episodes
 
@@ -585,7 +606,9 @@ class StarPO(Algorithm):
         corrected, and shards sampled again after a runner failed.
         """
         config = self.config
-        results = self._sampler.next_batch(self._take_train_seeds, run_ahead=config.max_staleness)
+        sampler = self._sampler
+        assert sampler is not None, "setup creates the sampler when async_rollouts is on"
+        results = sampler.next_batch(self._take_train_seeds, run_ahead=config.max_staleness)
         episodes = [episode for _, shard, _ in results for episode in shard]
         self.metrics.aggregate(
             _merge_runner_metrics([metrics for _, _, metrics in results], episodes), key=ENV_RUNNER_RESULTS
@@ -597,7 +620,7 @@ class StarPO(Algorithm):
             **staleness_counts(staleness, max_staleness=config.max_staleness),
             "stale_groups_dropped": 0.0 if correct else float(sum(stale)),
             "stale_groups_corrected": float(sum(stale)) if correct else 0.0,
-            "reissued_shards": float(self._sampler.reissued_shards),
+            "reissued_shards": float(sampler.reissued_shards),
         }
         for key, value in stats.items():
             self.metrics.log_value((ASYNC_ROLLOUT_RESULTS, key), value, window=1)
@@ -628,8 +651,11 @@ class StarPO(Algorithm):
         )
         results.sort(key=lambda result: result[0])  # runners answer in any order
         if len(results) < len(shards):
-            logger.warning("%d of %d env runners failed this call; their groups are missing",
-                           len(shards) - len(results), len(shards))
+            logger.warning(
+                "%d of %d env runners failed this call; their groups are missing",
+                len(shards) - len(results),
+                len(shards),
+            )
         episodes = [episode for _, shard, _ in results for episode in shard]
         if not sample_kwargs.get("evaluation"):  # evaluate_fixed_seeds reports its own rollouts
             self.metrics.aggregate(
@@ -706,9 +732,11 @@ class StarPO(Algorithm):
             return {}
         self._collapse_measured = True
         protocol = self.config.protocol_config
-        candidates = first_turn_samples(
-            episodes, encode=self.chat_template.encode, prefill_text=protocol.prefill_text
-        ) if protocol.think else []
+        candidates = (
+            first_turn_samples(episodes, encode=self.chat_template.encode, prefill_text=protocol.prefill_text)
+            if protocol.think
+            else []
+        )
         rng = np.random.default_rng([self.config.seed or 0, iteration])
         samples = draw_samples(candidates, settings.collapse_metrics_samples, rng)
         self.metrics.log_value((COLLAPSE_RESULTS, "candidates"), float(len(candidates)), window=1)
@@ -716,8 +744,9 @@ class StarPO(Algorithm):
             return {}
         with self.metrics.log_time((TIMERS, COLLAPSE_TIMER)):
             results = self.learner_group.foreach_learner(
-                functools.partial(_collapse_metrics_on_learner, samples=samples,
-                                  micro_batch_size=self.config.micro_batch_size)
+                functools.partial(
+                    _collapse_metrics_on_learner, samples=samples, micro_batch_size=self.config.micro_batch_size
+                )
             )
         first = next(iter(results))  # every learner holds the same weights
         if not first.ok:
@@ -768,14 +797,23 @@ class StarPO(Algorithm):
         state = self.learner_group.get_state(components=component, inference_only=True)
         module_state = state[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
         return save_policy(
-            module_state, base_model=self.config.llm_model, dtype=self.config.dtype, directory=directory,
-            lora=lora, adapter=adapter,
+            module_state,
+            base_model=self.config.llm_model,
+            dtype=self.config.dtype,
+            directory=directory,
+            lora=lora,
+            adapter=adapter,
         )
 
 
 def save_policy(
-    module_state: dict[str, Any], *, base_model: str, dtype: str, directory: str | Path,
-    lora: LoraSettings | None = None, adapter: bool = False,
+    module_state: dict[str, Any],
+    *,
+    base_model: str,
+    dtype: str,
+    directory: str | Path,
+    lora: LoraSettings | None = None,
+    adapter: bool = False,
 ) -> Path:
     """Writes the policy of an `LLMRLModule` state (critic dropped) as a plain Hugging Face
     model directory, with the tokenizer of `base_model`, the model the module was built on.
@@ -783,12 +821,13 @@ def save_policy(
     PEFT adapter directory."""
     model_path = resolve_model(base_model)
     policy = load_causal_lm(model_path, dtype=getattr(torch, dtype))
+    to_save: Any = policy
     if lora is not None and lora.enabled:
         peft_policy = peft_model_with_adapters(policy, policy_weights(module_state), lora)
-        policy = peft_policy if adapter else peft_policy.merge_and_unload()
+        to_save = peft_policy if adapter else peft_policy.merge_and_unload()
     else:
         policy.load_state_dict(policy_weights(module_state))
     directory = Path(directory)
-    policy.save_pretrained(directory, safe_serialization=True)
+    to_save.save_pretrained(directory, safe_serialization=True)
     load_tokenizer(model_path).save_pretrained(directory)
     return directory

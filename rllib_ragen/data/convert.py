@@ -82,8 +82,16 @@ def episodes_to_rows(
             raise TypeError(f"expected group episodes (MultiAgentEpisode), got {type(episode).__name__}")
         members = [(agent, a) for agent, a in episode.agent_episodes.items() if len(a) > 0]
         for agent, agent_episode in members:
-            rows.append(_trajectory_row(agent_episode, episode_id=episode.id_, agent_id=str(agent),
-                                        group_size=len(members), env=env, env_config=config_json))
+            rows.append(
+                _trajectory_row(
+                    agent_episode,
+                    episode_id=episode.id_,
+                    agent_id=str(agent),
+                    group_size=len(members),
+                    env=env,
+                    env_config=config_json,
+                )
+            )
     return rows
 
 
@@ -244,29 +252,37 @@ def _check_layout(fields: dict[str, Any], label: str) -> None:
     n, spans = len(fields["token_ids"]), fields["turn_spans"]
     if not spans:
         raise TrajectoryRowError(label, "turn_spans", "is empty: a trajectory has at least one turn")
-    expected = {"loss_mask": n, "sampling_logp": n, "turn_rewards": len(spans), "response_texts": len(spans),
-                "turn_infos": len(spans), "observations": len(spans) + 1}
+    expected = {
+        "loss_mask": n,
+        "sampling_logp": n,
+        "turn_rewards": len(spans),
+        "response_texts": len(spans),
+        "turn_infos": len(spans),
+        "observations": len(spans) + 1,
+    }
     for name, length in expected.items():
         if fields[name] is not None and len(fields[name]) != length:
             basis = "token_ids" if length == n else "turn_spans"
-            raise TrajectoryRowError(
-                label, name, f"has {len(fields[name])} entries, but {basis} makes it {length}"
-            )
+            raise TrajectoryRowError(label, name, f"has {len(fields[name])} entries, but {basis} makes it {length}")
     response = np.zeros(n, dtype=np.int64)
     previous_end = 0
     for t, span in enumerate(spans):
         if len(span) != 3 or not previous_end <= span[0] <= span[1] < span[2] <= n:
             raise TrajectoryRowError(
-                label, "turn_spans", f"entry {t} is {list(map(int, span))}; need [start, response_start, "
+                label,
+                "turn_spans",
+                f"entry {t} is {list(map(int, span))}; need [start, response_start, "
                 f"response_end] with {previous_end} <= start <= response_start < response_end <= {n}",
             )
-        response[span[1]:span[2]] = 1
+        response[span[1] : span[2]] = 1
         previous_end = int(span[2])
     mismatch = np.flatnonzero(fields["loss_mask"] != response)
     if mismatch.size:
         i = int(mismatch[0])
         raise TrajectoryRowError(
-            label, "loss_mask", f"is {int(fields['loss_mask'][i])} at token {i}, but turn_spans put "
+            label,
+            "loss_mask",
+            f"is {int(fields['loss_mask'][i])} at token {i}, but turn_spans put "
             f"{'a response' if response[i] else 'no response'} token there (the mask must be 1 exactly on responses)",
         )
     if n and fields["token_ids"].min() < 0:
@@ -382,7 +398,7 @@ def group_episode(members: Sequence[SingleAgentEpisode]) -> MultiAgentEpisode:
 
 
 def _natural_key(name: str) -> list[Any]:
-    """"traj_2" before "traj_10"."""
+    """ "traj_2" before "traj_10"."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 

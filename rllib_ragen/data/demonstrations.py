@@ -94,11 +94,14 @@ def expert_demonstrations(tokenizer: Any, config: DemonstrationConfig) -> list[M
         config: Seeds, env, protocol and budget.
     """
     group, protocol = _group_and_protocol(tokenizer, config.env, config.env_config, config.protocol, config.budget)
-    episodes = []
+    episodes: list[MultiAgentEpisode] = []
     for seed in config.seeds:
         reset = group.reset(seed=seed)
         episode = _play(
-            group, protocol, reset, expert_for(group.template_env, max_states=config.max_states),
+            group,
+            protocol,
+            reset,
+            expert_for(group.template_env, max_states=config.max_states),
             group_id=len(episodes),
         )
         if episode is not None:
@@ -195,8 +198,12 @@ def _group_and_protocol(
 
 
 def _play(
-    group: EnvGroup, protocol: PromptProtocol, reset: tuple[dict, dict],
-    next_turn: Callable[[Any, TurnBudgetLeft], Turn | None], *, group_id: int,
+    group: EnvGroup,
+    protocol: PromptProtocol,
+    reset: tuple[dict, dict],
+    next_turn: Callable[[Any, TurnBudgetLeft], Turn | None],
+    *,
+    group_id: int,
 ) -> MultiAgentEpisode | None:
     """Answers turn by turn with `next_turn(env, budget left)` until the env or the budget ends the episode.
 
@@ -210,7 +217,9 @@ def _play(
     turns_left, actions_left = budget.max_turns, budget.max_actions_per_traj
     user_ids = protocol.user_ids(observations[AGENT], turns_left=turns_left, actions_left=actions_left)
     while True:
-        turn = next_turn(group.template_env, TurnBudgetLeft(turns_left, actions_left, protocol.config.max_actions_per_turn))
+        turn = next_turn(
+            group.template_env, TurnBudgetLeft(turns_left, actions_left, protocol.config.max_actions_per_turn)
+        )
         if turn is None:
             return None
         response_ids = demonstration_response(protocol, turn.actions, turn.thought)
@@ -218,8 +227,13 @@ def _play(
         if list(parsed.actions) != turn.actions:
             raise RuntimeError(f"the tokenised answer {text!r} parses to {list(parsed.actions)}, not {turn.actions}")
         observations, rewards, terminateds, truncateds, infos = group.step({AGENT: turn.actions})
-        info = {**infos[AGENT], RESPONSE_TEXT: text, "format_ok": parsed.format_ok,
-                "parsed_actions": list(parsed.actions), "finish_reason": "stop"}
+        info = {
+            **infos[AGENT],
+            RESPONSE_TEXT: text,
+            "format_ok": parsed.format_ok,
+            "parsed_actions": list(parsed.actions),
+            "finish_reason": "stop",
+        }
         episode.add_env_step(
             observations=observations,
             actions={AGENT: np.asarray(response_ids, dtype=np.int32)},
@@ -227,18 +241,23 @@ def _play(
             infos={AGENT: info},
             terminateds=terminateds,
             truncateds=truncateds,
-            extra_model_outputs={AGENT: {
-                Columns.ACTION_LOGP: np.full(len(response_ids), np.nan, dtype=np.float32),
-                USER_IDS: np.asarray(user_ids, dtype=np.int32),
-                CLOSE_IDS: np.asarray(protocol.close_ids(response_ids), dtype=np.int32),
-            }},
+            extra_model_outputs={
+                AGENT: {
+                    Columns.ACTION_LOGP: np.full(len(response_ids), np.nan, dtype=np.float32),
+                    USER_IDS: np.asarray(user_ids, dtype=np.int32),
+                    CLOSE_IDS: np.asarray(protocol.close_ids(response_ids), dtype=np.int32),
+                }
+            },
         )
         if terminateds[AGENT] or truncateds[AGENT]:
             return episode
         turns_left, actions_left = info["turns_left"], info["actions_left"]
         user_ids = protocol.user_ids(
-            observations[AGENT], reward=rewards[AGENT], feedback=feedback_for(parsed),
-            turns_left=turns_left, actions_left=actions_left,
+            observations[AGENT],
+            reward=rewards[AGENT],
+            feedback=feedback_for(parsed),
+            turns_left=turns_left,
+            actions_left=actions_left,
         )
 
 
@@ -252,4 +271,4 @@ def demonstration_response(protocol: PromptProtocol, actions: list[str], thought
     if protocol.config.think:
         answer = f"<think>{thought}</think>{answer}"
     template = protocol.template
-    return template.encode(answer[len(protocol.config.prefill_text):]) + [template.eos_token_id]
+    return [*template.encode(answer[len(protocol.config.prefill_text) :]), template.eos_token_id]

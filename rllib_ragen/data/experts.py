@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from envs import make_env
 from envs.base import TextEnv
@@ -55,7 +56,9 @@ class TurnBudgetLeft:
     per_turn: int
 
 
-Expert = Callable[[TextEnv, TurnBudgetLeft], "Turn | None"]
+# Called with the env `expert_for` was given: the env parameter is typed Any because each expert takes
+# its own TextEnv subclass (a Callable[[TextEnv, ...]] would have to accept every TextEnv).
+Expert = Callable[[Any, TurnBudgetLeft], "Turn | None"]
 
 
 def expert_for(env: TextEnv, *, max_states: int = DEFAULT_MAX_STATES) -> Expert:
@@ -104,10 +107,9 @@ class _SokobanExpert:
 
 
 def _frozenlake_turn(env: FrozenLakeEnv, left: TurnBudgetLeft) -> Turn:
-    actions, _ = best_turn(
-        env, turns_left=left.turns, actions_left=left.actions, max_actions_per_turn=left.per_turn
-    )
+    actions, _ = best_turn(env, turns_left=left.turns, actions_left=left.actions, max_actions_per_turn=left.per_turn)
     lake = env.lake
+    assert lake is not None, "best_turn reads the lake, so the env was reset"
     row, col = divmod(int(lake.s), lake.ncol)
     goal_row, goal_col = divmod(int((lake.desc.flatten() == b"G").argmax()), lake.ncol)
     # Short: thought and answer must fit a CPU response budget of a few dozen tokens.

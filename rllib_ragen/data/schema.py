@@ -71,8 +71,10 @@ FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec("token_ids", pa.list_(pa.int32()), "system block, then per turn: user piece, response, closing tokens"),
     FieldSpec("loss_mask", pa.list_(pa.int8()), "1 exactly on generated response tokens"),
     FieldSpec(
-        "sampling_logp", pa.list_(pa.float32()),
-        "log-prob of each token under the sampling policy (0 off the mask); null when unknown", nullable=True,
+        "sampling_logp",
+        pa.list_(pa.float32()),
+        "log-prob of each token under the sampling policy (0 off the mask); null when unknown",
+        nullable=True,
     ),
     FieldSpec("turn_spans", pa.list_(pa.list_(pa.int32())), "per turn [start, response_start, response_end]"),
     FieldSpec("turn_rewards", pa.list_(pa.float64()), "reward of each turn"),

@@ -23,6 +23,7 @@ import datetime
 import math
 import time
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -110,9 +111,7 @@ class GroupHost:
 
     def __init__(self, *, host: str, timeout_s: float) -> None:
         self.host, self.timeout_s = host, timeout_s
-        self._store = dist.TCPStore(
-            host, 0, None, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False
-        )
+        self._store = dist.TCPStore(host, 0, None, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
         self.generation = 0
         self._members: Hashable | None = None
 
@@ -163,7 +162,7 @@ def receive(spec: GroupSpec, rank: int, layout: TensorLayout) -> list[tuple[str,
     deadline = time.monotonic() + spec.timeout_s
     group = _group(spec, rank=rank)
     device = _device(spec)
-    pairs = []
+    pairs: list[tuple[str, torch.Tensor]] = []
     for number, bucket in enumerate(layout.buckets):
         numels = [math.prod(layout.shapes[index]) for index in bucket]
         flat = torch.empty(sum(numels), dtype=getattr(torch, layout.dtypes[bucket[0]]), device=device)
@@ -184,6 +183,8 @@ def _group(spec: GroupSpec, *, rank: int) -> dist.ProcessGroup:
     timeout = datetime.timedelta(seconds=spec.timeout_s)
     client = dist.TCPStore(spec.host, spec.port, is_master=False, timeout=timeout)
     store = dist.PrefixStore(f"{_STORE_PREFIX}/{spec.generation}", client)
+    # torch's stubs make ProcessGroupGloo/NCCL Backends, not ProcessGroups; at runtime they act as groups.
+    group: Any
     if spec.backend == "gloo":
         group = dist.ProcessGroupGloo(store, rank, spec.world_size, timeout)
     else:

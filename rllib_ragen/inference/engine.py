@@ -73,15 +73,11 @@ class InferenceEngine(abc.ABC):
     in_process: bool = True
 
     @abc.abstractmethod
-    def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams
-    ) -> list[Completion]:
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         """Returns one completion per prompt, in the order of `prompts`."""
 
     @abc.abstractmethod
-    def score(
-        self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]
-    ) -> list[list[float]]:
+    def score(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> list[list[float]]:
         """Log-probs (temperature 1) of each continuation's tokens after its prompt.
 
         The engine-side half of an end-to-end weight-sync check: after
@@ -125,5 +121,5 @@ class InferenceEngine(abc.ABC):
         """A small status report (engine kind, live workers...)."""
         return {"engine": type(self).__name__, "healthy": True}
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> None:  # noqa: B027 (a no-op default: an engine holding no resources need not override it)
         """Frees the engine's resources."""

@@ -32,8 +32,8 @@ class EngineConfig:
             it starts; None = vLLM's default (0.9). Set it below 1 minus the
             learner's share when both use one GPU. Rejected on CPU, where vLLM would
             read it as a share of host RAM.
-        dtype: Engine weight dtype: "auto", "float32", "bfloat16" or "float16"; "auto" = the dtype the checkpoint's config.json declares
-            for vLLM (not vLLM's own "auto", which makes float32 checkpoints bfloat16 on
+        dtype: Engine weight dtype: "auto", "float32", "bfloat16" or "float16"; "auto" = the dtype the checkpoint's
+            config.json declares for vLLM (not vLLM's own "auto", which makes float32 checkpoints bfloat16 on
             CPU), float32 for HF.
         max_model_len: Longest prompt + response an engine serves; a trajectory
             whose next prompt leaves less than `response_length` tokens is
@@ -96,8 +96,15 @@ class EngineConfig:
         check_choice("kind", self.kind, ENGINE_KINDS)
         check_choice("dtype", self.dtype, DTYPES)
         check_choice("weight_sync", self.weight_sync, WEIGHT_SYNC_KINDS)
-        for name in ("num_engines", "max_model_len", "tensor_parallel_size", "max_batch_size",
-                     "start_timeout_s", "call_timeout_s", "weight_sync_timeout_s"):
+        for name in (
+            "num_engines",
+            "max_model_len",
+            "tensor_parallel_size",
+            "max_batch_size",
+            "start_timeout_s",
+            "call_timeout_s",
+            "weight_sync_timeout_s",
+        ):
             check_positive(name, getattr(self, name))
         if self.num_threads is not None:
             check_positive("num_threads", self.num_threads)
@@ -173,7 +180,7 @@ def vllm_available() -> bool:
 
 
 def resolve_kind(kind: str) -> str:
-    """"vllm" or "hf" for `kind`; "auto" picks vllm when it is importable.
+    """ "vllm" or "hf" for `kind`; "auto" picks vllm when it is importable.
 
     Raises:
         ImportError: kind="vllm" but vllm is not installed.

@@ -11,9 +11,13 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from rllib_ragen.inference.batching import check_score_inputs, check_token_ids, left_pad
 from rllib_ragen.inference.engine import Completion, InferenceEngine, SamplingParams
@@ -39,7 +43,7 @@ class HFEngine(InferenceEngine):
 
     def __init__(
         self,
-        model: str | Path | nn.Module,
+        model: str | Path | PreTrainedModel,
         *,
         dtype: torch.dtype = torch.float32,
         max_batch_size: int = 32,
@@ -155,8 +159,11 @@ class HFEngine(InferenceEngine):
             mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
             positions = positions[:, -1:] + 1
             out = self.model(
-                input_ids=chosen[:, None].to(self.device), attention_mask=mask, position_ids=positions,
-                past_key_values=cache, use_cache=True,
+                input_ids=chosen[:, None].to(self.device),
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
             )
             logits = out.logits[:, -1]
         stops = set(params.stop_token_ids)

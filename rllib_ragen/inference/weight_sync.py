@@ -108,10 +108,7 @@ class PolicyWeightSync:
                 None leaves the runners' versions as they are (a re-sync).
         """
         start = time.perf_counter()
-        if self._host is not None:
-            nbytes = self._sync_collective(version)
-        else:
-            nbytes = self._sync_object_store(version)
+        nbytes = self._sync_collective(version) if self._host is not None else self._sync_object_store(version)
         runner = self.env_runner_group.local_env_runner
         if runner is not None and version is not None:
             runner.policy_version = version
@@ -121,8 +118,12 @@ class PolicyWeightSync:
         """Largest |log-prob| difference between the learner and any engine on the probe continuation."""
         if self._probe is None:
             vocab_size = self._on_learner(_vocab_size, "reading the vocabulary size")
-            ids = torch.randint(3, vocab_size, (PROBE_PROMPT_TOKENS + PROBE_CONTINUATION_TOKENS,),
-                                generator=torch.Generator().manual_seed(0)).tolist()
+            ids = torch.randint(
+                3,
+                vocab_size,
+                (PROBE_PROMPT_TOKENS + PROBE_CONTINUATION_TOKENS,),
+                generator=torch.Generator().manual_seed(0),
+            ).tolist()
             self._probe = ids[:PROBE_PROMPT_TOKENS], ids[PROBE_PROMPT_TOKENS:]
         prompt, continuation = self._probe
         reference = self._on_learner(
@@ -131,7 +132,8 @@ class PolicyWeightSync:
         scored = [] if self._local_engine is None else self._local_engine.score_each(prompt, continuation)
         runner_scores = self._on_remote_runners(
             functools.partial(_score_each_on_runner, prompt=prompt, continuation=continuation),
-            "scoring the weight-sync probe", "call_timeout_s",
+            "scoring the weight-sync probe",
+            "call_timeout_s",
         )
         scored += [each for _, per_runner in runner_scores for each in per_runner]
         return max(abs(a - b) for each in scored for a, b in zip(each, reference, strict=True))
@@ -179,11 +181,13 @@ class PolicyWeightSync:
             )
         members = self._members()
         backend = "nccl" if device.type == "cuda" and self.config.num_gpus_per_engine > 0 else "gloo"
-        spec = self._host.spec(tuple(members), world_size=1 + sum(count for _, count, _ in members), backend=backend)
+        host = self._host
+        assert host is not None, "sync runs the collective path only with a group host"
+        spec = host.spec(tuple(members), world_size=1 + sum(count for _, count, _ in members), backend=backend)
         try:
             self._broadcast(spec, layout, members, pairs, version)
         except BaseException:
-            self._host.invalidate()
+            host.invalidate()
             raise
         return layout.nbytes
 
@@ -236,8 +240,10 @@ class PolicyWeightSync:
         tag = f"rllib_ragen_weight_sync_{next(self._syncs)}"
         first_ranks = itertools.accumulate([first_rank] + [count for _, count, _ in members[:-1]])
         calls = [
-            functools.partial(_tagged, fn=functools.partial(_receive_on_runner, spec=spec, first_rank=first,
-                                                             layout=layout, version=version))
+            functools.partial(
+                _tagged,
+                fn=functools.partial(_receive_on_runner, spec=spec, first_rank=first, layout=layout, version=version),
+            )
             for first in first_ranks
         ]
         ids = [index for index, _, _ in members]
@@ -278,7 +284,9 @@ class PolicyWeightSync:
             return []
         timeout_s = getattr(self.config, setting)
         answers = self.env_runner_group.foreach_env_runner(
-            functools.partial(_tagged, fn=fn), local_env_runner=False, remote_worker_ids=ids,
+            functools.partial(_tagged, fn=fn),
+            local_env_runner=False,
+            remote_worker_ids=ids,
             timeout_seconds=timeout_s,
         )
         missing = sorted(set(ids) - {index for index, _ in answers})
@@ -304,6 +312,13 @@ def _policy_tensors(learner, adapter: bool) -> dict[str, Tensor] | None:
     return _module(learner).policy_state_dict(adapter=adapter) if _is_rank_zero() else None
 
 
+def _rank_zero_tensors(learner, adapter: bool) -> dict[str, Tensor]:
+    """`_policy_tensors` where the caller already checked that this learner is rank 0."""
+    tensors = _policy_tensors(learner, adapter)
+    assert tensors is not None, "called on rank 0 only"
+    return tensors
+
+
 def _vocab_size(learner) -> int | None:
     return _module(learner).policy.get_input_embeddings().num_embeddings if _is_rank_zero() else None
 
@@ -311,21 +326,21 @@ def _vocab_size(learner) -> int | None:
 def _put_policy(learner, adapter: bool) -> tuple[ray.ObjectRef, int] | None:
     if not _is_rank_zero():
         return None
-    packed = pack_weights(_policy_tensors(learner, adapter))
+    packed = pack_weights(_rank_zero_tensors(learner, adapter))
     return ray.put(packed), packed.nbytes
 
 
 def _policy_layout(learner, adapter: bool) -> tuple[TensorLayout, torch.device] | None:
     if not _is_rank_zero():
         return None
-    pairs = unique_weights(_policy_tensors(learner, adapter))
+    pairs = unique_weights(_rank_zero_tensors(learner, adapter))
     return TensorLayout.of(pairs), pairs[0][1].device
 
 
 def _send_from_learner(learner, adapter: bool, spec: GroupSpec, layout: TensorLayout) -> bool | None:
     if not _is_rank_zero():
         return None
-    send(spec, [tensor for _, tensor in unique_weights(_policy_tensors(learner, adapter))], layout)
+    send(spec, [tensor for _, tensor in unique_weights(_rank_zero_tensors(learner, adapter))], layout)
     return True
 
 
@@ -337,7 +352,7 @@ def _learner_logprobs(learner, prompt: list[int], continuation: list[int]) -> li
     policy = _module(learner).policy
     ids = torch.tensor([prompt + continuation], device=policy.device)
     logits = policy(input_ids=ids).logits[:, len(prompt) - 1 : -1].float()
-    return token_logprobs(logits, ids[:, len(prompt):])[0].tolist()
+    return token_logprobs(logits, ids[:, len(prompt) :])[0].tolist()
 
 
 # ---------------------------------------------------------------------- run on an env runner

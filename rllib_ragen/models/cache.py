@@ -146,4 +146,3 @@ def read_marker(model_dir: str | Path) -> dict[str, object]:
     if not marker.is_file():
         raise ModelNotFoundError(f"{str(model_dir)!r} is not a complete built-in model: no {MARKER_FILE}.")
     return json.loads(marker.read_text())
-

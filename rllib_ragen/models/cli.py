@@ -24,9 +24,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", parents=[common], help="list the built-in models and whether they are cached")
-    pull = commands.add_parser(
-        "pull", parents=[common], help="download or build a model; print its local directory"
-    )
+    pull = commands.add_parser("pull", parents=[common], help="download or build a model; print its local directory")
     pull.add_argument("name", help="a built-in model name, a hub id ORG/NAME, or a local directory")
     return parser
 

@@ -24,9 +24,7 @@ def validated_model_dir(path: str | Path) -> Path:
         what = "is not a directory" if path.exists() else "does not exist"
         raise ModelNotFoundError(f"Model directory {str(path)!r} {what}.")
     if not (path / "config.json").is_file():
-        raise ModelNotFoundError(
-            f"{str(path)!r} is not a Hugging Face model directory: it has no config.json."
-        )
+        raise ModelNotFoundError(f"{str(path)!r} is not a Hugging Face model directory: it has no config.json.")
     if not any(path.glob("*.safetensors")) and not any(path.glob("pytorch_model*.bin")):
         raise ModelNotFoundError(
             f"Model directory {str(path)!r} has config.json but no weights (*.safetensors or pytorch_model*.bin)."

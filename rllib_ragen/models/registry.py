@@ -116,4 +116,3 @@ def _download_from_hub(repo_id: str, *, hub_cache: Path) -> Path:
     except (RepositoryNotFoundError, RevisionNotFoundError) as error:
         raise ModelNotFoundError(f"The Hugging Face hub has no model {repo_id!r} (or it is gated).") from error
     return validated_model_dir(snapshot)
-

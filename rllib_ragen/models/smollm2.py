@@ -95,4 +95,3 @@ def build_smollm2(out_dir: Path, report: Callable[[str], None]) -> None:
     report("saved the weights")
     check_chatml_model_dir(out_dir)
     report("checked tokenizer and config")
-

@@ -55,4 +55,3 @@ def build_tiny_random(out_dir: Path, report: Callable[[str], None]) -> None:
     install_vendored_tokenizer(out_dir)
     check_chatml_model_dir(out_dir)
     report("installed and checked the tokenizer")
-

@@ -23,11 +23,12 @@ trajectory is truncated (or, on reset, left out) while the others go on.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import numbers
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -198,9 +199,7 @@ class EnvGroup(MultiAgentEnv):
     def all_done(self) -> bool:
         return all(self._done.values())
 
-    def reset(
-        self, *, seed: int | None = None, options: dict | None = None
-    ) -> tuple[dict[str, str], dict[str, dict]]:
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict[str, str], dict[str, dict]]:
         """Resets every member with `seed`; members whose reset failed are absent from the result."""
         self.seed, self.errors = seed, []
         observations, infos = {}, {}
@@ -210,7 +209,7 @@ class EnvGroup(MultiAgentEnv):
             try:
                 observation, info = check_reset_result(
                     call_with_timeout(
-                        lambda env=env, options=member_options: env.reset(seed=seed, options=options),
+                        functools.partial(env.reset, seed=seed, options=member_options),
                         self.step_timeout_s,
                     )
                 )
@@ -226,7 +225,7 @@ class EnvGroup(MultiAgentEnv):
         """Marks `agent`'s trajectory finished from outside (e.g. its next prompt is too long)."""
         self._done[agent] = True
 
-    def step(self, action_dict: dict[str, Sequence[str]]):
+    def step(self, action_dict: Mapping[str, Sequence[str]]):
         """Steps each agent through the actions of its turn.
 
         Returns RLlib's multi-agent 5-tuple; agents absent from `action_dict`
@@ -237,9 +236,7 @@ class EnvGroup(MultiAgentEnv):
             if self._done[agent]:
                 raise ValueError(f"{agent} already finished; it cannot act again")
             index = self.agents.index(agent)
-            obs[agent], rewards[agent], term, trunc, infos[agent] = self._step_one(
-                agent, self.envs[index], actions
-            )
+            obs[agent], rewards[agent], term, trunc, infos[agent] = self._step_one(agent, self.envs[index], actions)
             terminateds[agent], truncateds[agent] = term, trunc
             self._done[agent] = term or trunc
         terminateds["__all__"] = truncateds["__all__"] = self.all_done
@@ -255,7 +252,7 @@ class EnvGroup(MultiAgentEnv):
         for action in to_run:
             try:
                 observation, r, terminated, truncated, info = check_step_result(
-                    call_with_timeout(lambda: env.step(action), self.step_timeout_s)
+                    call_with_timeout(functools.partial(env.step, action), self.step_timeout_s)
                 )
             except Exception as fault:
                 error = self._record_fault(agent, f"step {action!r}", fault)
@@ -271,8 +268,7 @@ class EnvGroup(MultiAgentEnv):
             reward += self.budget.format_penalty
         self._turns[agent] += 1
         out_of_budget = (
-            self._turns[agent] >= self.budget.max_turns
-            or self._actions[agent] >= self.budget.max_actions_per_traj
+            self._turns[agent] >= self.budget.max_turns or self._actions[agent] >= self.budget.max_actions_per_traj
         )
         info = {
             **info,
@@ -290,6 +286,10 @@ class EnvGroup(MultiAgentEnv):
         self.errors.append(f"{agent} {call}: {line}")
         logger.warning(
             "env %r (seed %s, %s) failed in %s and its trajectory was ended: %s",
-            self.env_name, self.seed, agent, call, line,
+            self.env_name,
+            self.seed,
+            agent,
+            call,
+            line,
         )
         return line

@@ -101,7 +101,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     def make_env(self) -> None:
         config = self.config
         probe = EnvGroup(
-            config.env, config.env_config, group_size=1, budget=config.turn_budget,
+            config.env,
+            config.env_config,
+            group_size=1,
+            budget=config.turn_budget,
             step_timeout_s=config.env_step_timeout_s,
         )
         self.template_env = probe.template_env
@@ -229,7 +232,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 def policy_weights(module_state: dict[str, Any]) -> dict[str, torch.Tensor]:
     """HF-named policy weights from an `LLMRLModule` state (critic dropped)."""
     return {
-        key[len(POLICY_PREFIX):]: torch.as_tensor(value)
+        key[len(POLICY_PREFIX) :]: torch.as_tensor(value)
         for key, value in module_state.items()
         if key.startswith(POLICY_PREFIX)
     }
@@ -250,8 +253,12 @@ class _GroupRollout:
         self.truncated_prompts = 0
         self.all_groups = [
             EnvGroup(
-                config.env, config.env_config, group_size=group_size, budget=config.turn_budget,
-                step_timeout_s=config.env_step_timeout_s, group_randomness=config.group_randomness,
+                config.env,
+                config.env_config,
+                group_size=group_size,
+                budget=config.turn_budget,
+                step_timeout_s=config.env_step_timeout_s,
+                group_randomness=config.group_randomness,
             )
             for _ in seeds
         ]
@@ -302,7 +309,11 @@ class _GroupRollout:
             self.truncated_prompts += len(too_long)
             logger.warning(
                 "env %r seed %s: the first prompt exceeds max_model_len - response_length = %d tokens; "
-                "%d trajectories left out", group.env_name, seed, self.max_prompt_len, len(too_long),
+                "%d trajectories left out",
+                group.env_name,
+                seed,
+                self.max_prompt_len,
+                len(too_long),
             )
         keep = [a for a in histories if a not in too_long]
         if not keep:
@@ -317,9 +328,7 @@ class _GroupRollout:
                 {SYSTEM_IDS: self.protocol.system_ids, GROUP_ID: group_id, POLICY_VERSION: runner.policy_version}
             )
             self.histories[(index, agent)] = histories[agent]
-        episode.add_env_reset(
-            observations={a: observations[a] for a in keep}, infos={a: infos[a] for a in keep}
-        )
+        episode.add_env_reset(observations={a: observations[a] for a in keep}, infos={a: infos[a] for a in keep})
         self.groups.append(group)
         self.episodes.append(episode)
 
@@ -364,12 +373,14 @@ class _GroupRollout:
         with self._timed("prompt_build_s"):
             for agent in completions:
                 parsed = parsed_answers[agent]
-                infos[agent].update({
-                    RESPONSE_TEXT: texts[agent],
-                    "format_ok": parsed.format_ok,
-                    "parsed_actions": list(parsed.actions),
-                    "finish_reason": completions[agent].finish_reason,
-                })
+                infos[agent].update(
+                    {
+                        RESPONSE_TEXT: texts[agent],
+                        "format_ok": parsed.format_ok,
+                        "parsed_actions": list(parsed.actions),
+                        "finish_reason": completions[agent].finish_reason,
+                    }
+                )
                 if not (terminateds[agent] or truncateds[agent]) and not self._continue(
                     self.histories[(index, agent)], observations[agent], rewards[agent], parsed, infos[agent]
                 ):
@@ -395,8 +406,11 @@ class _GroupRollout:
         """
         history.add_user(
             self.protocol.user_ids(
-                observation, reward=reward, feedback=feedback_for(parsed),
-                turns_left=info["turns_left"], actions_left=info["actions_left"],
+                observation,
+                reward=reward,
+                feedback=feedback_for(parsed),
+                turns_left=info["turns_left"],
+                actions_left=info["actions_left"],
             )
         )
         if len(history.prompt_ids()) <= self.max_prompt_len:

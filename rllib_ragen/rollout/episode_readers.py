@@ -36,8 +36,16 @@ def turn_validity(trajectory: Any) -> list[float]:
 
 def rollout_statistics(episodes: list[MultiAgentEpisode]) -> dict[str, float]:
     """Success, reward and in-group spread of a list of finished group episodes."""
-    returns, successes, in_group_std, lengths, turns, valid_turns, well_formed = [], [], [], [], [], [], []
-    thoughts, task_returns, turn_infos = [], [], []
+    returns: list[float] = []
+    successes: list[float] = []
+    in_group_std: list[float] = []
+    lengths: list[int] = []
+    turns: list[int] = []
+    valid_turns: list[float] = []
+    well_formed: list[float] = []
+    thoughts: list[str] = []
+    task_returns: list[float] = []
+    turn_infos: list[dict[str, Any]] = []
     for episode in episodes:
         group_returns = []
         for agent_episode in episode.agent_episodes.values():

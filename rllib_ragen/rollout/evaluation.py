@@ -37,28 +37,18 @@ class Evaluation:
     successes: list[float]
 
 
-def evaluate_on_seeds(
-    sample: Callable[..., list], *, seeds: Sequence[int], temperature: float
-) -> Evaluation:
+def evaluate_on_seeds(sample: Callable[..., list], *, seeds: Sequence[int], temperature: float) -> Evaluation:
     """Samples one trajectory per seed with `sample` (an `LLMEnvRunner.sample`-like
     callable taking seeds, group_size, temperature and evaluation) and summarises them."""
-    episodes = sample(
-        seeds=list(seeds), group_size=1, temperature=temperature, evaluation=True
-    )
-    successes = [
-        float(succeeded(t))
-        for episode in episodes
-        for t in episode.agent_episodes.values()
-    ]
+    episodes = sample(seeds=list(seeds), group_size=1, temperature=temperature, evaluation=True)
+    successes = [float(succeeded(t)) for episode in episodes for t in episode.agent_episodes.values()]
     stats = rollout_statistics(episodes)
     # The success rate's 95% Wilson interval: the evaluation seeds are a sample of the task.
     stats["success_rate_low"], stats["success_rate_high"] = wilson_interval(sum(successes), len(successes))
     return Evaluation(episodes=episodes, stats=stats, successes=successes)
 
 
-def table_row(
-    label: str, stats: Mapping[str, float], successes: Sequence[float]
-) -> str:
+def table_row(label: str, stats: Mapping[str, float], successes: Sequence[float]) -> str:
     """One `TABLE_HEADER` row: success with its Wilson interval, then the means.
 
     "valid answers" is the share of turns whose answer held at least one valid

@@ -78,13 +78,13 @@ class RewardShaping:
         """A turn's shaped reward and the info entries that record how it was made."""
         words = len(parsed.think.split()) if parsed.think is not None else 0
         terms = {
-            THINK_LENGTH: think_length_in_band(parsed.think, min_words=self.think_min_words,
-                                               max_words=self.think_max_words),
+            THINK_LENGTH: think_length_in_band(
+                parsed.think, min_words=self.think_min_words, max_words=self.think_max_words
+            ),
             THINK_NAMES_ACTION: thought_names_action(parsed.think, parsed.actions),
         }
         bonus = (
-            self.think_length_coeff * terms[THINK_LENGTH]
-            + self.think_names_action_coeff * terms[THINK_NAMES_ACTION]
+            self.think_length_coeff * terms[THINK_LENGTH] + self.think_names_action_coeff * terms[THINK_NAMES_ACTION]
         )
         return task_reward + bonus, {TASK_REWARD: task_reward, THINK_WORDS: float(words), **terms, SHAPING_BONUS: bonus}
 

@@ -120,7 +120,7 @@ def plot_signals(histories: Mapping[str, pd.DataFrame], signals: Mapping[str, st
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize="small")
-    for ax in axes[len(signals):]:
+    for ax in axes[len(signals) :]:
         ax.set_visible(False)
     return figure
 

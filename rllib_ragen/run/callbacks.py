@@ -226,8 +226,11 @@ class MLflowCallback(RLlibCallback):
         if episodes:
             config = algorithm.config
             page = evaluation_page(
-                config, episodes, title=f"{config.env} evaluation at iteration {step}",
-                limit=self.settings.trajectory_limit, iteration=step,
+                config,
+                episodes,
+                title=f"{config.env} evaluation at iteration {step}",
+                limit=self.settings.trajectory_limit,
+                iteration=step,
                 seeds=f"{config.eval_seed}..{config.eval_seed + config.eval_size - 1}",
             )
             self._tracker().log_text(page, f"trajectories/eval_iter_{step:04d}.html")
@@ -259,12 +262,18 @@ def _open_run(settings: MLflowSettings, algorithm: Algorithm) -> MLflowTracker:
     if run_id is None:
         run_id = find_run(MlflowClient(settings.tracking_uri), settings.experiment, tag=TRIAL_TAG, value=trial_key)
     tags = {
-        "env": str(algorithm.config.env), "base_model": str(algorithm.config.llm_model), "git_commit": git_commit(),
-        **settings.tags, TRIAL_TAG: trial_key,
+        "env": str(algorithm.config.env),
+        "base_model": str(algorithm.config.llm_model),
+        "git_commit": git_commit(),
+        **settings.tags,
+        TRIAL_TAG: trial_key,
     }
     return MLflowTracker(
-        tracking_uri=settings.tracking_uri, experiment=settings.experiment, run_name=settings.run_name or trial_key,
-        run_id=run_id, tags=tags,
+        tracking_uri=settings.tracking_uri,
+        experiment=settings.experiment,
+        run_name=settings.run_name or trial_key,
+        run_id=run_id,
+        tags=tags,
     )
 
 
@@ -273,7 +282,10 @@ def git_commit() -> str:
     try:
         described = subprocess.run(
             ["git", "-C", str(PROJECT_ROOT), "describe", "--always", "--dirty", "--abbrev=40"],
-            capture_output=True, text=True, timeout=30, check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -283,7 +295,8 @@ def git_commit() -> str:
 def with_mlflow(config: AlgorithmConfig, settings: MLflowSettings) -> AlgorithmConfig:
     """Adds `MLflowCallback(settings)` to the config's callbacks (replacing an earlier one)."""
     kept = [
-        c for c in force_list(config.callbacks_class)
+        c
+        for c in force_list(config.callbacks_class)
         if c is not RLlibCallback and getattr(c, "func", None) is not MLflowCallback
     ]
     return config.callbacks(callbacks_class=[*kept, functools.partial(MLflowCallback, settings)])

@@ -35,9 +35,7 @@ def checkpoint_name(iteration: int) -> str:
     return f"iter_{iteration:06d}"
 
 
-def save_checkpoint(
-    algo: Algorithm, checkpoint_dir: str | Path, *, tracking: Mapping[str, Any], keep: int = 1
-) -> Path:
+def save_checkpoint(algo: Algorithm, checkpoint_dir: str | Path, *, tracking: Mapping[str, Any], keep: int = 1) -> Path:
     """Saves `algo` (between iterations) as `<dir>/iter_NNNNNN`, complete or not at all.
 
     Args:
@@ -105,7 +103,8 @@ def _remove_older(checkpoint_dir: Path, *, newest: Path, keep: int) -> None:
     newest (run only after `newest` is complete; it is always among those kept)."""
     complete = sorted(
         (p for p in checkpoint_dir.iterdir() if _NAME.fullmatch(p.name) and _is_complete(p) and p != newest),
-        key=checkpoint_iteration, reverse=True,
+        key=checkpoint_iteration,
+        reverse=True,
     )
     kept = {newest, *complete[: keep - 1]}
     for path in checkpoint_dir.iterdir():

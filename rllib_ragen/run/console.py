@@ -45,9 +45,7 @@ def route_library_logs(log_file: Path, *, verbose: bool = False) -> None:
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     root.addHandler(file_handler)
-    logging.captureWarnings(
-        True
-    )  # warnings.warn -> the "py.warnings" logger -> the file
+    logging.captureWarnings(True)  # warnings.warn -> the "py.warnings" logger -> the file
     if verbose:
         console = logging.StreamHandler(sys.stderr)
         console.setFormatter(logging.Formatter(LOG_FORMAT))
@@ -74,9 +72,7 @@ def _all_loggers() -> list[logging.Logger]:
 
 
 def _writes_to_console(handler: logging.Handler) -> bool:
-    return isinstance(handler, logging.StreamHandler) and not isinstance(
-        handler, logging.FileHandler
-    )
+    return isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
 
 
 class IterationProgress:

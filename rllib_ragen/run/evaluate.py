@@ -55,9 +55,7 @@ def build_parser(prog: str = "python -m rllib_ragen.run.evaluate") -> argparse.A
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "policy", help="checkpoint, Hugging Face model directory or model name"
-    )
+    parser.add_argument("policy", help="checkpoint, Hugging Face model directory or model name")
     envs = parser.add_mutually_exclusive_group()
     envs.add_argument(
         "--env",
@@ -80,9 +78,7 @@ def build_parser(prog: str = "python -m rllib_ragen.run.evaluate") -> argparse.A
         type=float,
         help="sampling temperature, 0 = greedy (default: eval_temperature)",
     )
-    parser.add_argument(
-        "--seed-start", type=int, help="first seed (default: the eval_seed setting)"
-    )
+    parser.add_argument("--seed-start", type=int, help="first seed (default: the eval_seed setting)")
     parser.add_argument(
         "--preset",
         choices=("cpu", "gpu"),
@@ -118,9 +114,7 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
         help="also log to MLflow (default store: ./mlflow.db)",
     )
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (implies --mlflow)")
-    parser.add_argument(
-        "--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment"
-    )
+    parser.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment")
 
 
 def overrides(args: argparse.Namespace) -> dict:
@@ -153,9 +147,7 @@ def chosen_envs(args: argparse.Namespace, run_env: str | None) -> list[str]:
     if args.env:
         return list(args.env)
     if run_env is None:
-        raise ValueError(
-            "--env or --generalisation is needed for a model (only a checkpoint knows its env)"
-        )
+        raise ValueError("--env or --generalisation is needed for a model (only a checkpoint knows its env)")
     return [run_env]
 
 
@@ -186,11 +178,7 @@ def load_policy(source: str, *, scratch: Path) -> Policy:
 
     path = Path(source).expanduser()
     if path.is_dir() and not (path / "config.json").is_file():
-        checkpoint = (
-            path
-            if (path / RLLIB_CHECKPOINT_FILE).is_file()
-            else latest_checkpoint(path)
-        )
+        checkpoint = path if (path / RLLIB_CHECKPOINT_FILE).is_file() else latest_checkpoint(path)
         if checkpoint is None:
             raise ValueError(
                 f"{path} is neither a Hugging Face model directory (config.json), an RLlib checkpoint "
@@ -214,14 +202,10 @@ def checkpoint_config(checkpoint: Path) -> StarPOConfig:
 
     with open(checkpoint / Checkpointable.CLASS_AND_CTOR_ARGS_FILE_NAME, "rb") as file:
         (config,), _ = pickle.load(file)["ctor_args_and_kwargs"]
-    return (
-        config if isinstance(config, StarPOConfig) else StarPOConfig.from_dict(config)
-    )
+    return config if isinstance(config, StarPOConfig) else StarPOConfig.from_dict(config)
 
 
-def export_checkpoint_policy(
-    checkpoint: Path, config: StarPOConfig, directory: Path
-) -> Path:
+def export_checkpoint_policy(checkpoint: Path, config: StarPOConfig, directory: Path) -> Path:
     """Writes the policy of a StarPO checkpoint as a Hugging Face model directory."""
     from ray.rllib.core import (
         COMPONENT_LEARNER,
@@ -233,13 +217,7 @@ def export_checkpoint_policy(
 
     from rllib_ragen.algorithm.starpo import save_policy
 
-    module_dir = (
-        checkpoint
-        / COMPONENT_LEARNER_GROUP
-        / COMPONENT_LEARNER
-        / COMPONENT_RL_MODULE
-        / DEFAULT_MODULE_ID
-    )
+    module_dir = checkpoint / COMPONENT_LEARNER_GROUP / COMPONENT_LEARNER / COMPONENT_RL_MODULE / DEFAULT_MODULE_ID
     module = RLModule.from_checkpoint(module_dir)
     return save_policy(
         module.get_state(inference_only=True),
@@ -289,9 +267,7 @@ def evaluate_env(config: StarPOConfig, *, seeds: Sequence[int]) -> Evaluation:
         init_ray()  # vLLM engines are Ray actors
     runner = LLMEnvRunner(config=config)
     try:
-        return evaluate_on_seeds(
-            runner.sample, seeds=seeds, temperature=config.eval_temperature
-        )
+        return evaluate_on_seeds(runner.sample, seeds=seeds, temperature=config.eval_temperature)
     finally:
         runner.stop()
 
@@ -310,7 +286,7 @@ def evaluate_policy(
 
     output_dir.mkdir(parents=True, exist_ok=True)
     evaluations: dict[str, Evaluation] = {}
-    summary = {
+    summary: dict[str, Any] = {
         "policy": policy.source,
         "settings": {**settings, "set": list(assignments)},
         "envs": {},
@@ -325,8 +301,7 @@ def evaluate_policy(
         )
         seeds = range(config.eval_seed, config.eval_seed + config.eval_size)
         print(
-            f"{env}: {len(seeds)} episodes (seeds {seeds[0]}..{seeds[-1]}, temperature "
-            f"{config.eval_temperature}) ...",
+            f"{env}: {len(seeds)} episodes (seeds {seeds[0]}..{seeds[-1]}, temperature {config.eval_temperature}) ...",
             flush=True,
         )
         began = time.perf_counter()
@@ -346,9 +321,7 @@ def evaluate_policy(
             "successes": evaluation.successes,
         }
         # After each env, so that the envs done so far survive a failure in the next one.
-        (output_dir / "summary.json").write_text(
-            json.dumps(summary, indent=1, default=float)
-        )
+        (output_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
         print(
             f"{env}: done in {time.perf_counter() - began:.0f} s; page {output_dir / f'{env}.html'}",
             flush=True,
@@ -376,9 +349,7 @@ def log_to_mlflow(
     )
     tracker.log_params({"policy": policy.source, **settings})
     for env, evaluation in evaluations.items():
-        tracker.log_metrics(
-            {f"evaluation/{env}/{k}": v for k, v in evaluation.stats.items()}, step=0
-        )
+        tracker.log_metrics({f"evaluation/{env}/{k}": v for k, v in evaluation.stats.items()}, step=0)
     tracker.log_artifacts(output_dir, "evaluation")
     tracker.end()
     return tracker.run_url
@@ -392,14 +363,10 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m rllib_ragen.ru
 
     try:
         settings = overrides(args)
-        output_dir = (
-            args.output_dir or Path("evaluations") / Path(args.policy).expanduser().name
-        )
+        output_dir = args.output_dir or Path("evaluations") / Path(args.policy).expanduser().name
         with tempfile.TemporaryDirectory(prefix="evaluate-") as scratch:
             policy = load_policy(args.policy, scratch=Path(scratch))
-            envs = chosen_envs(
-                args, policy.run_config.env if policy.run_config else None
-            )
+            envs = chosen_envs(args, policy.run_config.env if policy.run_config else None)
             evaluations = evaluate_policy(
                 policy,
                 envs,
@@ -411,9 +378,7 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m rllib_ragen.ru
     except (ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(
-        f"\n{args.policy}\n{evaluation_table(evaluations)}\npages and summary.json: {output_dir}"
-    )
+    print(f"\n{args.policy}\n{evaluation_table(evaluations)}\npages and summary.json: {output_dir}")
     if args.mlflow or args.tracking_uri:
         url = log_to_mlflow(
             policy,

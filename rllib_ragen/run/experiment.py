@@ -71,14 +71,19 @@ class TunedRun:
 TUNED_RUNS: dict[str, TunedRun] = {
     "bandit": TunedRun(
         "Train an LLM agent to prefer the better arm of a two-armed bandit with StarPO.",
-        success_threshold=0.9, stop_iters=20,
+        success_threshold=0.9,
+        stop_iters=20,
     ),
     "countdown": TunedRun("Train an LLM agent on Countdown equations with StarPO.", stop_iters=20),
     "frozenlake": TunedRun(
-        "Train an LLM agent on slippery FrozenLake with StarPO.", stop_iters=200, job_budget_min=27.0,
+        "Train an LLM agent on slippery FrozenLake with StarPO.",
+        stop_iters=200,
+        job_budget_min=27.0,
     ),
     "sokoban": TunedRun(
-        "Train an LLM agent to solve Sokoban rooms (6x6, one box) with StarPO.", stop_iters=200, job_budget_min=27.0,
+        "Train an LLM agent to solve Sokoban rooms (6x6, one box) with StarPO.",
+        stop_iters=200,
+        job_budget_min=27.0,
     ),
 }
 
@@ -123,47 +128,85 @@ def positive_float(text: str) -> float:
 
 
 def build_parser(
-    *, env: str, description: str, success_threshold: float, stop_iters: int, job_budget_min: float | None = None,
+    *,
+    env: str,
+    description: str,
+    success_threshold: float,
+    stop_iters: int,
+    job_budget_min: float | None = None,
     prog: str | None = None,
 ) -> argparse.ArgumentParser:
     """The flags every tuned example takes (RLlib's tuned-example style)."""
     parser = CLIParser(prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_config_flags(parser, env=env, stop_iters=stop_iters)
     add_tracking_flags(parser)
-    parser.add_argument("--time-budget-min", type=positive_float,
-                        help="training time budget: the iteration expected to cross it is the last (it evaluates "
-                             "and checkpoints); --stop-iters still applies")
-    parser.add_argument("--job-budget-min", type=positive_float,
-                        help="the whole job's time budget, from its start (warm start, evaluations, training): "
-                             "training gets what the warm start and the first evaluation leave of it (default: "
-                             f"{job_budget_min} unless --time-budget-min is given)")
-    parser.add_argument("--summary-json", metavar="PATH",
-                        help="write the before/after evaluation (per-seed outcomes and intervals) as JSON")
+    parser.add_argument(
+        "--time-budget-min",
+        type=positive_float,
+        help="training time budget: the iteration expected to cross it is the last (it evaluates "
+        "and checkpoints); --stop-iters still applies",
+    )
+    parser.add_argument(
+        "--job-budget-min",
+        type=positive_float,
+        help="the whole job's time budget, from its start (warm start, evaluations, training): "
+        "training gets what the warm start and the first evaluation leave of it (default: "
+        f"{job_budget_min} unless --time-budget-min is given)",
+    )
+    parser.add_argument(
+        "--summary-json",
+        metavar="PATH",
+        help="write the before/after evaluation (per-seed outcomes and intervals) as JSON",
+    )
     parser.add_argument("--as-test", action="store_true", help="exit 1 unless the success threshold is reached")
-    parser.add_argument("--success-threshold", type=float, default=success_threshold,
-                        help="success rate --as-test requires (evaluation's if evaluated, else training's)")
-    parser.add_argument("--checkpoint-dir",
-                        help="where checkpoints, the final policy and the run's log file go "
-                             "(default: ./checkpoints/<env>-starpo)")
-    parser.add_argument("--checkpoint-every", type=positive_int, default=1,
-                        help="save a local checkpoint every N iterations (and at the end, or on Ctrl-C); "
-                             "metrics reach MLflow with the checkpoint")
-    parser.add_argument("--keep-checkpoints", type=positive_int, default=2,
-                        help="local checkpoints kept: the newest N complete ones (older ones are removed)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the latest complete checkpoint in --checkpoint-dir, in its MLflow run")
-    parser.add_argument("--verbose", action="store_true",
-                        help="show the libraries' logs and warnings (Ray, RLlib, vLLM, transformers) on the "
-                             "console too; by default they go to the run's log file only")
+    parser.add_argument(
+        "--success-threshold",
+        type=float,
+        default=success_threshold,
+        help="success rate --as-test requires (evaluation's if evaluated, else training's)",
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        help="where checkpoints, the final policy and the run's log file go (default: ./checkpoints/<env>-starpo)",
+    )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=positive_int,
+        default=1,
+        help="save a local checkpoint every N iterations (and at the end, or on Ctrl-C); "
+        "metrics reach MLflow with the checkpoint",
+    )
+    parser.add_argument(
+        "--keep-checkpoints",
+        type=positive_int,
+        default=2,
+        help="local checkpoints kept: the newest N complete ones (older ones are removed)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the latest complete checkpoint in --checkpoint-dir, in its MLflow run",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show the libraries' logs and warnings (Ray, RLlib, vLLM, transformers) on the "
+        "console too; by default they go to the run's log file only",
+    )
     return parser
 
 
 def add_config_flags(parser: argparse.ArgumentParser, *, env: str, stop_iters: int) -> None:
     """Flags that build the `StarPOConfig` (read by `config_from_args`)."""
-    parser.add_argument("--env", default=env,
-                        help="registered env name, or an env class as an import path module:Class (module "
-                             "importable from the working directory or PYTHONPATH, e.g. my_envs:GuessEnv)")
-    parser.add_argument("--preset", choices=PRESETS, default="cpu", help="cpu: SmolLM2-135M on CPU; gpu: RAGEN's defaults")
+    parser.add_argument(
+        "--env",
+        default=env,
+        help="registered env name, or an env class as an import path module:Class (module "
+        "importable from the working directory or PYTHONPATH, e.g. my_envs:GuessEnv)",
+    )
+    parser.add_argument(
+        "--preset", choices=PRESETS, default="cpu", help="cpu: SmolLM2-135M on CPU; gpu: RAGEN's defaults"
+    )
     parser.add_argument("--stop-iters", type=positive_int, default=stop_iters, help="training iterations")
     parser.add_argument("--model", help="model name, local HF dir or hub id (default: the preset's)")
     parser.add_argument("--engine", choices=("auto", "vllm", "hf"), help="rollout engine (default: the preset's)")
@@ -174,30 +217,51 @@ def add_config_flags(parser: argparse.ArgumentParser, *, env: str, stop_iters: i
     parser.add_argument("--estimator", choices=sorted(ADVANTAGE_ESTIMATORS), help="advantage estimator")
     parser.add_argument("--no-think", action="store_true", help="answer with <answer> only (no-think mode)")
     parser.add_argument("--no-warm-start", action="store_true", help="skip the supervised format warm start")
-    parser.add_argument("--warm-start-model", metavar="DIR",
-                        help="use this warm-started model directory (a Hugging Face directory, e.g. an earlier "
-                             "run's final_policy/ or a warm start's cache entry) instead of building the warm start")
-    parser.add_argument("--warm-start", choices=WARM_START_PLAYERS, dest="warm_start_player",
-                        help="who plays the warm start's demonstrations: random (the answer format only) or "
-                             "expert (the env's solver: RAGEN's SFT start); default: expert where the env has one")
-    parser.add_argument("--warm-start-examples", type=positive_int,
-                        help="initial states played in the warm start (random play: 2 trajectories each; "
-                             f"default: {WARM_START_STATES['random']} for random play, "
-                             f"{WARM_START_STATES['expert']} for the expert)")
+    parser.add_argument(
+        "--warm-start-model",
+        metavar="DIR",
+        help="use this warm-started model directory (a Hugging Face directory, e.g. an earlier "
+        "run's final_policy/ or a warm start's cache entry) instead of building the warm start",
+    )
+    parser.add_argument(
+        "--warm-start",
+        choices=WARM_START_PLAYERS,
+        dest="warm_start_player",
+        help="who plays the warm start's demonstrations: random (the answer format only) or "
+        "expert (the env's solver: RAGEN's SFT start); default: expert where the env has one",
+    )
+    parser.add_argument(
+        "--warm-start-examples",
+        type=positive_int,
+        help="initial states played in the warm start (random play: 2 trajectories each; "
+        f"default: {WARM_START_STATES['random']} for random play, "
+        f"{WARM_START_STATES['expert']} for the expert)",
+    )
     parser.add_argument("--eval-size", type=positive_int, help="fixed evaluation seeds (default: the preset's)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="set any StarPOConfig attribute, e.g. --set actor_lr=1e-5 (repeatable; the value "
-                             "must have the setting's type)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set any StarPOConfig attribute, e.g. --set actor_lr=1e-5 (repeatable; the value "
+        "must have the setting's type)",
+    )
     parser.add_argument("--seed", type=int, help="random seed")
 
 
 def add_tracking_flags(parser: argparse.ArgumentParser) -> None:
     """Flags of the MLflow tracking (read by `mlflow_settings`)."""
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI, e.g. http://127.0.0.1:5000 (default: sqlite:///./mlflow.db)")
+    parser.add_argument(
+        "--tracking-uri", help="MLflow tracking URI, e.g. http://127.0.0.1:5000 (default: sqlite:///./mlflow.db)"
+    )
     parser.add_argument("--experiment", help="MLflow experiment name (default: rllib-ragen)")
-    parser.add_argument("--log-checkpoint-every", type=non_negative_int, default=0,
-                        help="also log a checkpoint to MLflow every N iterations and at the last one "
-                             "(0: never; the final policy is logged either way)")
+    parser.add_argument(
+        "--log-checkpoint-every",
+        type=non_negative_int,
+        default=0,
+        help="also log a checkpoint to MLflow every N iterations and at the last one "
+        "(0: never; the final policy is logged either way)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> StarPOConfig:
@@ -213,7 +277,9 @@ def config_from_args(args: argparse.Namespace) -> StarPOConfig:
     check_env(args.env)  # before the preset imports Ray and torch: a typo fails at once
     config = preset(args.preset, args.env)
     config.llm(model=_given(args.model, config.llm_model))
-    config.inference(engine=_given(args.engine, config.engine), num_engines=_given(args.num_engines, config.num_engines))
+    config.inference(
+        engine=_given(args.engine, config.engine), num_engines=_given(args.num_engines, config.num_engines)
+    )
     config.rollouts(
         n_groups=_given(args.n_groups, config.n_groups),
         group_size=_given(args.group_size, config.group_size),
@@ -326,13 +392,19 @@ def apply_warm_start(config: StarPOConfig, *, num_examples: int | None = None, p
         player=player,
         autocast_dtype=config.autocast_dtype,
     )
-    print(f"{player}-play warm start of {config.llm_model} on {config.env} ({num_examples} states; "
-          "cached after the first run)", flush=True)
+    print(
+        f"{player}-play warm start of {config.llm_model} on {config.env} ({num_examples} states; "
+        "cached after the first run)",
+        flush=True,
+    )
     config.llm(model=str(warm_start(config.llm_model, ws, progress=True)))
 
 
 def run(
-    config: StarPOConfig, args: argparse.Namespace, *, tags: dict[str, str] | None = None,
+    config: StarPOConfig,
+    args: argparse.Namespace,
+    *,
+    tags: dict[str, str] | None = None,
     job_started: float | None = None,
 ) -> dict[str, Any]:
     """Trains until iteration `args.stop_iters`, logging to MLflow (`tags` on a new run); returns the last result.
@@ -354,8 +426,12 @@ def run(
         print(f"--resume: no complete checkpoint in {checkpoint_dir}; starting fresh")
     init_ray()
     settings = mlflow_settings(
-        args, run_name=f"{config.env}-starpo", checkpoint_dir=checkpoint_dir, checkpoint_every=args.checkpoint_every,
-        keep_checkpoints=args.keep_checkpoints, tags=tags,
+        args,
+        run_name=f"{config.env}-starpo",
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints,
+        tags=tags,
     )
     algo = with_mlflow(config, settings).build_algo()
     try:
@@ -364,16 +440,25 @@ def run(
             callback.restore(algo, resume_from)
             print(f"resumed from {resume_from} at iteration {algo.iteration}")
         tracker = callback.start(algo)
-        print(f"MLflow run: {tracker.run_url}\ncheckpoints: {checkpoint_dir} (newest {args.keep_checkpoints} kept)\n"
-              f"{algo.config.rollout_summary}", flush=True)
+        print(
+            f"MLflow run: {tracker.run_url}\ncheckpoints: {checkpoint_dir} (newest {args.keep_checkpoints} kept)\n"
+            f"{algo.config.rollout_summary}",
+            flush=True,
+        )
         before = evaluate_before_training(algo, callback) if algo.iteration == 0 and algo.config.eval_interval else None
         began = time.perf_counter()
         result = _train(algo, callback, stop_iters=args.stop_iters, budget_s=training_budget_s(args, job_started))
         if before is not None and "success_rate" in result.get("evaluation", {}):
-            summary = summarize(before[1], algo.last_evaluation_successes, iterations=algo.iteration,
-                                minutes=(time.perf_counter() - began) / 60)
+            summary = summarize(
+                before[1],
+                algo.last_evaluation_successes,
+                iterations=algo.iteration,
+                minutes=(time.perf_counter() - began) / 60,
+            )
             if args.summary_json:
-                summary.update(stats_before=before[0], stats_after=result["evaluation"], starting_model=algo.config.llm_model)
+                summary.update(
+                    stats_before=before[0], stats_after=result["evaluation"], starting_model=algo.config.llm_model
+                )
                 Path(args.summary_json).write_text(json.dumps(summary, default=float))
     finally:
         algo.stop()
@@ -421,8 +506,11 @@ def evaluate_before_training(algo: Algorithm, callback: MLflowCallback) -> tuple
     algo.metrics.delete(EVALUATION_RESULTS, key_error=False)
     successes = list(algo.last_evaluation_successes)
     callback.log_initial_evaluation(algo, stats)
-    print(f"[0] before RL, on the {algo.config.eval_size} evaluation seeds: success {format_rate(successes)} | "
-          f"return {stats['episode_return_mean']:.3f} | valid {stats['valid_action_ratio']:.2f}", flush=True)
+    print(
+        f"[0] before RL, on the {algo.config.eval_size} evaluation seeds: success {format_rate(successes)} | "
+        f"return {stats['episode_return_mean']:.3f} | valid {stats['valid_action_ratio']:.2f}",
+        flush=True,
+    )
     return stats, successes
 
 
@@ -430,11 +518,20 @@ def summarize(before: list[float], after: list[float], *, iterations: int, minut
     """Prints success before and after RL on the same seeds with 95% intervals; returns them."""
     difference, low, high = paired_difference_interval(before, after)
     verdict = "learned" if low > 0 else ("got worse" if high < 0 else "no change beyond chance")
-    print(f"success on {len(before)} evaluation seeds (95% intervals): before RL {format_rate(before)} -> "
-          f"after {iterations} iterations ({minutes:.1f} min) {format_rate(after)}; "
-          f"change {difference:+.3f} [{low:+.3f}, {high:+.3f}]: {verdict}", flush=True)
-    return {"before": before, "after": after, "iterations": iterations, "minutes": minutes,
-            "difference": difference, "difference_interval": [low, high]}
+    print(
+        f"success on {len(before)} evaluation seeds (95% intervals): before RL {format_rate(before)} -> "
+        f"after {iterations} iterations ({minutes:.1f} min) {format_rate(after)}; "
+        f"change {difference:+.3f} [{low:+.3f}, {high:+.3f}]: {verdict}",
+        flush=True,
+    )
+    return {
+        "before": before,
+        "after": after,
+        "iterations": iterations,
+        "minutes": minutes,
+        "difference": difference,
+        "difference_interval": [low, high],
+    }
 
 
 def training_budget_s(args: argparse.Namespace, job_started: float) -> float | None:
@@ -446,7 +543,9 @@ def training_budget_s(args: argparse.Namespace, job_started: float) -> float | N
     return min(budgets, default=None)
 
 
-def _train(algo: Algorithm, callback: MLflowCallback, *, stop_iters: int, budget_s: float | None = None) -> dict[str, Any]:
+def _train(
+    algo: Algorithm, callback: MLflowCallback, *, stop_iters: int, budget_s: float | None = None
+) -> dict[str, Any]:
     """Iterates up to `stop_iters`, or until `budget_s` seconds would be passed; the
     callback checkpoints and closes the run at the last iteration, which evaluates.
 
@@ -530,10 +629,14 @@ def mlflow_settings(
 
     given = {"tracking_uri": args.tracking_uri, "experiment": args.experiment}
     return MLflowSettings(
-        **{key: value for key, value in given.items() if value}, run_name=run_name, stop_iters=args.stop_iters,
+        **{key: value for key, value in given.items() if value},
+        run_name=run_name,
+        stop_iters=args.stop_iters,
         checkpoint_dir=str(checkpoint_dir) if checkpoint_dir is not None else None,
-        checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
-        log_checkpoint_every=args.log_checkpoint_every, tags=dict(tags or {}),
+        checkpoint_every=checkpoint_every,
+        keep_checkpoints=keep_checkpoints,
+        log_checkpoint_every=args.log_checkpoint_every,
+        tags=dict(tags or {}),
     )
 
 

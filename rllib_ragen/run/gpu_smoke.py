@@ -48,14 +48,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--env", default="sokoban", help="registered env")
     parser.add_argument("--model", help="model to train (default: the preset's, or tiny-random with --cpu-tiny)")
     parser.add_argument("--engine", choices=("vllm", "hf"), default="vllm", help="rollout engine")
-    parser.add_argument("--weight-sync", choices=WEIGHT_SYNC_KINDS, default="object_store",
-                        help="the preset's object_store, or collective (NCCL: the learner needs a GPU of its own)")
+    parser.add_argument(
+        "--weight-sync",
+        choices=WEIGHT_SYNC_KINDS,
+        default="object_store",
+        help="the preset's object_store, or collective (NCCL: the learner needs a GPU of its own)",
+    )
     parser.add_argument("--iters", type=int, default=2, help="iterations before the checkpoint")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.3,
-                        help="the engine's share of the GPU (the learner uses the rest)")
-    parser.add_argument("--max-logp-gap", type=float, default=0.5,
-                        help="largest engine-vs-learner log-prob difference on the probe after a sync (a bf16 "
-                             "engine's rounding alone: 0.14 with SmolLM2-135M)")
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.3,
+        help="the engine's share of the GPU (the learner uses the rest)",
+    )
+    parser.add_argument(
+        "--max-logp-gap",
+        type=float,
+        default=0.5,
+        help="largest engine-vs-learner log-prob difference on the probe after a sync (a bf16 "
+        "engine's rounding alone: 0.14 with SmolLM2-135M)",
+    )
     return parser.parse_args(argv)
 
 
@@ -75,8 +87,9 @@ def on_cpu_tiny(config: StarPOConfig, *, model: str, engine: str) -> StarPOConfi
     config.llm(model=model)
     config.inference(engine=engine, num_gpus_per_engine=0.0, kv_cache_gb=0.05, engine_threads=1, num_cpus_per_engine=0)
     config.learners(num_gpus_per_learner=0)
-    config.rollouts(n_groups=4, group_size=2, max_turns=2, max_actions_per_turn=2, max_actions_per_traj=4,
-                    response_length=16)
+    config.rollouts(
+        n_groups=4, group_size=2, max_turns=2, max_actions_per_turn=2, max_actions_per_traj=4, response_length=16
+    )
     config.inference(max_model_len=1024)
     config.training(mini_batch_size=2, micro_batch_size=2)
     return config.starpo_evaluation(eval_size=2)
@@ -114,8 +127,10 @@ def check_sync_carries_a_change(algo) -> None:
     with torch.no_grad():
         embedding.weight.mul_(0.5)
     algo.sync_engine_weights()
-    print(f"weight sync end to end: probe gap {synced:.4f} synced, {stale:.4f} with the learner's embedding "
-          f"doubled and not yet synced, {followed:.4f} after its sync")
+    print(
+        f"weight sync end to end: probe gap {synced:.4f} synced, {stale:.4f} with the learner's embedding "
+        f"doubled and not yet synced, {followed:.4f} after its sync"
+    )
     if not followed * 10 < stale:
         raise SmokeFailure(
             "the engines did not follow a doubled tied embedding through the weight sync: probe gap "
@@ -143,8 +158,10 @@ def breakdown(result: dict, rollout_timing: dict[str, float] | None) -> dict[str
 
 def report(result: dict, phases: dict[str, float]) -> None:
     sync = result["weight_sync"]
-    print(f"weight sync: {sync['seconds']:.2f} s for {sync['megabytes']:.0f} MB; "
-          f"engine-vs-learner log-prob gap {sync['engine_logp_max_abs_diff']:.4f}")
+    print(
+        f"weight sync: {sync['seconds']:.2f} s for {sync['megabytes']:.0f} MB; "
+        f"engine-vs-learner log-prob gap {sync['engine_logp_max_abs_diff']:.4f}"
+    )
     print(f"rollout: {result['env_runners']['rollout_tokens_per_s']:.0f} generated tokens/s")
     print(f"iteration {result['training_iteration']} breakdown:")
     for name, seconds in phases.items():
@@ -158,8 +175,11 @@ def run(config: StarPOConfig, *, iters: int, max_logp_gap: float, workdir: Path)
         for _ in range(iters):
             result = algo.train()
             check_iteration(result, max_logp_gap=max_logp_gap)
-            print(f"iteration {result['training_iteration']}: {result['time_this_iter_s']:.1f} s, "
-                  f"success {result['env_runners']['success_rate']:.3f}", flush=True)
+            print(
+                f"iteration {result['training_iteration']}: {result['time_this_iter_s']:.1f} s, "
+                f"success {result['env_runners']['success_rate']:.3f}",
+                flush=True,
+            )
         check_sync_carries_a_change(algo)
         timing = algo.env_runner.last_rollout_timing if algo.env_runner is not None else None
         report(result, breakdown(result, timing))

@@ -14,8 +14,10 @@ from rllib_ragen.hardware import cpu_flags, cpu_model, fast_bf16
 
 def commit(repo: Path) -> str:
     """The checkout's short commit, with "+changes" when the work tree differs from it."""
+
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False).stdout
+
     head = git("rev-parse", "--short", "HEAD").strip() or "unknown"
     return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no").strip() else "")
 
@@ -30,5 +32,7 @@ def machine() -> str:
 def header(repo: Path, argv: list[str] | None = None) -> str:
     """Markdown lines naming the date, commit, machine and the command that made a result."""
     command = shlex.join([Path(sys.argv[0]).as_posix(), *(sys.argv[1:] if argv is None else argv)])
-    return (f"- date: {datetime.date.today().isoformat()}\n- commit: {commit(repo)}\n"
-            f"- machine: {machine()}\n- command: `python {command}`\n")
+    return (
+        f"- date: {datetime.date.today().isoformat()}\n- commit: {commit(repo)}\n"
+        f"- machine: {machine()}\n- command: `python {command}`\n"
+    )

@@ -214,12 +214,17 @@ def run_sweep(
         StarPO,
         param_space=param_space(config, sweep.grid, settings),
         tune_config=tune.TuneConfig(
-            metric=sweep.metric, mode=sweep.mode, scheduler=make_scheduler(sweep),
+            metric=sweep.metric,
+            mode=sweep.mode,
+            scheduler=make_scheduler(sweep),
             max_concurrent_trials=sweep.max_concurrent,
         ),
         run_config=tune.RunConfig(
-            name=sweep.name, storage_path=sweep.storage_path, stop={"training_iteration": sweep.stop_iters},
-            callbacks=[EndMLflowRuns(settings), TrialProgress(sweep.stop_iters)], verbose=0,
+            name=sweep.name,
+            storage_path=sweep.storage_path,
+            stop={"training_iteration": sweep.stop_iters},
+            callbacks=[EndMLflowRuns(settings), TrialProgress(sweep.stop_iters)],
+            verbose=0,
         ),
     )
     results = tuner.fit()
@@ -267,8 +272,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     add_config_flags(parser, env="sokoban", stop_iters=20)
     add_tracking_flags(parser)
     default_grid = " ".join(f"{k}={','.join(map(str, v))}" for k, v in DEFAULT_GRID.items())
-    parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
-                        help=f"sweep a config key over values (repeatable; default: {default_grid})")
+    parser.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help=f"sweep a config key over values (repeatable; default: {default_grid})",
+    )
     parser.add_argument("--scheduler", choices=SCHEDULERS, default="fifo", help="asha stops weak trials early")
     parser.add_argument("--metric", default=DEFAULT_METRIC, help="result key to compare trials by")
     parser.add_argument("--mode", choices=("max", "min"), default="max", help="maximise or minimise --metric")
@@ -285,16 +295,24 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> pd.DataFr
     config = config_from_args(args)
     grid = parse_grid(config, args.grid) if args.grid else dict(DEFAULT_GRID)
     sweep = SweepConfig(
-        grid=grid, stop_iters=args.stop_iters, scheduler=args.scheduler, metric=args.metric, mode=args.mode,
-        max_concurrent=args.max_concurrent, grace_period=args.grace_period,
-        storage_path=str(Path(args.storage_path).resolve()) if args.storage_path else None, name=args.name,
+        grid=grid,
+        stop_iters=args.stop_iters,
+        scheduler=args.scheduler,
+        metric=args.metric,
+        mode=args.mode,
+        max_concurrent=args.max_concurrent,
+        grace_period=args.grace_period,
+        storage_path=str(Path(args.storage_path).resolve()) if args.storage_path else None,
+        name=args.name,
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     init_ray(log_to_driver=True)
     tags = choose_starting_model(config, args)  # once, in the driver: every trial loads the same cached model
     settings = mlflow_settings(args, tags={**tags, "preset": args.preset})
-    print(f"sweeping {sweep.num_trials} trials of {config.env} over {grid}; MLflow: {settings.tracking_uri} "
-          f"experiment {settings.experiment}")
+    print(
+        f"sweeping {sweep.num_trials} trials of {config.env} over {grid}; MLflow: {settings.tracking_uri} "
+        f"experiment {settings.experiment}"
+    )
     _, table = run_sweep(config, sweep, settings)
     with pd.option_context("display.width", 200, "display.max_columns", None):
         print("\nresults (best first):\n" + table.to_string(index=False))

@@ -158,7 +158,7 @@ def artifact_location_for(tracking_uri: str) -> str | None:
     prefix = "sqlite:///"
     if not tracking_uri.startswith(prefix):
         return None
-    return (Path(tracking_uri[len(prefix):]).resolve().parent / "mlruns").as_uri()
+    return (Path(tracking_uri[len(prefix) :]).resolve().parent / "mlruns").as_uri()
 
 
 def find_run(client: MlflowClient, experiment: str, *, tag: str, value: str) -> str | None:
@@ -167,7 +167,9 @@ def find_run(client: MlflowClient, experiment: str, *, tag: str, value: str) -> 
     if found is None:
         return None
     runs = client.search_runs(
-        [found.experiment_id], filter_string=f"tags.`{tag}` = '{value}'", order_by=["attributes.start_time DESC"],
+        [found.experiment_id],
+        filter_string=f"tags.`{tag}` = '{value}'",
+        order_by=["attributes.start_time DESC"],
         max_results=1,
     )
     return runs[0].info.run_id if runs else None

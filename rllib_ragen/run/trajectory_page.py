@@ -4,8 +4,8 @@ Jinja2 template `templates/trajectory_page.html.j2`.
 At the top the run's settings and a summary table (success, return, turns and
 valid-answer ratio per trajectory; click a heading to sort, or open the page
 as `page.html#sort=-return` for a sorted view); below, each trajectory as a
-collapsible `<details>` block (the first one open; a summary link opens its own) with its turns: thought, response, actions,
-reward and the state after. Grid states (Sokoban, FrozenLake) are drawn as
+collapsible `<details>` block (the first one open; a summary link opens its own) with its turns: thought, response,
+actions, reward and the state after. Grid states (Sokoban, FrozenLake) are drawn as
 coloured cells beside their text, the colours taken from the meaning of each
 symbol in the env's legend (`grid_legend`). `evaluation_page` is the page of an
 evaluation (training's periodic one, or `rllib-ragen evaluate`'s) with the run's
@@ -65,9 +65,7 @@ def grid_legend(instructions: str) -> dict[str, str]:
     return {}
 
 
-def evaluation_page(
-    config: Any, episodes: Iterable[Any], *, title: str, limit: int, **settings: Any
-) -> str:
+def evaluation_page(config: Any, episodes: Iterable[Any], *, title: str, limit: int, **settings: Any) -> str:
     """The trajectory page of an evaluation under `config` (a `StarPOConfig`), with
     the run's settings on top (the config's that shape a rollout, plus `settings`)."""
     shown = {
@@ -81,17 +79,13 @@ def evaluation_page(
         **settings,
     }
     legend = grid_legend(make_env(config.env, **config.env_config).instructions)
-    return trajectories_html(
-        episodes, title=title, settings=shown, legend=legend, limit=limit
-    )
+    return trajectories_html(episodes, title=title, settings=shown, legend=legend, limit=limit)
 
 
 def cell_colour(meaning: str) -> str:
     """The colour of a grid cell whose symbol means `meaning`."""
     meaning = meaning.lower()
-    return next(
-        (colour for word, colour in _COLOURS if word in meaning), _UNKNOWN_COLOUR
-    )
+    return next((colour for word, colour in _COLOURS if word in meaning), _UNKNOWN_COLOUR)
 
 
 def trajectories_html(
@@ -164,15 +158,12 @@ def _summary_row(index: int, trajectory: Any, *, limit: int) -> list[dict[str, A
 def _state(text: str, legend: Mapping[str, str]) -> dict[str, Any]:
     """A state's text, with its grid of cells when every line is a row of legend symbols."""
     rows = text.split("\n")
-    is_grid = (
-        legend
-        and len(rows) > 1
-        and len({len(r) for r in rows}) == 1
-        and set(text) - {"\n"} <= set(legend)
+    is_grid = legend and len(rows) > 1 and len({len(r) for r in rows}) == 1 and set(text) - {"\n"} <= set(legend)
+    grid = (
+        [[{"symbol": c, "meaning": legend[c], "colour": cell_colour(legend[c])} for c in row] for row in rows]
+        if is_grid
+        else None
     )
-    grid = [
-        [{"symbol": c, "meaning": legend[c], "colour": cell_colour(legend[c])} for c in row] for row in rows
-    ] if is_grid else None
     return {"text": text, "grid": grid}
 
 
@@ -182,14 +173,21 @@ def _trajectory(group_index: int, agent: str, trajectory: Any, *, legend: Mappin
     for t, reward in enumerate(rewards):
         info = infos[t + 1]
         response = str(info.get(RESPONSE_TEXT, ""))
-        turns.append({
-            "reward": reward,
-            "actions": str(info.get("parsed_actions", [])),
-            "thought": parse_answer(response, max_actions_per_turn=1, think=True).think,
-            "response": response,
-            "state": _state(str(observations[t + 1]), legend),
-        })
+        turns.append(
+            {
+                "reward": reward,
+                "actions": str(info.get("parsed_actions", [])),
+                "thought": parse_answer(response, max_actions_per_turn=1, think=True).think,
+                "response": response,
+                "state": _state(str(observations[t + 1]), legend),
+            }
+        )
     return {
-        "group": group_index, "agent": agent, "seed": infos[0].get("seed"), "total": sum(rewards),
-        "success": succeeded(trajectory), "initial": _state(str(observations[0]), legend), "turns": turns,
+        "group": group_index,
+        "agent": agent,
+        "seed": infos[0].get("seed"),
+        "total": sum(rewards),
+        "success": succeeded(trajectory),
+        "initial": _state(str(observations[0]), legend),
+        "turns": turns,
     }

@@ -119,7 +119,9 @@ class WarmStartConfig:
         env = make_env(self.env, **self.env_config)
         texts = {"instructions": env.instructions, "first_state": env.reset(seed=self.seed)[0]}
         payload = json.dumps(
-            {"model": model, "method": WARM_START_METHOD, **texts, **dataclasses.asdict(self)}, sort_keys=True, default=str
+            {"model": model, "method": WARM_START_METHOD, **texts, **dataclasses.asdict(self)},
+            sort_keys=True,
+            default=str,
         )
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
@@ -151,12 +153,19 @@ def demonstrations(tokenizer: Any, config: WarmStartConfig) -> list[MultiAgentEp
     within the budget are skipped.
     """
     seeds = [config.seed * 1_000_003 + index for index in range(config.num_examples)]
-    common = dict(env=config.env, env_config=dict(config.env_config), protocol=config.protocol, budget=config.budget)
+    common: dict[str, Any] = dict(
+        env=config.env, env_config=dict(config.env_config), protocol=config.protocol, budget=config.budget
+    )
     if config.player == "expert":
         return expert_demonstrations(tokenizer, DemonstrationConfig(seeds=tuple(seeds), **common))
-    return random_demonstrations(tokenizer, RandomPlayConfig(
-        seeds=tuple(seed for seed in seeds for _ in range(config.answers_per_prompt)), seed=config.seed, **common,
-    ))
+    return random_demonstrations(
+        tokenizer,
+        RandomPlayConfig(
+            seeds=tuple(seed for seed in seeds for _ in range(config.answers_per_prompt)),
+            seed=config.seed,
+            **common,
+        ),
+    )
 
 
 def behaviour_cloning_config(base_path: Path, config: WarmStartConfig) -> StarPOConfig:
@@ -167,16 +176,24 @@ def behaviour_cloning_config(base_path: Path, config: WarmStartConfig) -> StarPO
         .environment(config.env, env_config=dict(config.env_config))
         .llm(model=str(base_path), critic="none", dtype="float32")
         .rollouts(
-            n_groups=config.batch_size, group_size=1, max_turns=budget.max_turns,
-            max_actions_per_turn=protocol.max_actions_per_turn, max_actions_per_traj=budget.max_actions_per_traj,
-            format_penalty=budget.format_penalty, think=protocol.think, prefill=protocol.prefill,
+            n_groups=config.batch_size,
+            group_size=1,
+            max_turns=budget.max_turns,
+            max_actions_per_turn=protocol.max_actions_per_turn,
+            max_actions_per_traj=budget.max_actions_per_traj,
+            format_penalty=budget.format_penalty,
+            think=protocol.think,
+            prefill=protocol.prefill,
             history_window=protocol.history_window,
         )
         .inference(engine="hf")
         # Behaviour cloning computes no advantages; a critic-free estimator keeps the config valid without a critic.
         .training(
-            advantage_estimator="grpo", actor_lr=config.lr, mini_batch_size=config.batch_size,
-            micro_batch_size=min(4, config.batch_size), autocast_dtype=config.autocast_dtype,
+            advantage_estimator="grpo",
+            actor_lr=config.lr,
+            mini_batch_size=config.batch_size,
+            micro_batch_size=min(4, config.batch_size),
+            autocast_dtype=config.autocast_dtype,
         )
         .starpo_evaluation(eval_interval=0)
         # The collapse diagnostics and the echo-trap monitor read a policy's own samples; on fixed

@@ -69,7 +69,7 @@ def group_statistics(scores: Tensor, group_ids: Tensor) -> GroupStatistics:
     # At least float32, and every buffer in the scores' dtype: never the default dtype, which
     # `torch.set_default_dtype` may have made float64 while the scores are float32.
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
-    like = {"dtype": scores.dtype, "device": scores.device}
+    like: dict[str, Any] = {"dtype": scores.dtype, "device": scores.device}
     count = torch.zeros(n_groups, **like).index_add_(0, index, torch.ones_like(scores))
     total = torch.zeros(n_groups, **like).index_add_(0, index, scores)
     mean = total / count
@@ -511,7 +511,9 @@ class AdvantageSettings:
     def hparams(self) -> dict[str, Any]:
         """The configured value of every hyper-parameter the estimator declares and the config sets."""
         named = {
-            "gamma": self.gamma, "lam": self.lambda_, "high_level_gamma": self.high_level_gamma,
+            "gamma": self.gamma,
+            "lam": self.lambda_,
+            "high_level_gamma": self.high_level_gamma,
             "norm_by_std": self.grpo_norm_by_std,
         }
         declared = estimator_hparam_names(self.advantage_estimator)
@@ -527,9 +529,7 @@ def get_advantage_estimator(name: str) -> Estimator:
     try:
         return ADVANTAGE_ESTIMATORS[name]
     except KeyError:
-        raise KeyError(
-            f"unknown advantage estimator {name!r}; choose one of {sorted(ADVANTAGE_ESTIMATORS)}"
-        ) from None
+        raise KeyError(f"unknown advantage estimator {name!r}; choose one of {sorted(ADVANTAGE_ESTIMATORS)}") from None
 
 
 def compute_advantages(name: str, inputs: AdvantageInputs, **hparams: float | bool | None) -> tuple[Tensor, Tensor]:
@@ -556,7 +556,7 @@ def compute_advantages(name: str, inputs: AdvantageInputs, **hparams: float | bo
     return advantages, returns
 
 
-def _check_hparams(name: str, estimator: Estimator, hparams: dict[str, object]) -> None:
+def _check_hparams(name: str, estimator: Estimator, hparams: Mapping[str, object]) -> None:
     params = list(inspect.signature(estimator).parameters.values())[1:]
     allowed = {p.name for p in params}
     required = {p.name for p in params if p.default is inspect.Parameter.empty}

@@ -152,6 +152,7 @@ def cross_log_probs(
         attention_mask[r, : len(x) + len(z)] = 1
         loss_mask[r, len(x) : len(x) + len(z)] = 1
     logp, _ = score_rows(module, _Rows(input_ids, attention_mask, loss_mask), micro_batch_size, with_values=False)
+    assert logp is not None, "score_rows returns log-probs when with_logp (the default)"
     return logp.sum(dim=1).view(len(reasonings), len(prompts))
 
 

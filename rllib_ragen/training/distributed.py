@@ -107,7 +107,7 @@ def all_reduce_gradients(params: Iterable[torch.nn.Parameter]) -> None:
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
     offset = 0
     for grad in grads:
-        grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
         offset += grad.numel()
 
 

@@ -78,12 +78,16 @@ class StarPOTorchLearner(MiniBatchStepLearner):
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
         module = self.module[module_id]
         critic_names = set(module.get_non_inference_attributes())
-        policy_params, critic_params = [], []
+        policy_params: list[torch.nn.Parameter] = []
+        critic_params: list[torch.nn.Parameter] = []
         for name, param in module.named_parameters():
             if not param.requires_grad:  # LoRA's frozen base: no gradients, no optimiser state
                 continue
             (critic_params if name.split(".")[0] in critic_names else policy_params).append(param)
-        groups = {POLICY_OPTIMIZER: (policy_params, config.actor_lr), CRITIC_OPTIMIZER: (critic_params, config.critic_lr)}
+        groups = {
+            POLICY_OPTIMIZER: (policy_params, config.actor_lr),
+            CRITIC_OPTIMIZER: (critic_params, config.critic_lr),
+        }
         for name, (params, lr) in groups.items():
             if params:
                 self.register_optimizer(
@@ -119,7 +123,8 @@ class StarPOTorchLearner(MiniBatchStepLearner):
         # its share of the global mini-batch and the gradients are summed over learners once.
         module = self.module[DEFAULT_MODULE_ID].unwrapped()
         share = global_share(mask_or_generated(module_batch, POLICY_MASK), self.config.loss_agg_mode)
-        total_loss, fwd_out = 0.0, None
+        total_loss: Any = 0.0  # a Tensor after the first micro-batch
+        fwd_out = None
         for micro, weight in weights:
             fwd_out = {DEFAULT_MODULE_ID: module.forward_train(micro)}
             loss = self.compute_losses(fwd_out=fwd_out, batch={DEFAULT_MODULE_ID: micro})[DEFAULT_MODULE_ID]
@@ -222,10 +227,7 @@ def _micro_batch_weights(
         length = int(lengths[rows].max())
         micro = {k: v[rows, :length] if v.dim() == 2 else v[rows] for k, v in batch.items()}
         micro_mask = mask_or_generated(micro, POLICY_MASK)
-        if agg == "token-mean":
-            weight = micro_mask.sum() / total_tokens
-        else:
-            weight = micro_mask.any(dim=1).sum() / total_rows
+        weight = micro_mask.sum() / total_tokens if agg == "token-mean" else micro_mask.any(dim=1).sum() / total_rows
         out.append((micro, weight))
     return out
 

@@ -17,7 +17,7 @@ share the `TokenBatch` (rows <-> trajectories) through RLlib's `shared_data`.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from ray.rllib.connectors.connector_v2 import ConnectorV2
@@ -128,7 +128,10 @@ class OldLogProbsAndValues(ConnectorV2):
         # step, so it must not run DDP's collective forward hooks.
         module = rl_module[DEFAULT_MODULE_ID].unwrapped()
         old_logp, old_values = score_rows(
-            module, shared_data[TOKEN_BATCH], self.micro_batch_size, with_logp=self.score_old_logp,
+            module,
+            shared_data[TOKEN_BATCH],
+            self.micro_batch_size,
+            with_logp=self.score_old_logp,
             with_values=self.with_values,
         )
         shared_data[OLD_VALUES] = old_values
@@ -220,7 +223,18 @@ class GroupAdvantages(ConnectorV2):
         return self.span_labeller(tokens.to_trajectories(tokens.input_ids), spans.mask, spans.turn_ends)
 
 
-def token_columns(tokens: TokenBatch) -> dict[str, torch.Tensor]:
+class PaddedRows(Protocol):
+    """Right-padded token rows ([R, L] each): a `TokenBatch`, or any rows with these three."""
+
+    @property
+    def input_ids(self) -> torch.Tensor: ...
+    @property
+    def attention_mask(self) -> torch.Tensor: ...
+    @property
+    def loss_mask(self) -> torch.Tensor: ...
+
+
+def token_columns(tokens: PaddedRows) -> dict[str, torch.Tensor]:
     """The module's input columns of a token batch, each [R, L]."""
     return {
         INPUT_IDS: tokens.input_ids,
@@ -229,7 +243,7 @@ def token_columns(tokens: TokenBatch) -> dict[str, torch.Tensor]:
     }
 
 
-def micro_batches(tokens: TokenBatch, micro_batch_size: int, device: torch.device) -> Iterator[dict[str, torch.Tensor]]:
+def micro_batches(tokens: PaddedRows, micro_batch_size: int, device: torch.device) -> Iterator[dict[str, torch.Tensor]]:
     """The module's input columns of consecutive runs of `micro_batch_size` rows, on `device`.
 
     `tokens` is a `TokenBatch` or any rows with its `input_ids`, `attention_mask` and `loss_mask` [R, L].
@@ -241,7 +255,7 @@ def micro_batches(tokens: TokenBatch, micro_batch_size: int, device: torch.devic
 
 @torch.no_grad()
 def score_rows(
-    module, tokens: TokenBatch, micro_batch_size: int, *, with_logp: bool = True, with_values: bool
+    module, tokens: PaddedRows, micro_batch_size: int, *, with_logp: bool = True, with_values: bool
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Log-probs and/or critic values of every row under the current weights, [R, L] each (None if not asked)."""
     logps, values = [], []

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils.checkpoint
@@ -28,6 +28,9 @@ from ray.rllib.core.rl_module.apis import InferenceOnlyAPI, ValueFunctionAPI
 from ray.rllib.core.rl_module.torch import TorchRLModule
 from ray.rllib.utils.annotations import override
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from rllib_ragen.columns import ATTENTION_MASK, INPUT_IDS, TOKEN_ENTROPY, TOKEN_LOGP
 from rllib_ragen.logits import entropy_from_logits, token_logprobs
@@ -86,8 +89,7 @@ class LLMModuleConfig:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.logit_temperature <= 0:
             raise ValueError(
-                f"logit_temperature must be > 0 (greedy rollouts are scored at 1.0), "
-                f"got {self.logit_temperature}"
+                f"logit_temperature must be > 0 (greedy rollouts are scored at 1.0), got {self.logit_temperature}"
             )
 
 
@@ -112,9 +114,7 @@ class ScoringConfig:
 
     def __post_init__(self) -> None:
         if self.autocast_dtype is not None and self.autocast_dtype not in AUTOCAST_DTYPES:
-            raise ValueError(
-                f"autocast_dtype must be None or one of {AUTOCAST_DTYPES}, got {self.autocast_dtype!r}"
-            )
+            raise ValueError(f"autocast_dtype must be None or one of {AUTOCAST_DTYPES}, got {self.autocast_dtype!r}")
         if self.logit_chunk_size < 1:
             raise ValueError(f"logit_chunk_size must be >= 1, got {self.logit_chunk_size}")
 
@@ -138,7 +138,8 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
         lora = self.llm_config.lora
         if self.llm_config.critic == "separate" and not self.inference_only:
             # Under LoRA one frozen trunk serves both: the critic's adapters wrap the policy's base tensors.
-            self.critic_trunk = (
+            # The causal LM's base model, a PreTrainedModel (transformers types `base_model` nn.Module).
+            self.critic_trunk: Any = (
                 add_adapters(shared_trunk_copy(self.policy.base_model), lora)
                 if lora.enabled
                 else load_causal_lm(model_path, dtype=dtype).base_model
@@ -147,7 +148,7 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
             add_adapters(self.policy, lora)
         if self.llm_config.gradient_checkpointing:
             # Non-reentrant: it also passes gradients to adapters when the frozen embeddings' outputs need none.
-            kwargs = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
+            kwargs: dict[str, Any] = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
             self.policy.gradient_checkpointing_enable(**kwargs)
             if hasattr(self, "critic_trunk"):
                 self.critic_trunk.gradient_checkpointing_enable(**kwargs)
@@ -190,7 +191,7 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
         return out
 
     def score_with(
-        self, policy: nn.Module, batch: dict[str, Any], *, hidden: torch.Tensor | None = None, with_entropy: bool
+        self, policy: PreTrainedModel, batch: dict[str, Any], *, hidden: torch.Tensor | None = None, with_entropy: bool
     ) -> dict[str, torch.Tensor]:
         """Log-probs (and entropies) of the generated tokens under `policy` (this module's, or a frozen
         reference), scored like this module's: same temperature, chunking and autocast."""
@@ -331,7 +332,9 @@ def _score_chunk(
     `with_entropy` the entropies are an empty placeholder.
     """
     with torch.autocast(device_type=hidden.device.type, enabled=False):
-        logits = lm_head(hidden.to(lm_head.weight.dtype)).float() / temperature
+        weight = lm_head.weight
+        assert isinstance(weight, torch.Tensor), f"the LM head has no weight tensor: {lm_head}"
+        logits = lm_head(hidden.to(weight.dtype)).float() / temperature
     n = max(logits.shape[0], 1)
     logp = token_logprobs(logits[None], labels[None], chunk_size=n)[0]
     entropy = entropy_from_logits(logits, chunk_size=n) if with_entropy else logits.new_empty(0)

@@ -55,7 +55,7 @@ def trajectories_from_episodes(
     episodes: Iterable[MultiAgentEpisode | SingleAgentEpisode], *, history_window: int | None
 ) -> list[Trajectory]:
     """All agent trajectories of group episodes, in a stable order."""
-    out = []
+    out: list[Trajectory] = []
     for episode in episodes:
         agents = episode.agent_episodes.values() if isinstance(episode, MultiAgentEpisode) else [episode]
         out.extend(trajectory_from_episode(a, history_window=history_window) for a in agents if len(a) > 0)
@@ -107,7 +107,9 @@ def token_batch_of_episodes(
     episodes: Iterable[MultiAgentEpisode | SingleAgentEpisode], *, history_window: int | None
 ) -> TokenBatch:
     """The padded token rows of every trajectory of `episodes` (the learner's first step)."""
-    return build_token_batch(trajectories_from_episodes(episodes, history_window=history_window), pad_token_id=PAD_TOKEN_ID)
+    return build_token_batch(
+        trajectories_from_episodes(episodes, history_window=history_window), pad_token_id=PAD_TOKEN_ID
+    )
 
 
 def build_token_batch(trajectories: Sequence[Trajectory], *, pad_token_id: int) -> TokenBatch:

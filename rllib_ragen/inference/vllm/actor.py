@@ -14,8 +14,12 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from vllm.outputs import RequestOutput
 
 from rllib_ragen.inference.collective import GroupSpec, TensorLayout, receive
 from rllib_ragen.inference.engine import Completion, SamplingParams
@@ -39,7 +43,7 @@ def actor_env_vars(config: EngineConfig) -> dict[str, str]:
     }
 
 
-def llm_kwargs(config: EngineConfig, model_path: str, rank: int) -> dict[str, object]:
+def llm_kwargs(config: EngineConfig, model_path: str, rank: int) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM` for engine number `rank` of a pool."""
     return {
         "model": model_path,
@@ -155,11 +159,13 @@ class VLLMEngineActor:
         sequences = [list(p) + list(c) for p, c in zip(prompts, continuations)]
         params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=s) for s in sequences], params, use_tqdm=False,
+            [TokensPrompt(prompt_token_ids=s) for s in sequences],
+            params,
+            use_tqdm=False,
             lora_request=self._lora_request,
         )
         return [
-            [out.prompt_logprobs[position][seq[position]].logprob for position in range(len(p), len(seq))]
+            [_prompt_logprob(out, position, seq[position]) for position in range(len(p), len(seq))]
             for out, seq, p in zip(outputs, sequences, prompts)
         ]
 
@@ -193,3 +199,13 @@ class VLLMEngineActor:
     def info(self) -> dict[str, object]:
         """This actor's process id, rank and thread count (also a liveness probe)."""
         return {"pid": os.getpid(), "rank": self.rank, "num_threads": self.num_threads}
+
+
+def _prompt_logprob(output: RequestOutput, position: int, token: int) -> float:
+    """The log-prob vLLM reports for `token` at `position` of a prompt scored with `prompt_logprobs=0`."""
+    # vLLM types both levels Optional: None without prompt_logprobs, and at position 0 (no context).
+    per_position = output.prompt_logprobs
+    assert per_position is not None, "scored with prompt_logprobs"
+    candidates = per_position[position]
+    assert candidates is not None, f"no log-probs at prompt position {position}"
+    return candidates[token].logprob

@@ -16,6 +16,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from torch import Tensor
 
@@ -58,7 +59,7 @@ class ServedAdapter:
         self.settings = settings
         # Removed with the actor's process (small: the adapter tensors only).
         self._directory = tempfile.TemporaryDirectory(prefix="rllib_ragen_lora_")
-        self.request = None
+        self.request: Any = None  # a vllm LoRARequest once loaded
 
     def load(self, llm, weights: Sequence[tuple[str, Tensor]]) -> None:
         """Writes `weights` (PEFT-named adapter tensors) as the adapter and loads it in place of the last."""

@@ -14,6 +14,7 @@ replaced actor is restored from it), or a collective broadcast (`start_receive`)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -104,7 +105,8 @@ class VLLMEnginePool(InferenceEngine):
         self._check_prompts(prompts, extra_tokens=params.max_new_tokens)
         seeds = [None if params.seed is None else params.seed + i for i in range(len(prompts))]
         return self._run_sharded(
-            len(prompts), "generate",
+            len(prompts),
+            "generate",
             lambda actor, lo, hi: actor.generate.remote(prompts[lo:hi], params, seeds[lo:hi]),
         )
 
@@ -189,10 +191,8 @@ class VLLMEnginePool(InferenceEngine):
         """
         infos = []
         for actor in self.actors:
-            try:
+            with contextlib.suppress(RayActorError, GetTimeoutError):
                 infos.append(ray.get(actor.info.remote(), timeout=timeout_s))
-            except (RayActorError, GetTimeoutError):
-                pass
         return {
             "engine": type(self).__name__,
             "healthy": len(infos) == len(self.actors) > 0,
@@ -217,10 +217,15 @@ class VLLMEnginePool(InferenceEngine):
         results = []
         for rank, (ref, (lo, hi)) in enumerate(zip(refs, bounds)):
             if ref is not None:
-                # _get runs before the loop moves on, so the lambda sees this shard's lo, hi.
                 results.extend(
-                    self._get(rank, ref, step=step, setting="call_timeout_s", deadline=deadline,
-                              resend=lambda actor: submit(actor, lo, hi))
+                    self._get(
+                        rank,
+                        ref,
+                        step=step,
+                        setting="call_timeout_s",
+                        deadline=deadline,
+                        resend=_shard_resend(submit, lo, hi),
+                    )
                 )
         return results
 
@@ -316,7 +321,9 @@ class VLLMEnginePool(InferenceEngine):
         self.last_sync_seconds = time.perf_counter() - start
         logger.info(
             "weights synced to %d engines in %.2f s (slowest engine load %.2f s)",
-            len(self.actors), self.last_sync_seconds, max((s or 0.0 for s in load_seconds), default=0.0),
+            len(self.actors),
+            self.last_sync_seconds,
+            max((s or 0.0 for s in load_seconds), default=0.0),
         )
 
     def _check_prompts(self, sequences: Sequence[Sequence[int]], *, extra_tokens: int) -> None:
@@ -327,3 +334,8 @@ class VLLMEnginePool(InferenceEngine):
                 f"a sequence needs {longest} positions (prompt + new tokens), more than "
                 f"max_model_len={self.config.max_model_len}"
             )
+
+
+def _shard_resend(submit: Callable[[Any, int, int], ray.ObjectRef], lo: int, hi: int) -> Callable[[Any], ray.ObjectRef]:
+    """`submit` of the shard [lo, hi) on whichever actor it is given."""
+    return lambda actor: submit(actor, lo, hi)

@@ -17,6 +17,7 @@ weight with another one, whatever names the caller sent.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -57,6 +58,6 @@ def repack_tied_embeddings(model: nn.Module) -> list[str]:
     for modules in sharing.values():
         if len(modules) > 1:
             for name, module in modules:
-                module.quant_method.process_weights_after_loading(module)
+                cast(Any, module).quant_method.process_weights_after_loading(module)  # a vLLM layer, no nn.Module attr
                 repacked.append(name)
     return repacked

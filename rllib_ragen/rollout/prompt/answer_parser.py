@@ -65,9 +65,7 @@ def parse_answer(
     match = (_THINK_ANSWER if think else _ANSWER_ONLY).match(text)
     if match is None:
         expected = "<think>...</think><answer>...</answer>" if think else "<answer>...</answer>"
-        return ParsedAnswer(
-            actions=(), format_ok=False, error=f"malformed answer: expected {expected}"
-        )
+        return ParsedAnswer(actions=(), format_ok=False, error=f"malformed answer: expected {expected}")
     proposed = [a.strip() for a in match["answer"].split(ACTION_SEPARATOR)]
     proposed = [a for a in proposed if a]
     kept, dropped = proposed[:max_actions_per_turn], proposed[max_actions_per_turn:]
@@ -105,9 +103,7 @@ def answer_spans(text: str, *, think: bool = True) -> dict[str, tuple[int, int]]
     return {name: (match.start(name) - len(f"<{name}>"), match.end(name) + len(f"</{name}>")) for name in blocks}
 
 
-def _match_vocabulary(
-    actions: Sequence[str], vocabulary: Sequence[str] | None
-) -> tuple[list[str], list[str]]:
+def _match_vocabulary(actions: Sequence[str], vocabulary: Sequence[str] | None) -> tuple[list[str], list[str]]:
     """Splits actions into (valid canonical names, unknown ones)."""
     if vocabulary is None:
         return list(actions), []

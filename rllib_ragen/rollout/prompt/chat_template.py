@@ -84,7 +84,7 @@ class ChatTemplate:
         close = self.assistant_close
         eos_text = self.tokenizer.convert_ids_to_tokens(self.eos_token_id)
         if response_ids and response_ids[-1] == self.eos_token_id and close.startswith(eos_text):
-            close = close[len(eos_text):]
+            close = close[len(eos_text) :]
         return self.encode(close) if close else []
 
     def _check_append_only(self, render: Any) -> None:
@@ -98,8 +98,15 @@ class ChatTemplate:
         expected = render(conversation, generation_prompt=True)
         system = render(conversation[:1], generation_prompt=False)
         composed = (
-            system + self.user_prefix + _USER[0] + self.user_suffix + _ASSISTANT
-            + self.assistant_close + self.user_prefix + _USER[1] + self.user_suffix
+            system
+            + self.user_prefix
+            + _USER[0]
+            + self.user_suffix
+            + _ASSISTANT
+            + self.assistant_close
+            + self.user_prefix
+            + _USER[1]
+            + self.user_suffix
         )
         if composed != expected:
             raise ValueError(
@@ -115,9 +122,7 @@ def _msg(role: str, content: str) -> dict[str, str]:
 
 def _renderer(tokenizer: Any):
     def render(messages: list[dict[str, str]], *, generation_prompt: bool) -> str:
-        return tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt
-        )
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
 
     return render
 
@@ -139,4 +144,4 @@ def _strip_prefix(text: str, prefix: str, what: str) -> str:
             f"cannot split the chat template: the {what} does not extend the shorter "
             f"conversation ({prefix!r} is not a prefix of {text!r})"
         )
-    return text[len(prefix):]
+    return text[len(prefix) :]

@@ -114,9 +114,7 @@ class PromptProtocol:
 
     def parse(self, response_ids: Sequence[int]) -> tuple[str, ParsedAnswer]:
         """Decodes a sampled response (with the prefill put back) and parses it."""
-        text = self.config.prefill_text + self.template.tokenizer.decode(
-            list(response_ids), skip_special_tokens=True
-        )
+        text = self.config.prefill_text + self.template.tokenizer.decode(list(response_ids), skip_special_tokens=True)
         parsed = parse_answer(
             text,
             max_actions_per_turn=self.config.max_actions_per_turn,
@@ -184,4 +182,3 @@ def _example_answer(vocabulary: Sequence[str] | None, max_actions: int) -> str:
     if not vocabulary or max_actions == 1:
         return "your action"
     return f" {ACTION_SEPARATOR} ".join(vocabulary[:2])
-

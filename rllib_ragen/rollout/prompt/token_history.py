@@ -55,16 +55,12 @@ class TokenHistory:
             raise RuntimeError("the previous turn has no response yet")
         self.turns.append(TokenTurn(user_ids=list(user_ids)))
 
-    def add_response(
-        self, response_ids: list[int], logprobs: list[float], close_ids: list[int]
-    ) -> None:
+    def add_response(self, response_ids: list[int], logprobs: list[float], close_ids: list[int]) -> None:
         """Records the sampled reply of the current turn and its closing tokens."""
         if not self.turns or self.turns[-1].is_answered:
             raise RuntimeError("add_user must come before add_response")
         if len(response_ids) != len(logprobs):
-            raise ValueError(
-                f"{len(response_ids)} response tokens but {len(logprobs)} log-probs"
-            )
+            raise ValueError(f"{len(response_ids)} response tokens but {len(logprobs)} log-probs")
         if not response_ids:
             raise ValueError("a response must hold at least one token")
         turn = self.turns[-1]
@@ -101,7 +97,7 @@ class TokenHistory:
             ):
                 ids += piece
                 mask += [int(is_response)] * len(piece)
-                logprobs += list(piece_logprobs) if is_response else [0.0] * len(piece)
+                logprobs += list(piece_logprobs) if piece_logprobs is not None else [0.0] * len(piece)
         return ids, mask, logprobs
 
     def training_rows(self) -> list[tuple[list[int], list[int], list[float]]]:
@@ -117,9 +113,11 @@ class TokenHistory:
         rows = []
         for index, turn in enumerate(self.answered_turns()):
             prompt = self.prompt_ids(index)
-            rows.append((
-                prompt + turn.response_ids,
-                [0] * len(prompt) + [1] * len(turn.response_ids),
-                [0.0] * len(prompt) + list(turn.response_logprobs),
-            ))
+            rows.append(
+                (
+                    prompt + turn.response_ids,
+                    [0] * len(prompt) + [1] * len(turn.response_ids),
+                    [0.0] * len(prompt) + list(turn.response_logprobs),
+                )
+            )
         return rows
