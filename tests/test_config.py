@@ -128,3 +128,19 @@ def test_validation_builds_no_env_and_reads_no_model(tmp_path):
     with pytest.raises(ValueError, match=r"rejects env_config .*'no_such_key'"):
         config.environment("counting_corridor", env_config={"no_such_key": 1}).validate_starpo()
     assert _CountingEnv.built == 0
+
+
+def test_cpu_frozenlake_preset_trains_the_readable_variant_in_one_on_policy_step():
+    """The main job's settings: deterministic ice in words, one move a turn on a Markov prompt, and an update
+    that needs no pass to score old log-probs (every row the filter can keep fits one mini-batch)."""
+    from envs import make_env
+    from rllib_ragen.algorithm.presets import cpu_preset
+
+    config = cpu_preset("frozenlake")
+    config.validate()
+    assert make_env("frozenlake", **config.env_config).config.render == "words"
+    assert config.env_config == {"is_slippery": False, "render": "words"}
+    assert (config.max_actions_per_turn, config.history_window, config.think) == (1, 0, False)
+    assert config.max_rows_per_update == 8 * 4 * 5 == config.mini_batch_size
+    assert config.update_is_one_on_policy_step
+    assert config.lora_settings.enabled and config.lora_settings.top_layers == 10
