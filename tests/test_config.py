@@ -141,6 +141,5 @@ def test_cpu_frozenlake_preset_trains_the_readable_variant_in_one_on_policy_step
     assert make_env("frozenlake", **config.env_config).config.render == "words"
     assert config.env_config == {"is_slippery": False, "render": "words"}
     assert (config.max_actions_per_turn, config.history_window, config.think) == (1, 0, False)
-    assert config.max_rows_per_update == 8 * 4 * 5 == config.mini_batch_size
+    assert config.max_rows_per_update == 4 * 4 * 5 == config.mini_batch_size
     assert config.update_is_one_on_policy_step
-    assert config.lora_settings.enabled and config.lora_settings.top_layers == 10
