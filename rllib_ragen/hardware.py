@@ -17,14 +17,24 @@ BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 
 def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
     """The feature flags of the first CPU in /proc/cpuinfo (empty where there is none, e.g. macOS)."""
+    return frozenset(_first_cpu_field("flags", cpuinfo).split())
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model name from /proc/cpuinfo, e.g. "AMD EPYC" ("unknown CPU" where there is none)."""
+    return _first_cpu_field("model name", cpuinfo) or "unknown CPU"
+
+
+def _first_cpu_field(name: str, cpuinfo: str | None) -> str:
+    """The value of the first `name: value` line of /proc/cpuinfo (or of `cpuinfo`); "" where there is none."""
     if cpuinfo is None:
         path = Path("/proc/cpuinfo")
         cpuinfo = path.read_text() if path.is_file() else ""
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return frozenset(value.split())
-    return frozenset()
+        if key.strip() == name:
+            return value.strip()
+    return ""
 
 
 @functools.lru_cache(maxsize=1)
@@ -33,15 +43,3 @@ def fast_bf16() -> bool:
     if torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
     return any(flag in cpu_flags() for flag in BF16_CPU_FLAGS)
-
-
-def cpu_model(cpuinfo: str | None = None) -> str:
-    """The CPU's model name from /proc/cpuinfo, e.g. "AMD EPYC" ("unknown CPU" where there is none)."""
-    if cpuinfo is None:
-        path = Path("/proc/cpuinfo")
-        cpuinfo = path.read_text() if path.is_file() else ""
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name":
-            return value.strip()
-    return "unknown CPU"

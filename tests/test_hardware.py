@@ -21,3 +21,11 @@ def test_cpu_preset_computes_in_bf16_only_where_the_cpu_has_it(monkeypatch, nati
     monkeypatch.setattr(hardware, "fast_bf16", lambda: native_bf16)
     config = cpu_preset("sokoban")
     assert (config.engine_dtype, config.autocast_dtype or "float32", config.dtype) == (expected, expected, "float32")
+
+
+def test_cpu_model_and_flags_come_from_the_first_cpu_of_cpuinfo():
+    from rllib_ragen.hardware import cpu_flags, cpu_model
+
+    info = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\nmodel name\t: other\n"
+    assert cpu_model(info) == "AMD EPYC" and cpu_flags(info) == {"fpu", "avx2", "avx512_bf16"}
+    assert cpu_model("") == "unknown CPU" and cpu_flags("") == frozenset()
