@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import html
 import json
+from pathlib import Path
 
 import pytest
 from run_helpers import tiny_config
@@ -57,13 +58,16 @@ def test_table_row_shows_the_wilson_interval_computed_by_hand():
 
 
 def test_checkpoint_evaluation_equals_the_training_evaluation(
-    trained, tmp_path, capsys
+    trained, tmp_path, capsys, monkeypatch
 ):
     checkpoint, stats, successes, responses = trained
     out = tmp_path / "out"
+    # Named relative to the working directory, as a user types it (RLlib itself needs a URI).
+    run_dir = Path(checkpoint).parent
+    monkeypatch.chdir(run_dir.parent)
     code = main(
         [
-            checkpoint,
+            run_dir.name,
             "--env",
             "sokoban",
             "frozenlake",

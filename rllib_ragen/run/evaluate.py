@@ -176,7 +176,7 @@ def load_policy(source: str, *, scratch: Path) -> Policy:
     from rllib_ragen.models import resolve_model
     from rllib_ragen.run.checkpoints import latest_checkpoint
 
-    path = Path(source).expanduser()
+    path = Path(source).expanduser().resolve()  # RLlib reads checkpoints by URI: relative paths have no scheme
     if path.is_dir() and not (path / "config.json").is_file():
         checkpoint = path if (path / RLLIB_CHECKPOINT_FILE).is_file() else latest_checkpoint(path)
         if checkpoint is None:
