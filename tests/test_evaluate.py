@@ -63,11 +63,11 @@ def test_checkpoint_evaluation_equals_the_training_evaluation(
     checkpoint, stats, successes, responses = trained
     out = tmp_path / "out"
     # Named relative to the working directory, as a user types it (RLlib itself needs a URI).
-    run_dir = Path(checkpoint).parent
-    monkeypatch.chdir(run_dir.parent)
+    base = Path(checkpoint).parent.parent
+    monkeypatch.chdir(base)
     code = main(
         [
-            run_dir.name,
+            str(Path(checkpoint).relative_to(base)),
             "--env",
             "sokoban",
             "frozenlake",
