@@ -11,7 +11,13 @@ An env is named in one of two ways wherever a config takes an env:
   runners, Tune trials and Ray Jobs: the name is a plain string that travels
   in the config (and in MLflow params and checkpoints), and every Ray worker
   can import what the driver can (Ray puts the driver's working directory, and
-  a job's `working_dir`, on the workers' `sys.path`).
+  a job's `working_dir`, on the workers' `sys.path`);
+- a scheme name `"scheme:rest"` for envs from another ecosystem, built by that
+  scheme's adapter: `"textarena:GuessTheNumber-v0"` (a TextArena game,
+  `envs.textarena`) or `"openenv:http://127.0.0.1:8000"` (an OpenEnv server,
+  `envs.openenv_client`). Like import paths, these are plain strings every
+  process resolves for itself; the adapter is imported only when its scheme is
+  used, so its optional dependency is needed only then.
 
 The built-in names are registered when `envs` is imported, in every process.
 """
@@ -49,6 +55,11 @@ class _Entry:
 
 _REGISTRY: dict[str, _Entry] = {}
 _IMPORT_SEPARATOR = ":"
+# Scheme -> "module:function" of its resolver: rest of the name -> (factory, default config).
+_SCHEMES: dict[str, str] = {
+    "textarena": "envs.textarena:resolve_game",
+    "openenv": "envs.openenv_client:resolve_server",
+}
 
 
 def register_env(name: str, factory: EnvFactory, *, overwrite: bool = False, **default_config: Any) -> None:
@@ -139,7 +150,18 @@ def _entry(name: str) -> _Entry:
         return _REGISTRY[name]
     if not is_import_path(name):
         raise KeyError(f"unknown env {name!r}; registered envs: {list_envs()} (or give an import path, module:Class)")
+    scheme, _, rest = name.partition(_IMPORT_SEPARATOR)
+    if scheme in _SCHEMES:
+        return _scheme_entry(scheme, rest)
     return _import_entry(name)
+
+
+def _scheme_entry(scheme: str, rest: str) -> _Entry:
+    """The env `rest` names in `scheme`'s ecosystem, via the scheme's adapter (imported now)."""
+    module_name, _, function = _SCHEMES[scheme].partition(_IMPORT_SEPARATOR)
+    resolve = getattr(importlib.import_module(module_name), function)
+    factory, default_config = resolve(rest)
+    return _Entry(factory, dict(default_config), accepted_config_keys(factory))
 
 
 def _import_entry(path: str) -> _Entry:
