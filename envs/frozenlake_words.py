@@ -23,6 +23,8 @@ import re
 
 import numpy as np
 
+from envs.offsets import offset_words, parse_offset
+
 # (action name, row step, column step), in gymnasium's action order.
 DIRECTIONS: tuple[tuple[str, int, int], ...] = (("Left", 0, -1), ("Down", 1, 0), ("Right", 0, 1), ("Up", -1, 0))
 _CELL_WORDS = {"F": "ice", "S": "ice", "H": "hole", "G": "goal"}
@@ -51,16 +53,6 @@ def describe(desc: np.ndarray, player: tuple[int, int]) -> str:
     return "\n".join(lines)
 
 
-def offset_words(d_row: int, d_col: int) -> str:
-    """An offset in steps named by the actions that cover it: (2, -1) -> "2 Down and 1 Left"."""
-    parts = []
-    if d_row:
-        parts.append(f"{abs(d_row)} {'Down' if d_row > 0 else 'Up'}")
-    if d_col:
-        parts.append(f"{abs(d_col)} {'Right' if d_col > 0 else 'Left'}")
-    return " and ".join(parts) if parts else "here"
-
-
 def _neighbour(desc: np.ndarray, row: int, col: int) -> str:
     if not (0 <= row < desc.shape[0] and 0 <= col < desc.shape[1]):
         return "edge"
@@ -84,27 +76,15 @@ def parse_words(text: str) -> tuple[tuple[str, ...], tuple[int, int]]:
     row, col, n_rows, n_cols = (int(first.group(i)) for i in range(2, 6))
     row, col = row - 1, col - 1
     grid = np.full((n_rows, n_cols), "F")
-    d_row, d_col = _parse_offset(lines[1])
+    if not (lines[1].startswith("Goal: ") and lines[1].endswith(".")):
+        raise ValueError(f"unreadable goal line {lines[1]!r}")
+    try:
+        d_row, d_col = parse_offset(lines[1][len("Goal: ") : -1])
+    except ValueError:
+        raise ValueError(f"unreadable goal line {lines[1]!r}") from None
     grid[row + d_row, col + d_col] = "G"
     if not lines[3].startswith("Holes at: "):
         raise ValueError(f"unreadable holes line {lines[3]!r}")
     for r, c in _CELL.findall(lines[3]):
         grid[int(r) - 1, int(c) - 1] = "H"
     return tuple("".join(r) for r in grid), (row, col)
-
-
-def _parse_offset(line: str) -> tuple[int, int]:
-    if line == "Goal: here.":
-        return 0, 0
-    found = re.fullmatch(r"Goal: (\d+ (?:Down|Up))?(?: and )?(\d+ (?:Right|Left))?\.", line)
-    if found is None or not any(found.groups()):
-        raise ValueError(f"unreadable goal line {line!r}")
-    d_row = d_col = 0
-    for part in filter(None, found.groups()):
-        steps, name = part.split(" ")
-        sign = 1 if name in ("Down", "Right") else -1
-        if name in ("Down", "Up"):
-            d_row = sign * int(steps)
-        else:
-            d_col = sign * int(steps)
-    return d_row, d_col

@@ -25,11 +25,15 @@ from envs.sokoban_room import (
     parse_room,
     render_room,
 )
+from envs.sokoban_words import describe
 
 STEP_PENALTY = -0.1
 BOX_ON_TARGET_REWARD = 1.0
 BOX_OFF_TARGET_PENALTY = -1.0
 SOLVED_REWARD = 10.0
+
+# How the state is shown: RAGEN's symbol grid, or sentences relative to the player (`envs.sokoban_words`).
+RENDERS = ("grid", "words")
 
 RULES = (
     "Actions: Up, Down, Left, Right. Each moves you one cell. Walking into a box "
@@ -52,6 +56,8 @@ class SokobanConfig:
             `GRID_VOCABULARIES`: "standard" (RAGEN's) or "new" (SokobanNewVocab's).
         cell_separator: what joins the cells of a rendered row, one of
             `envs.base.CELL_SEPARATORS`: "" (RAGEN's render) or " " (one token a cell).
+        render: "grid" (RAGEN's symbols) or "words" (boxes, targets and the
+            player's neighbours in steps from the player; `envs.sokoban_words`).
     """
 
     dim_room: tuple[int, int] = (6, 6)
@@ -60,6 +66,7 @@ class SokobanConfig:
     search_depth: int = 300
     grid_vocabulary: str = "standard"
     cell_separator: str = ""
+    render: str = "grid"
 
     def __post_init__(self) -> None:
         dims = tuple(self.dim_room)
@@ -81,6 +88,8 @@ class SokobanConfig:
                 f"grid_vocabulary must be one of {sorted(GRID_VOCABULARIES)}, got {self.grid_vocabulary!r}"
             )
         check_cell_separator(self.cell_separator)
+        if self.render not in RENDERS:
+            raise ValueError(f"render must be one of {RENDERS}, got {self.render!r}")
 
     @property
     def symbols(self) -> GridSymbols:
@@ -104,9 +113,8 @@ class SokobanEnv(TextEnv):
 
     @property
     def instructions(self) -> str:
-        return (
-            f"You are solving Sokoban: push every box onto a target.\nSymbols: {self.config.symbols.legend()}.\n{RULES}"
-        )
+        legend = f"Symbols: {self.config.symbols.legend()}.\n" if self.config.render == "grid" else ""
+        return f"You are solving Sokoban: push every box onto a target.\n{legend}{RULES}"
 
     @property
     def action_vocabulary(self) -> tuple[str, ...]:
@@ -149,6 +157,8 @@ class SokobanEnv(TextEnv):
     def render_text(self) -> str:
         if self.room is None:
             raise RuntimeError("SokobanEnv has no room yet: call reset() first")
+        if self.config.render == "words":
+            return describe(self.room)
         return render_room(self.room, self.config.symbols, separator=self.config.cell_separator)
 
 

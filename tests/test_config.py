@@ -143,3 +143,16 @@ def test_cpu_frozenlake_preset_trains_the_readable_variant_in_one_on_policy_step
     assert (config.max_actions_per_turn, config.history_window, config.think) == (1, 0, False)
     assert config.max_rows_per_update == 4 * 4 * 5 == config.mini_batch_size
     assert config.update_is_one_on_policy_step
+
+
+def test_cpu_sokoban_preset_trains_the_rooms_in_words_one_move_a_turn():
+    from envs import make_env
+    from rllib_ragen.algorithm.presets import cpu_preset
+
+    config = cpu_preset("sokoban")
+    config.validate()
+    assert make_env("sokoban", **config.env_config).config.render == "words"
+    assert (config.max_turns, config.max_actions_per_turn, config.max_actions_per_traj) == (8, 1, 8)
+    assert (config.history_window, config.think, config.advantage_estimator) == (0, False, "grpo")
+    assert config.max_rows_per_update == 4 * 4 * 8 == config.mini_batch_size
+    assert cpu_preset("larger_sokoban").env_config == {}

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from envs.frozenlake import FrozenLakeConfig, FrozenLakeEnv
-from envs.frozenlake_words import offset_words, parse_words
+from envs.frozenlake_words import parse_words
+from envs.offsets import offset_words, parse_offset
 from rllib_ragen.data.experts import TurnBudgetLeft, expert_for
 
 
@@ -38,6 +39,13 @@ def test_render_after_the_last_step_says_where_the_player_ended():
 ])
 def test_offsets_are_named_by_the_actions_that_cover_them(d_row, d_col, words):
     assert offset_words(d_row, d_col) == words
+    assert parse_offset(words) == (d_row, d_col)
+
+
+@pytest.mark.parametrize("words", ["", "north", "1 Right and 2 Down", "0 Down", "2 Down and", "Down"])
+def test_unreadable_offsets_are_errors_naming_them(words):
+    with pytest.raises(ValueError, match="unreadable offset"):
+        parse_offset(words)
 
 
 @pytest.mark.parametrize("size", [2, 4, 6])

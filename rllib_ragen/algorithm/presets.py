@@ -122,32 +122,43 @@ def cpu_preset(env: str) -> StarPOConfig:
     )
     if env.startswith("bandit"):
         _single_choice_settings(config)
-    if env == "frozenlake":
-        _readable_frozenlake_settings(config)
+    if env in READABLE_VARIANTS:
+        _readable_grid_settings(config, **READABLE_VARIANTS[env])
     return config
 
 
-def _readable_frozenlake_settings(config: StarPOConfig) -> None:
-    """FrozenLake on CPU: the variant a 135M model can learn (docs/learnable_variants.md).
+# The CPU preset's variant of each grid env (docs/learnable_variants.md): the
+# state in words, and deterministic dynamics. Turns: FrozenLake's maps need at
+# most 5 moves on 4x4 ice within the budget; 8 moves solve 3 in 4 of Sokoban's
+# generated 6x6 one-box rooms (the BFS plans of seeds 123..222 take 1-13 moves).
+READABLE_VARIANTS: dict[str, dict[str, Any]] = {
+    "frozenlake": dict(env_config={"is_slippery": False, "render": "words"}, max_turns=5),
+    "sokoban": dict(env_config={"render": "words"}, max_turns=8),
+}
+
+
+def _readable_grid_settings(config: StarPOConfig, *, env_config: dict[str, Any], max_turns: int) -> None:
+    """A grid env on CPU: the variant a 135M model can learn (docs/learnable_variants.md).
 
     RAGEN's variant (slippery ice, a symbol grid, several open-loop moves a
     turn, the whole history in every prompt) left SmolLM2-135M at the random
-    player's level. Here: deterministic ice (gymnasium's `is_slippery=False`),
-    so success measures the policy rather than the slips; the state in words
-    relative to the player (`envs.frozenlake_words`); one move a turn on a
-    Markov prompt (the current state only: the env is Markov), no-think with an
-    `<answer>` prefill, so each turn is one short decision read off one short
-    prompt. The update, the dearest part, is one on-policy GRPO step over the
-    quarter of the groups whose members disagree most. Chosen by screening
+    player's level. Here: deterministic dynamics (FrozenLake: gymnasium's
+    `is_slippery=False`), so success measures the policy rather than the slips;
+    the state in words relative to the player (`envs.frozenlake_words`,
+    `envs.sokoban_words`); one move a turn on a Markov prompt (the current
+    state only: both envs are Markov), no-think with an `<answer>` prefill, so
+    each turn is one short decision read off one short prompt. The update, the
+    dearest part, is one on-policy GRPO step over the quarter of the groups
+    whose members disagree most. Chosen by screening on FrozenLake
     (docs/results/learnable_frozenlake.md): full fine-tuning at the CPU
     preset's actor_lr 2e-5 beat LoRA on the last 10 layers (at 2e-4 and 5e-4).
     """
-    config.environment(env_config={"is_slippery": False, "render": "words"})
+    config.environment(env_config=env_config)
     config.llm(critic="none")
     config.rollouts(
-        max_turns=5,
+        max_turns=max_turns,
         max_actions_per_turn=1,
-        max_actions_per_traj=5,
+        max_actions_per_traj=max_turns,
         history_window=0,
         think=False,
         prefill=True,
