@@ -24,6 +24,7 @@ settings are tried before an hour goes to one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -67,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also evaluate each run's starting and trained policy on --eval-size seeds from here "
                              "(a set no tuning used; the training and evaluation seeds stay apart from it)")
     parser.add_argument("--output", default="docs/results/cpu_learning.md", help="where the table is written")
+    parser.add_argument("--workdir", help="keep the runs here (MLflow database for benchmarks/learning_curve.py, "
+                                          "checkpoints); default: a temporary directory, removed at the end")
     return parser.parse_args(argv)
 
 
@@ -148,7 +151,9 @@ def main(argv: list[str] | None = None) -> list[str]:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     provenance = header(ROOT, argv)  # before the runs: the commit they ran
     results = []
-    with tempfile.TemporaryDirectory(prefix="cpu-learning-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = args.workdir or stack.enter_context(tempfile.TemporaryDirectory(prefix="cpu-learning-"))
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         for env in args.envs.split(","):
             for start in args.starts.split(","):
                 for variant in variants:
