@@ -47,6 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--baseline-rev", default=BASELINE_REV, help="git revision whose preset and code are 'today'")
     parser.add_argument("--lever", action="append", default=[], metavar='"NAME KEY=VALUE ..."',
                         help="time this tree's preset with these settings against the preset itself (repeatable)")
+    parser.add_argument("--output", help="also write the report here, under the date, commit, machine and command")
     parser.add_argument("--set", action="append", default=[], help=argparse.SUPPRESS)  # one side's settings
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # one side, JSON on stdout
     return parser.parse_args(argv)
@@ -107,18 +108,26 @@ def run_side(args: argparse.Namespace, source: Path, settings: list[str] = ()) -
     return json.loads(out.strip().splitlines()[-1])
 
 
-def report(sides: dict[str, dict]) -> None:
+def report(sides: dict[str, dict]) -> list[str]:
+    """The sides' figures as a fixed-width table, their settings, and each side's ratios to the first."""
     keys = ["seconds_per_iter", "trajectories_per_min", "trained_trajectories_per_min", "rollout_s", "generation_s",
             "update_sync_rest_s", "policy_loss", "logp_gap_mean"]
-    print(f"{'':<24}" + "".join(f"{name:>16}" for name in sides))
+    lines = [f"{'':<24}" + "".join(f"{name:>16}" for name in sides)]
     for key in keys:
-        print(f"{key:<24}" + "".join(f"{side[key]:>16.3f}" for side in sides.values()))
-    for name, side in sides.items():
-        print(f"{name}: {side['settings']}")
+        lines.append(f"{key:<24}" + "".join(f"{side[key]:>16.3f}" for side in sides.values()))
+    lines += [f"{name}: {side['settings']}" for name, side in sides.items()]
     (baseline_name, baseline), *others = sides.items()
     for name, side in others:
         for key in ("trajectories_per_min", "trained_trajectories_per_min"):
-            print(f"{key.replace('_', ' ')}, {name} / {baseline_name}: x{side[key] / baseline[key]:.2f}")
+            lines.append(f"{key.replace('_', ' ')}, {name} / {baseline_name}: x{side[key] / baseline[key]:.2f}")
+    return lines
+
+
+def publish(lines: list[str], *, output: str | None, provenance: str) -> None:
+    """Prints the report and, with `output`, writes it there as a code block under its provenance."""
+    print("\n".join(lines))
+    if output:
+        Path(output).write_text(provenance + "\n```text\n" + "\n".join(lines) + "\n```\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -126,12 +135,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.measure:
         print(json.dumps(measure(args.env, args.iters, args.warmup, args.set)))
         return
+    # Imported here, not at the top: a baseline side runs this file against an older rllib_ragen.
+    from rllib_ragen.run.provenance import header
+
+    provenance = header(ROOT, argv)  # before the runs: the commit they ran
     if args.lever:
         sides = {"preset": run_side(args, ROOT)}
         for lever in args.lever:
             name, *settings = shlex.split(lever)
             sides[name] = run_side(args, ROOT, settings)
-        report(sides)
+        publish(report(sides), output=args.output, provenance=provenance)
         return
     with tempfile.TemporaryDirectory(prefix="baseline-") as tmp:
         worktree = Path(tmp) / "tree"
@@ -141,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
             sides = {f"baseline {args.baseline_rev}": run_side(args, worktree), "this tree": run_side(args, ROOT)}
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)], check=False)
-    report(sides)
+    publish(report(sides), output=args.output, provenance=provenance)
 
 
 if __name__ == "__main__":
