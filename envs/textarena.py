@@ -45,6 +45,7 @@ from envs.textarena_opponent import OPPONENTS, candidate_moves, play_random_move
 INSTALL_HINT = "bash scripts/install.sh cpu,textarena"
 OBSERVATIONS = ("turn", "full")
 AGENT = 0  # the agent's player id; a two-player game's opponent is 1
+GAME_SENDER = -1  # textarena.GAME_ID, the sender of the game's own messages (some games echo moves as theirs)
 # Game seeds stay below 2**31: some games add to the seed or hand it to numpy's legacy seeding.
 _SEED_BOUND = 2**31
 
@@ -164,16 +165,18 @@ class TextArenaEnv(TextEnv):
 
     def _reset_game(self, game_seed: int) -> int:
         """Resets the game with `game_seed`; returns its number of players (1, else 2)."""
-        tried = [self.num_players] if self.num_players else [1, 2]
-        for players in tried:
+        single_player = _import_textarena(self.config.game).SinglePlayerState
+        for players in [self.num_players] if self.num_players else [1, 2]:
             self.sandbox.seed(seed=game_seed)
             try:
                 self.sandbox.call(lambda n=players: self.game.reset(num_players=n, seed=game_seed))
-            except AssertionError:  # TextArena's game states assert their number of players
+            except (AssertionError, ValueError):  # how TextArena's games refuse a number of players
                 continue
-            # Invalid moves never end the game here (module docstring).
-            self.game.state.error_allowance = math.inf
-            return players
+            # Some games ignore the number they are given: a game is for one player if its state is.
+            if players == 2 or isinstance(self.game.state, single_player):
+                # Invalid moves never end the game here (module docstring).
+                self.game.state.error_allowance = math.inf
+                return players
         raise ValueError(
             f"TextArena game {self.config.game!r} is for more than two players; only one- and two-player "
             "games are supported"
@@ -213,11 +216,12 @@ class TextArenaEnv(TextEnv):
     def _take_messages(self) -> list[str]:
         """The agent's new messages as text (its own move left out), also appended to what it has seen."""
         state = self.game.state
-        texts = [
-            text if sender < 0 or kind.name != "PLAYER_ACTION" else f"[{state.role_mapping.get(sender)}] {text}"
-            for sender, text, kind in _pop_messages(state, AGENT)
-            if not (sender == AGENT and kind.name == "PLAYER_ACTION")
-        ]
+        texts = []
+        for sender, text, kind in _pop_messages(state, AGENT):
+            if kind.name != "PLAYER_ACTION":
+                texts.append(text)
+            elif sender not in (AGENT, GAME_SENDER):  # the opponent's move; the agent's own is not echoed
+                texts.append(f"[{state.role_mapping.get(sender, f'Player {sender}')}] {text}")
         self._seen += texts
         return texts
 
