@@ -1,14 +1,15 @@
 """Which TextArena games run through the adapter here? One row a game, as a Markdown table.
 
-For each game id of the installed textarena (the base ids: no `-train`/`-raw`
-variants), this builds `textarena:<id>` with `envs.make_env`, resets it with a
+For each game of the installed textarena (its `-v0` ids; `--all`: every id
+but the `-train`/`-raw` wrapper variants), this builds `textarena:<id>` with `envs.make_env`, resets it with a
 seed and plays up to `--moves` moves drawn by `env.random_action` (a bracketed
 move the game has shown), each game under a time limit. A game works when it
 resets and steps without an error; the row says how many players it has, how
 many random moves it accepted and whether the game ended. Otherwise the row
 gives the error (an NLTK download refused offline, an API key needed, ...).
 
-    python benchmarks/textarena_games.py                      # every game
+    python benchmarks/textarena_games.py                      # every game's -v0 id
+    python benchmarks/textarena_games.py --all                # and every variant (-hard, -large, ...)
     python benchmarks/textarena_games.py --games GuessTheNumber-v0,Sudoku-v0
 """
 
@@ -32,19 +33,22 @@ class GameTimeout(Exception):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--games", help="comma-separated TextArena ids (default: every base id)")
+    parser.add_argument("--games", help="comma-separated TextArena ids (default: every -v0 id)")
+    parser.add_argument("--all", action="store_true", help="every id but the -train/-raw variants")
     parser.add_argument("--moves", type=int, default=30, help="random moves tried per game")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-s", type=int, default=30, help="time limit per game")
     return parser.parse_args(argv)
 
 
-def base_ids() -> list[str]:
-    """TextArena's game ids without the wrapper variants it registers beside each game."""
+def game_ids(*, every_variant: bool) -> list[str]:
+    """TextArena's `-v0` game ids, or with `every_variant` all ids but the wrapper variants beside each game."""
     import textarena
 
     ids = textarena.envs.registration.ENV_REGISTRY
-    return sorted(i for i in ids if not i.endswith(("-train", "-raw")))
+    if every_variant:
+        return sorted(i for i in ids if not i.endswith(("-train", "-raw")))
+    return sorted(i for i in ids if i.endswith("-v0"))
 
 
 def probe(game: str, *, moves: int, seed: int) -> tuple[str, str]:
@@ -53,19 +57,23 @@ def probe(game: str, *, moves: int, seed: int) -> tuple[str, str]:
     env.reset(seed=seed)
     rng = np.random.default_rng(seed)
     valid = ended = 0
+    players = str(env.num_players)
     for _ in range(moves):
-        _, _, terminated, truncated, info = env.step(env.random_action(rng))
+        try:
+            move = env.random_action(rng)
+        except ValueError:  # the game lists no moves: it resets, but random play cannot probe it further
+            return players, "resets; shows no bracketed move for random play"
+        _, _, terminated, truncated, info = env.step(move)
         valid += int(info["action_is_valid"])
         if terminated or truncated:
             ended = 1
             break
-    players = str(getattr(env, "num_players", "?"))
     return players, f"works: {valid} valid random moves, " + ("game ended" if ended else "game still on")
 
 
 def main(argv: list[str] | None = None) -> list[str]:
     args = parse_args(argv)
-    games = args.games.split(",") if args.games else base_ids()
+    games = args.games.split(",") if args.games else game_ids(every_variant=args.all)
 
     def on_alarm(signum: int, frame: object) -> None:
         raise GameTimeout(f"no answer within {args.timeout_s} s")

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib
 import math
 from typing import Any
@@ -169,7 +170,7 @@ class TextArenaEnv(TextEnv):
         for players in [self.num_players] if self.num_players else [1, 2]:
             self.sandbox.seed(seed=game_seed)
             try:
-                self.sandbox.call(lambda n=players: self.game.reset(num_players=n, seed=game_seed))
+                self.sandbox.call(functools.partial(self.game.reset, num_players=players, seed=game_seed))
             except (AssertionError, ValueError):  # how TextArena's games refuse a number of players
                 continue
             # Some games ignore the number they are given: a game is for one player if its state is.
@@ -218,6 +219,11 @@ class TextArenaEnv(TextEnv):
         state = self.game.state
         texts = []
         for sender, text, kind in _pop_messages(state, AGENT):
+            if not isinstance(text, str) or not hasattr(kind, "name"):
+                raise RuntimeError(
+                    f"TextArena game {self.config.game!r} queued a malformed message {(sender, text, kind)!r} "
+                    "(its code passes the message's parts in the wrong order): it cannot be played here"
+                )
             if kind.name != "PLAYER_ACTION":
                 texts.append(text)
             elif sender not in (AGENT, GAME_SENDER):  # the opponent's move; the agent's own is not echoed
