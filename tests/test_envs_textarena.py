@@ -5,8 +5,11 @@ opponent, per-seed determinism with several games in one process, and the errors
 from __future__ import annotations
 
 import itertools
+import json
+import os
 import random
 import re
+import subprocess
 import sys
 from collections import deque
 from collections.abc import Callable
@@ -341,3 +344,33 @@ def test_without_textarena_the_error_names_the_game_and_the_install(monkeypatch)
     monkeypatch.setitem(sys.modules, "textarena", None)  # what Python does for a package that is not installed
     with pytest.raises(ImportError, match=r"textarena:GuessTheNumber-v0.*bash scripts/install.sh cpu,textarena"):
         make_env("textarena:GuessTheNumber-v0")
+
+
+@pytest.mark.slow  # two StarPO iterations in a new process, on a remote env runner, then the evaluate CLI
+def test_starpo_trains_on_a_textarena_game_on_a_remote_runner_and_the_evaluate_cli_scores_it(tiny_model_path, tmp_path):
+    game = "textarena:GuessTheNumber-v0"
+    environment = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    train = [
+        sys.executable, "-m", "rllib_ragen", "train", "--env", game, "--model", str(tiny_model_path),
+        "--engine", "hf", "--no-warm-start", "--stop-iters", "2", "--n-groups", "2", "--group-size", "2",
+        "--max-turns", "3", "--eval-size", "2", "--checkpoint-dir", "ckpt", "--summary-json", "summary.json",
+        "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--experiment", "textarena",
+        "--set", "mini_batch_size=4", "--set", "micro_batch_size=2",
+        "--set", "num_env_runners=1", "--set", "create_local_env_runner=False",
+    ]  # fmt: skip
+    out = subprocess.run(train, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=environment)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["iterations"] == 2 and len(summary["after"]) == 2
+
+    evaluate = [
+        sys.executable, "-m", "rllib_ragen.run.evaluate", "ckpt", "--episodes", "3", "--engine", "hf",
+        "--output-dir", "evaluation",
+    ]  # fmt: skip
+    out = subprocess.run(evaluate, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=environment)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"| {game} | 3 |" in out.stdout
+    scored = json.loads((tmp_path / "evaluation" / "summary.json").read_text())["envs"][game]
+    assert scored["seeds"] == [scored["seeds"][0] + i for i in range(3)] and len(scored["successes"]) == 3
+    page = (tmp_path / "evaluation" / f"{game}.html").read_text()
+    assert "Guess The Number" in page  # the game's own rules, passed through to the trajectory page
