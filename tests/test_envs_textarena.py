@@ -371,6 +371,23 @@ def test_starpo_trains_on_a_textarena_game_on_a_remote_runner_and_the_evaluate_c
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"| {game} | 3 |" in out.stdout
     scored = json.loads((tmp_path / "evaluation" / "summary.json").read_text())["envs"][game]
-    assert scored["seeds"] == [scored["seeds"][0] + i for i in range(3)] and len(scored["successes"]) == 3
+    assert len(scored["successes"]) == 3 and set(scored["successes"]) <= {0, 1}
     page = (tmp_path / "evaluation" / f"{game}.html").read_text()
     assert "Guess The Number" in page  # the game's own rules, passed through to the trajectory page
+
+
+def test_the_guess_the_number_expert_wins_within_five_guesses():
+    from rllib_ragen.data.experts import TurnBudgetLeft, expert_for, has_expert
+
+    assert has_expert("textarena:GuessTheNumber-v0") and not has_expert("textarena:TowerOfHanoi-v0")
+    for seed in range(8):
+        env = make_env("textarena:GuessTheNumber-v0")
+        env.reset(seed=seed)
+        expert = expert_for(env)
+        for turn in range(5):
+            answer = expert(env, TurnBudgetLeft(turns=6 - turn, actions=6 - turn, per_turn=1))
+            assert answer is not None and answer.thought.startswith("The number is from")
+            _, reward, terminated, _, info = env.step(answer.actions[0])
+            if terminated:
+                break
+        assert terminated and reward == 1.0 and info["success"], f"seed {seed}"
