@@ -391,3 +391,11 @@ def test_the_guess_the_number_expert_wins_within_five_guesses():
             if terminated:
                 break
         assert terminated and reward == 1.0 and info["success"], f"seed {seed}"
+
+
+def test_the_cpu_preset_plays_a_textarena_game_one_move_a_turn_with_the_whole_history():
+    from rllib_ragen.algorithm.presets import TEXTARENA_TURNS, cpu_preset
+
+    config = cpu_preset("textarena:GuessTheNumber-v0")
+    assert (config.max_turns, config.max_actions_per_turn, config.max_actions_per_traj) == (TEXTARENA_TURNS, 1, 6)
+    assert config.history_window is None and not config.think and config.prefill

@@ -120,13 +120,18 @@ def cpu_preset(env: str) -> StarPOConfig:
         .diagnostics(collapse_metrics_samples=8)
         .debugging(seed=0)
     )
+    _kind_settings(config, env)
+    return config
+
+
+def _kind_settings(config: StarPOConfig, env: str) -> None:
+    """The CPU preset's own settings for the Bandit, the grid envs' readable variants and TextArena games."""
     if env.startswith("bandit"):
         _single_choice_settings(config)
     if env in READABLE_VARIANTS:
         _readable_grid_settings(config, **READABLE_VARIANTS[env])
     if env.startswith(TEXTARENA_SCHEME):
         _textarena_settings(config)
-    return config
 
 
 # The CPU preset's variant of each grid env (docs/learnable_variants.md): the
