@@ -137,11 +137,12 @@ class TextArenaEnv(TextEnv):
 
     @property
     def instructions(self) -> str:
-        opponent = "" if self.num_players != 2 else f" You play against a {self.config.opponent} opponent."
+        # The same before and after a reset: the system prompt is written before any episode.
         return (
-            f"You are playing {self.config.game}, a TextArena game. Its rules come with the first state; "
-            "each later state shows what the game says after your move." + opponent + " Write each move as the "
-            "game asks for it, e.g. [5]; the square brackets may be left out: 5 means [5]."
+            f"You are playing {self.config.game}, a TextArena game (in a two-player game you are Player 0, "
+            f"against a {self.config.opponent} opponent). Its rules come with the first state; each later state "
+            "shows what the game says after your move. Write each move as the game asks for it, e.g. [5]; the "
+            "square brackets may be left out: 5 means [5]."
         )
 
     def random_action(self, rng: np.random.Generator) -> str:
@@ -167,11 +168,13 @@ class TextArenaEnv(TextEnv):
     def _reset_game(self, game_seed: int) -> int:
         """Resets the game with `game_seed`; returns its number of players (1, else 2)."""
         single_player = _import_textarena(self.config.game).SinglePlayerState
+        refusal: Exception | None = None
         for players in [self.num_players] if self.num_players else [1, 2]:
             self.sandbox.seed(seed=game_seed)
             try:
                 self.sandbox.call(functools.partial(self.game.reset, num_players=players, seed=game_seed))
-            except (AssertionError, ValueError):  # how TextArena's games refuse a number of players
+            except (AssertionError, ValueError) as error:  # how TextArena's games refuse a number of players
+                refusal = error
                 continue
             # Some games ignore the number they are given: a game is for one player if its state is.
             if players == 2 or isinstance(self.game.state, single_player):
@@ -179,8 +182,8 @@ class TextArenaEnv(TextEnv):
                 self.game.state.error_allowance = math.inf
                 return players
         raise ValueError(
-            f"TextArena game {self.config.game!r} is for more than two players; only one- and two-player "
-            "games are supported"
+            f"TextArena game {self.config.game!r} is for more than two players (it refused one and two: "
+            f"{refusal!r}); only one- and two-player games are supported"
         )
 
     def _step(self, action: str) -> tuple[float, bool, bool, dict[str, Any]]:
