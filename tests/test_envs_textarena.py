@@ -398,3 +398,27 @@ def test_the_cpu_preset_plays_a_textarena_game_one_move_a_turn_with_the_whole_hi
     config = cpu_preset("textarena:GuessTheNumber-v0")
     assert (config.max_turns, config.max_actions_per_turn, config.max_actions_per_traj) == (TEXTARENA_TURNS, 1, 6)
     assert config.history_window is None and not config.think and config.prefill
+
+
+@pytest.mark.parametrize("game", ["GuessTheNumber-v0", "TicTacToe-v0", "TowerOfHanoi-v0"])
+def test_arbitrary_answers_never_raise_and_an_invalid_one_changes_nothing(game):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    env = make_env(f"textarena:{game}")
+
+    @settings(max_examples=40, deadline=None)
+    @given(st.lists(st.text(max_size=30) | st.sampled_from(["4", "[4]", "A C", "[A B]", "0", "]", "["]), max_size=6))
+    def check(answers: list[str]) -> None:
+        env.reset(seed=0)
+        for answer in answers:
+            moves_before = env.game.state.turn
+            observation, reward, terminated, truncated, info = env.step(answer)
+            assert isinstance(observation, str) and np.isfinite(reward) and not truncated
+            if not info["action_is_valid"]:  # the game refused it: nothing happened, and it says why
+                assert reward == 0.0 and not terminated and env.game.state.turn == moves_before
+                assert "invalid" in observation.lower()
+            if terminated:
+                break
+
+    check()
