@@ -15,7 +15,9 @@ replaced by a check of the local NLTK data: present data is used as is, and
 missing data raises `GameNeedsDownload` at once, naming the game and the data.
 
 One lock serialises the calls: the generators and `nltk.download` are
-process-wide, and env calls may run in worker threads (`step_timeout_s`).
+process-wide, and env calls may run in worker threads (`step_timeout_s`). A
+game call that hangs keeps the lock, so the process's later game calls wait
+too; with `step_timeout_s` each of them ends its trajectory as a fault.
 """
 
 from __future__ import annotations
