@@ -3,8 +3,9 @@
 For each env and each warm start (`random`: the answer format only, with
 random valid moves; `expert`: the env's solver, RAGEN's SFT path), this runs
 the env's tuned example (`tuned_examples/<env>_starpo.py`: CPU preset,
-SmolLM2-135M-Instruct, vLLM on CPU) with a training time budget, in a fresh
-process, exactly as a user would. The example evaluates the warm-started
+SmolLM2-135M-Instruct, vLLM on CPU; for an env without one, e.g.
+`textarena:GuessTheNumber-v0`, `python -m rllib_ragen train --env <env>`, the
+same driver) with a training time budget, in a fresh process, exactly as a user would. The example evaluates the warm-started
 policy on the fixed evaluation seeds before RL and the trained one on the same
 seeds after (`rllib_ragen.rollout.evaluation`, the code `python -m rllib_ragen.run.evaluate`
 runs too); this prints each evaluation's table row, collects both into a table
@@ -53,7 +54,8 @@ def table_header(holdout: bool) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--envs", default="frozenlake,sokoban", help="comma-separated envs with a tuned example")
+    parser.add_argument("--envs", default="frozenlake,sokoban",
+                        help="comma-separated envs (a tuned example's, or any name `rllib-ragen train --env` takes)")
     parser.add_argument("--starts", default="expert,random", help="comma-separated warm starts: expert, random")
     parser.add_argument("--minutes", type=float, default=30.0, help="RL time budget per run")
     parser.add_argument("--eval-size", type=int, default=128, help="fixed evaluation seeds")
@@ -83,16 +85,25 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     return words[0], words[1:]
 
 
+def training_command(env: str) -> list[str]:
+    """The tuned example of `env`, or for any other env the driver behind them, `python -m rllib_ragen train`."""
+    script = ROOT / "tuned_examples" / f"{env}_starpo.py"
+    if script.is_file():
+        return [sys.executable, str(script)]
+    return [sys.executable, "-m", "rllib_ragen", "train", "--env", env]
+
+
 def run_one(env: str, start: str, variant: tuple[str, list[str]], args: argparse.Namespace, workdir: Path) -> dict:
     """Runs the tuned example once; returns its before/after summary plus the wall time."""
     name, settings = variant
-    summary = workdir / f"{env}-{start}-{name}.json"
+    run = f"{env.replace(':', '.')}-{start}-{name}"  # a scheme name's colon kept out of paths
+    summary = workdir / f"{run}.json"
     command = [
-        sys.executable, str(ROOT / "tuned_examples" / f"{env}_starpo.py"),
+        *training_command(env),
         "--warm-start", start,
         *(["--warm-start-examples", str(args.warm_start_examples)] if args.warm_start_examples else []),
         "--time-budget-min", str(args.minutes), "--stop-iters", "1000", "--eval-size", str(args.eval_size),
-        "--summary-json", str(summary), "--checkpoint-dir", str(workdir / f"{env}-{start}-{name}-checkpoints"),
+        "--summary-json", str(summary), "--checkpoint-dir", str(workdir / f"{run}-checkpoints"),
         "--checkpoint-every", "1000",  # the final checkpoint only: each is about 2 GB
         "--tracking-uri", f"sqlite:///{workdir / 'mlflow.db'}", "--experiment", f"cpu-learning-{env}-{start}-{name}",
         *(f"--set={s}" for s in [*args.set, *settings]),
@@ -103,7 +114,7 @@ def run_one(env: str, start: str, variant: tuple[str, list[str]], args: argparse
     result = {**json.loads(summary.read_text()), "env": env, "start": start, "variant": name,
               "settings": " ".join(settings), "minutes_total": (time.perf_counter() - began) / 60}
     if args.holdout_seed_start is not None:
-        checkpoints = workdir / f"{env}-{start}-{name}-checkpoints"
+        checkpoints = workdir / f"{run}-checkpoints"
         result["holdout_before"] = evaluate_holdout(checkpoints, args, workdir / f"{name}-holdout-before",
                                                     model=result["starting_model"])
         result["holdout_after"] = evaluate_holdout(checkpoints, args, workdir / f"{name}-holdout-after")

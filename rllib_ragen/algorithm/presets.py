@@ -120,11 +120,18 @@ def cpu_preset(env: str) -> StarPOConfig:
         .diagnostics(collapse_metrics_samples=8)
         .debugging(seed=0)
     )
+    _kind_settings(config, env)
+    return config
+
+
+def _kind_settings(config: StarPOConfig, env: str) -> None:
+    """The CPU preset's own settings for the Bandit, the grid envs' readable variants and TextArena games."""
     if env.startswith("bandit"):
         _single_choice_settings(config)
     if env in READABLE_VARIANTS:
         _readable_grid_settings(config, **READABLE_VARIANTS[env])
-    return config
+    if env.startswith(TEXTARENA_SCHEME):
+        _textarena_settings(config)
 
 
 # The CPU preset's variant of each grid env (docs/learnable_variants.md): the
@@ -168,6 +175,23 @@ def _readable_grid_settings(config: StarPOConfig, *, env_config: dict[str, Any],
     # One on-policy step: no separate forward pass scores the old log-probs.
     config.training(mini_batch_size=config.max_rows_per_update)
     config.starpo_evaluation(eval_size=128, eval_interval=4)
+
+
+# TextArena games (`textarena:<game>`, docs/textarena.md). Turns: GuessTheNumber-v0 (1..20) takes at
+# most 5 guesses by halving; 6 leave random guessing, without repeats, a 6-in-20 chance.
+TEXTARENA_SCHEME = "textarena:"
+TEXTARENA_TURNS = 6
+
+
+def _textarena_settings(config: StarPOConfig) -> None:
+    """A TextArena game on CPU: the grid variants' recipe (one move a turn, no-think, GRPO), whole history.
+
+    A game reads one bracketed move a turn, like the readable grid variants; unlike
+    them, its states are each turn's new messages (the rules come with the first,
+    GuessTheNumber's hints one a turn), so the prompt keeps every turn.
+    """
+    _readable_grid_settings(config, env_config={}, max_turns=TEXTARENA_TURNS)
+    config.rollouts(history_window=None)
 
 
 def _single_choice_settings(config: StarPOConfig) -> None:

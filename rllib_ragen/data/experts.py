@@ -10,6 +10,9 @@ turns and actions left:
   goal when each turn runs open-loop on slippery ice
   (`envs.frozenlake_planner`); its thought names where the player and the goal are.
 - Corridor: one step towards the goal.
+- TextArena's GuessTheNumber (`textarena:GuessTheNumber-v0` and its variants):
+  the middle of the range the hints so far leave (binary search); its thought
+  names that range.
 
 `expert_for(env)` gives a fresh expert for one episode; it returns None when
 the episode cannot be demonstrated within the budget (a Sokoban room whose
@@ -29,6 +32,7 @@ from envs.frozenlake import FrozenLakeEnv
 from envs.frozenlake_planner import best_turn
 from envs.sokoban import SokobanEnv
 from envs.sokoban_solver import DEFAULT_MAX_STATES, solve
+from envs.textarena import TextArenaEnv
 
 # Who can play a warm start's demonstrations: valid actions at random (the answer
 # format only), or the env's expert below.
@@ -73,8 +77,11 @@ def expert_for(env: TextEnv, *, max_states: int = DEFAULT_MAX_STATES) -> Expert:
         return _frozenlake_turn
     if isinstance(env, CorridorEnv):
         return _corridor_turn
+    if isinstance(env, TextArenaEnv) and env.config.game.startswith("GuessTheNumber-"):
+        return _guess_the_number_turn
     raise ValueError(
-        f"no expert player for {type(env).__name__}; experts exist for Sokoban, FrozenLake and Corridor "
+        f"no expert player for {type(env).__name__}; experts exist for Sokoban, FrozenLake, Corridor and "
+        "TextArena's GuessTheNumber "
         "(use random play for a format-only warm start)"
     )
 
@@ -122,3 +129,15 @@ def _frozenlake_turn(env: FrozenLakeEnv, left: TurnBudgetLeft) -> Turn:
 def _corridor_turn(env: CorridorEnv, left: TurnBudgetLeft) -> Turn:
     action = env.optimal_action()
     return Turn([action], f"The goal is to my {action.lower()}.")
+
+
+def _guess_the_number_turn(env: TextArenaEnv, left: TurnBudgetLeft) -> Turn:
+    """Halves the range the game's hints leave (read from TextArena's own record of the guesses)."""
+    game = env.game
+    low, high = game.min_number, game.max_number
+    for guess, hint in game.state.game_state["guess_history"]:
+        if hint == "higher":
+            low = max(low, guess + 1)
+        else:
+            high = min(high, guess - 1)
+    return Turn([str((low + high) // 2)], f"The number is from {low} to {high}.")
