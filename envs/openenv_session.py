@@ -1,0 +1,131 @@
+"""One synchronous session with an OpenEnv server, every call bounded by a timeout.
+
+OpenEnv's own client (`GenericEnvClient`, WebSocket `/ws`, one env on the
+server per connection) bounds connecting and waiting for an answer; its
+synchronous wrapper waits for the result without a limit. `OpenEnvSession`
+runs the same client under a bound on the whole call, and turns what went
+wrong into errors naming the server and the call: `OpenEnvServerError` when the
+server answered with an error (bad input: retrying cannot help),
+`OpenEnvConnectionError` when it could not be reached, hung up or did not
+answer in time (another connection may help: `envs.openenv_client` retries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from openenv.core.generic_client import GenericEnvClient
+from openenv.core.sync_client import SyncEnvClient
+from websockets.exceptions import WebSocketException
+
+# What closing a session may take: a dead server must not hold up the caller.
+CLOSE_TIMEOUT_S = 2.0
+
+
+class OpenEnvServerError(RuntimeError):
+    """An OpenEnv server failed a call; the message names the server, the call and what went wrong."""
+
+
+class OpenEnvConnectionError(OpenEnvServerError):
+    """The server could not be reached, dropped the connection or did not answer within the timeout."""
+
+
+class _BoundedSyncClient(SyncEnvClient):
+    """OpenEnv's synchronous client with a limit on each call's wait."""
+
+    def __init__(self, async_client: GenericEnvClient, *, call_timeout_s: float) -> None:
+        super().__init__(async_client)
+        self.call_timeout_s = call_timeout_s
+
+    def _run(self, coro: Any, timeout_s: float | None = None) -> Any:
+        future = asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
+        try:
+            return future.result(timeout=timeout_s or self.call_timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"no answer within {timeout_s or self.call_timeout_s:g} s") from None
+
+
+class OpenEnvSession:
+    """A WebSocket session with the OpenEnv server at `url`: one env on the server, opened on first use.
+
+    Args:
+        url: The server's base URL, e.g. "http://127.0.0.1:8000".
+        timeout_s: Seconds connecting may take, and seconds an answer may take;
+            a call (connect, send, answer) is abandoned after twice that.
+    """
+
+    def __init__(self, *, url: str, timeout_s: float) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        self.url, self.timeout_s = url, timeout_s
+        self._client: _BoundedSyncClient | None = None
+
+    @property
+    def is_open(self) -> bool:
+        """A connection is open (made by the first call after construction or `close`)."""
+        return self._client is not None
+
+    def reset(self, **parameters: Any) -> dict[str, Any]:
+        """The server's answer to reset(**parameters): {"observation": {...}, "reward": ..., "done": ...}."""
+        return self._call("reset", lambda client: client.reset(**parameters))
+
+    def step(self, action: dict[str, Any]) -> dict[str, Any]:
+        """The server's answer to step(action), as for `reset`."""
+        return self._call(f"step {action!r}", lambda client: client.step(action))
+
+    def close(self) -> None:
+        """Ends the session (the server closes its env); never raises, waits at most `CLOSE_TIMEOUT_S`."""
+        client, self._client = self._client, None
+        if client is None:
+            return
+        try:
+            client._run(client.async_client.close(), CLOSE_TIMEOUT_S)
+        except Exception:  # a dead server or a dropped connection has nothing left to close
+            pass
+        client._stop_loop()
+
+    def _call(self, what: str, call: Callable[[_BoundedSyncClient], Any]) -> dict[str, Any]:
+        if self._client is None:
+            # A new client per connection: one that failed may hold a half-open socket on its old loop.
+            client = GenericEnvClient(
+                base_url=self.url, connect_timeout_s=self.timeout_s, message_timeout_s=self.timeout_s
+            )
+            self._client = _BoundedSyncClient(client, call_timeout_s=2 * self.timeout_s)
+        try:
+            result = call(self._client)
+        except RuntimeError as error:
+            if str(error).startswith("Server error:"):  # how OpenEnv's client reports an error answer
+                raise OpenEnvServerError(f"OpenEnv server {self.url} failed {what}: {error}") from error
+            raise self._connection_error(what, error) from error
+        except (OSError, TimeoutError, EOFError, WebSocketException) as error:  # OSError: ConnectionError too
+            raise self._connection_error(what, error) from error
+        return {"observation": result.observation, "reward": result.reward, "done": result.done}
+
+    def _connection_error(self, what: str, error: BaseException) -> OpenEnvConnectionError:
+        # The connection's state is unknown (an answer may still arrive): drop it; the next call reconnects.
+        self.close()
+        return OpenEnvConnectionError(
+            f"OpenEnv server {self.url}: {what} failed (timeout {self.timeout_s:g} s): {type(error).__name__}: {error}"
+        )
+
+
+def get_json(url: str, *, timeout_s: float) -> dict[str, Any] | None:
+    """The JSON object at `url` (GET), None when the server answers 404; OpenEnvConnectionError otherwise."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            return None
+        raise OpenEnvConnectionError(f"OpenEnv server: GET {url} answered {error.code} {error.reason}") from error
+    except (OSError, ValueError) as error:
+        raise OpenEnvConnectionError(
+            f"OpenEnv server: GET {url} failed (timeout {timeout_s:g} s): {type(error).__name__}: {error}"
+        ) from error
