@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import urllib.error
 import urllib.request
@@ -85,10 +86,8 @@ class OpenEnvSession:
         client, self._client = self._client, None
         if client is None:
             return
-        try:
+        with contextlib.suppress(Exception):  # a dead server or a dropped connection has nothing left to close
             client._run(client.async_client.close(), CLOSE_TIMEOUT_S)
-        except Exception:  # a dead server or a dropped connection has nothing left to close
-            pass
         client._stop_loop()
 
     def _call(self, what: str, call: Callable[[_BoundedSyncClient], Any]) -> dict[str, Any]:
