@@ -13,7 +13,6 @@ answer in time (another connection may help: `envs.openenv_client` retries).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import json
 import urllib.error
@@ -45,12 +44,15 @@ class _BoundedSyncClient(SyncEnvClient):
         self.call_timeout_s = call_timeout_s
 
     def _run(self, coro: Any, timeout_s: float | None = None) -> Any:
+        limit = timeout_s or self.call_timeout_s
         future = asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
         try:
-            return future.result(timeout=timeout_s or self.call_timeout_s)
-        except concurrent.futures.TimeoutError:
+            return future.result(timeout=limit)
+        except TimeoutError:  # also concurrent.futures' and asyncio's (aliases since Python 3.11)
+            if future.done():  # the client's own wait for the answer ran out
+                raise TimeoutError(f"no answer within {self.async_client._message_timeout:g} s") from None
             future.cancel()
-            raise TimeoutError(f"no answer within {timeout_s or self.call_timeout_s:g} s") from None
+            raise TimeoutError(f"the call did not end within {limit:g} s") from None
 
 
 class OpenEnvSession:
@@ -101,7 +103,11 @@ class OpenEnvSession:
             result = call(self._client)
         except RuntimeError as error:
             if str(error).startswith("Server error:"):  # how OpenEnv's client reports an error answer
-                raise OpenEnvServerError(f"OpenEnv server {self.url} failed {what}: {error}") from error
+                # OpenEnv's client drops the validation details: the schemas say what the server expects.
+                hint = (
+                    f"; what it expects: GET {self.url.rstrip('/')}/schema" if "VALIDATION_ERROR" in str(error) else ""
+                )
+                raise OpenEnvServerError(f"OpenEnv server {self.url} failed {what}: {error}{hint}") from error
             raise self._connection_error(what, error) from error
         except (OSError, TimeoutError, EOFError, WebSocketException) as error:  # OSError: ConnectionError too
             raise self._connection_error(what, error) from error
