@@ -36,8 +36,6 @@ from envs.base import TextEnv, build_config
 from envs.openenv_protocol import ACTION_FIELD, OBSERVATION_FIELD, TEXT_ENV_ROUTE, TextEnvSpec
 from envs.openenv_session import OpenEnvConnectionError, OpenEnvServerError, OpenEnvSession, get_json
 
-__all__ = ["OpenEnvClientConfig", "OpenEnvClientEnv", "OpenEnvServerError", "resolve_server"]
-
 _URL_SCHEMES = ("http", "https", "ws", "wss")
 _T = TypeVar("_T")
 

@@ -90,6 +90,8 @@ class OpenEnvSession:
             return
         with contextlib.suppress(Exception):  # a dead server or a dropped connection has nothing left to close
             client._run(client.async_client.close(), CLOSE_TIMEOUT_S)
+        with contextlib.suppress(Exception):  # else asyncio logs each task the stopped loop drops as an error
+            client._run(_cancel_pending_tasks(), CLOSE_TIMEOUT_S)
         client._stop_loop()
 
     def _call(self, what: str, call: Callable[[_BoundedSyncClient], Any]) -> dict[str, Any]:
@@ -119,6 +121,14 @@ class OpenEnvSession:
         return OpenEnvConnectionError(
             f"OpenEnv server {self.url}: {what} failed (timeout {self.timeout_s:g} s): {type(error).__name__}: {error}"
         )
+
+
+async def _cancel_pending_tasks() -> None:
+    """Cancels the loop's other tasks (a connection's keepalive, a close cut short) and waits for them to end."""
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def get_json(url: str, *, timeout_s: float) -> dict[str, Any] | None:

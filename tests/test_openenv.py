@@ -160,6 +160,14 @@ def test_bad_input_gets_a_clear_error(tmp_path):
             env.step("Right")
 
 
+def test_the_server_command_documents_its_flags():
+    command = [sys.executable, "-m", "envs.openenv_server", "--help"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert done.returncode == 0
+    for flag in ("--env", "--set KEY=VALUE", "--host", "--port", "--max-sessions", "--session-timeout-s"):
+        assert flag in done.stdout, flag
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -234,6 +242,8 @@ def test_training_against_a_server_killed_mid_run_then_restarted_resumes(ray_ses
             runner.engine = _KillsTheServerOnTurn2(runner.engine, answer + [runner.protocol.stop_token_ids[0]], server)
             killed = algo.train()
             assert server.poll() is not None and killed["env_runners"]["env_errors"] == 4
+            # No group is lost: both are in the batch, their trajectories cut at the fault.
+            assert killed["env_runners"]["num_trajectories"] == 4
             assert killed["learners"]["default_policy"]["num_trained_tokens"] > 0
             # With the server gone no group can start: a clear error naming it, not a hang.
             with pytest.raises(RuntimeError, match=rf"no group of env .*{url}.*reset failed .*gave up on reset after 2"):
