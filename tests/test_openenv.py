@@ -96,8 +96,13 @@ def test_a_dropped_connection_is_replayed_and_the_trajectory_goes_on(tmp_path):
         assert play(remote, 5, ["Right", "Left"]) == play(local, 5, ["Right", "Left"])
         kill(first)
     # A new server knows nothing of the episode: the client replays it (reset, Right, Left) first.
-    with openenv_server(tmp_path, "--env", "corridor", port=port):
+    with openenv_server(tmp_path, "--env", "corridor", port=port) as (_, second):
         assert remote.step("Right") == local.step("Right")
+        kill(second)
+    # A server whose env differs cannot reproduce the episode: an error, not a silently other episode.
+    with openenv_server(tmp_path, "--env", "corridor", "--set", "distance=5", port=port):
+        with pytest.raises(OpenEnvServerError, match=r"replaying the episode .* is not a pure function of seed"):
+            remote.step("Right")
         remote.close()
 
 
