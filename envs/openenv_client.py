@@ -54,7 +54,9 @@ class OpenEnvClientConfig:
     """
 
     url: str = ""
-    timeout_s: float = 10.0
+    # With the retries and backoffs, a call on a hung server ends within (2 + 1) x 2 x 8 + 0.5 + 1 = 49.5 s:
+    # before the env group's own limit (`env_step_timeout_s`, 60 s) abandons it with a vaguer message.
+    timeout_s: float = 8.0
     retries: int = 2
     backoff_s: float = 0.5
     action_field: str = ACTION_FIELD

@@ -25,7 +25,9 @@ from openenv.core.sync_client import SyncEnvClient
 from websockets.exceptions import WebSocketException
 
 # What closing a session may take: a dead server must not hold up the caller.
-CLOSE_TIMEOUT_S = 2.0
+CLOSE_TIMEOUT_S = 5.0
+# What reading the last message of a closed connection may take (it is buffered, or there is none).
+FAREWELL_TIMEOUT_S = 1.0
 
 
 class OpenEnvServerError(RuntimeError):
@@ -84,14 +86,20 @@ class OpenEnvSession:
         return self._call(f"step {action!r}", lambda client: client.step(action))
 
     def close(self) -> None:
-        """Ends the session (the server closes its env); never raises, waits at most `CLOSE_TIMEOUT_S`."""
+        """Ends the session: says so to the server, which closes its env; never raises, waits at most
+        `CLOSE_TIMEOUT_S` for the server (then drops the connection)."""
+        self._end(graceful=True)
+
+    def _end(self, *, graceful: bool) -> None:
+        """Forgets the connection, after closing it with the server's consent (`graceful`) or not."""
         client, self._client = self._client, None
         if client is None:
             return
-        with contextlib.suppress(Exception):  # a dead server or a dropped connection has nothing left to close
-            client._run(client.async_client.close(), CLOSE_TIMEOUT_S)
-        with contextlib.suppress(Exception):  # else asyncio logs each task the stopped loop drops as an error
-            client._run(_cancel_pending_tasks(), CLOSE_TIMEOUT_S)
+        if graceful:
+            with contextlib.suppress(Exception):  # a dead server or a dropped connection has nothing left to close
+                client._run(client.async_client.close(), CLOSE_TIMEOUT_S)
+        with contextlib.suppress(Exception):
+            client._run(_drop_connection(client.async_client), CLOSE_TIMEOUT_S)
         client._stop_loop()
 
     def _call(self, what: str, call: Callable[[_BoundedSyncClient], Any]) -> dict[str, Any]:
@@ -104,7 +112,8 @@ class OpenEnvSession:
         try:
             result = call(self._client)
         except RuntimeError as error:
-            if str(error).startswith("Server error:"):  # how OpenEnv's client reports an error answer
+            # How OpenEnv's client reports an error answer; a server at capacity may have room on a retry.
+            if str(error).startswith("Server error:") and "CAPACITY_REACHED" not in str(error):
                 # OpenEnv's client drops the validation details: the schemas say what the server expects.
                 hint = (
                     f"; what it expects: GET {self.url.rstrip('/')}/schema" if "VALIDATION_ERROR" in str(error) else ""
@@ -116,15 +125,38 @@ class OpenEnvSession:
         return {"observation": result.observation, "reward": result.reward, "done": result.done}
 
     def _connection_error(self, what: str, error: BaseException) -> OpenEnvConnectionError:
-        # The connection's state is unknown (an answer may still arrive): drop it; the next call reconnects.
-        self.close()
+        said = self._farewell() if isinstance(error, WebSocketException) else ""
+        # The connection's state is unknown (an answer may still arrive): drop it, without waiting for a server
+        # that may be gone or hung; the next call reconnects.
+        self._end(graceful=False)
         return OpenEnvConnectionError(
-            f"OpenEnv server {self.url}: {what} failed (timeout {self.timeout_s:g} s): {type(error).__name__}: {error}"
+            f"OpenEnv server {self.url}: {what} failed (timeout {self.timeout_s:g} s): "
+            f"{type(error).__name__}: {error}{said}"
         )
 
+    def _farewell(self) -> str:
+        """What a server that closed the connection said last, if it was an error (e.g. CAPACITY_REACHED)."""
+        assert self._client is not None, "called on the connection that failed"
+        with contextlib.suppress(Exception):  # nothing said, or not an error: nothing to add
+            said = self._client._run(_last_error(self._client.async_client), FAREWELL_TIMEOUT_S)
+            if said:
+                return f"; before closing, the server said: {said}"
+        return ""
 
-async def _cancel_pending_tasks() -> None:
-    """Cancels the loop's other tasks (a connection's keepalive, a close cut short) and waits for them to end."""
+
+async def _last_error(client: GenericEnvClient) -> str | None:
+    """The error message the server sent before it closed the connection (websockets keeps it for `recv`)."""
+    message = json.loads(await client._ws.recv())
+    if message.get("type") != "error":
+        return None
+    return f"{message['data'].get('message')} (code: {message['data'].get('code')})"
+
+
+async def _drop_connection(client: GenericEnvClient) -> None:
+    """Closes `client`'s socket at once and cancels the loop's other tasks (keepalive, a close cut short):
+    asyncio would log each task the stopped loop drops as an error."""
+    if client._ws is not None:
+        client._ws.transport.abort()
     tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
     for task in tasks:
         task.cancel()
