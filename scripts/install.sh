@@ -38,8 +38,11 @@ else
   mapfile -t arguments < <(python scripts/install_plan.py install "$extras")
   python -m pip install --progress-bar off "${arguments[@]}"
   if [ "${#no_deps[@]}" -gt 0 ]; then
-    echo "install.sh: ${no_deps[*]} is installed without torchvision, torchaudio and torchcodec on purpose" \
-         "(they cannot load beside the CPU torch); pip's note that they are missing is expected"
+    mapfile -t left_out < <(python scripts/install_plan.py left-out "$extras")
+    for line in "${left_out[@]}"; do
+      echo "install.sh: ${line}, on purpose (scripts/install_plan.py says why)"
+    done
+    echo "install.sh: pip's note that those are missing is expected"
   fi
 fi
 

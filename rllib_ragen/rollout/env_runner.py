@@ -116,7 +116,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             config=config.protocol_config,
         )
         self.reward_shaping = config.reward_shaping_config
-        self._check_first_prompt_fits(probe)
+        try:
+            self._check_first_prompt_fits(probe)
+        finally:
+            probe.close()  # the template env keeps serving its instructions and spaces
 
     def _check_first_prompt_fits(self, probe: EnvGroup) -> None:
         """Fails before any rollout when the first training prompt leaves no room for the response."""
@@ -181,7 +184,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         )
         start = time.perf_counter()
         rollout = _GroupRollout(self, seeds, group_size)
-        generated_tokens = rollout.run(params)
+        try:
+            generated_tokens = rollout.run(params)
+        finally:
+            rollout.close()
         # env_step_s: inside env reset/step; prompt_build_s: prompt tokens, parsing, histories.
         self.last_rollout_timing = {"total_s": time.perf_counter() - start, **rollout.timing}
         if not evaluation:
@@ -265,9 +271,14 @@ class _GroupRollout:
         self.groups: list[EnvGroup] = []
         self.episodes: list[MultiAgentEpisode] = []
         self.histories: dict[tuple[int, str], TokenHistory] = {}
-        for group, seed in zip(self.all_groups, seeds):
-            self._start_group(group, seed)
+        try:
+            for group, seed in zip(self.all_groups, seeds):
+                self._start_group(group, seed)
+        except BaseException:
+            self.close()
+            raise
         if not self.groups:
+            self.close()
             errors = [line for g in self.all_groups for line in g.errors]
             raise RuntimeError(
                 f"no group of env {config.env!r} could start (seeds {seeds[0]}..{seeds[-1]}): "
@@ -275,6 +286,11 @@ class _GroupRollout:
                 f"max_model_len - response_length = {self.max_prompt_len} tokens; env errors: {errors[:5]}"
             )
         self.live = list(self.histories)
+
+    def close(self) -> None:
+        """Closes every group's envs (the episodes are kept)."""
+        for group in self.all_groups:
+            group.close()
 
     @property
     def env_errors(self) -> int:

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -469,8 +470,11 @@ def run(
 
 
 def run_directory(config: StarPOConfig, args: argparse.Namespace) -> Path:
-    """`--checkpoint-dir`, or ./checkpoints/<env>-starpo (an import path's module:Class as module.Class)."""
-    return Path(args.checkpoint_dir or Path("checkpoints") / f"{config.env.replace(':', '.')}-starpo").resolve()
+    """`--checkpoint-dir`, or ./checkpoints/<env>-starpo with each run of characters other than letters,
+    digits, `.`, `_` and `-` in the env name as one `.` (module:Class as module.Class, openenv:http://h:80
+    as openenv.http.h.80)."""
+    name = re.sub(r"[^\w.-]+", ".", config.env)
+    return Path(args.checkpoint_dir or Path("checkpoints") / f"{name}-starpo").resolve()
 
 
 def checkpoint_to_resume(checkpoint_dir: Path, *, resume: bool) -> Path | None:
