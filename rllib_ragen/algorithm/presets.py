@@ -192,6 +192,8 @@ def _textarena_settings(config: StarPOConfig) -> None:
     """
     _readable_grid_settings(config, env_config={}, max_turns=TEXTARENA_TURNS)
     config.rollouts(history_window=None)
+    # A row is now a whole trajectory: size the one on-policy step to the fewer rows (no repeated rows).
+    config.training(mini_batch_size=config.max_rows_per_update)
 
 
 def _single_choice_settings(config: StarPOConfig) -> None:
