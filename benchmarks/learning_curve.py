@@ -34,7 +34,10 @@ def main(argv: list[str] | None = None) -> Path:
     histories = {}
     for experiment in args.experiment:
         for run in list_runs(client, experiment).itertuples():
-            label = f"{experiment}: {run.run_name} ({run.env}, {run.advantage_estimator})"
+            # The run's name holds its env; the experiment tells runs apart only when there are several.
+            label = f"{run.run_name} ({run.advantage_estimator})"
+            if len(args.experiment) > 1:
+                label = f"{experiment}: {label}"
             histories[label] = metric_histories(client, run.run_id, [*EVALUATION_SUCCESS, TRAINING_SECONDS])
     if not histories:
         raise SystemExit(f"no runs in experiments {args.experiment} at {args.tracking_uri}")
