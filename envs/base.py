@@ -24,6 +24,7 @@ The global numpy/random state is never touched.
 from __future__ import annotations
 
 import abc
+import ast
 import dataclasses
 import numbers
 from collections.abc import Mapping, Sequence
@@ -179,6 +180,14 @@ def build_config(config_class: type, config: Any, overrides: Mapping[str, Any]) 
         raise TypeError(f"unknown {config_class.__name__} key(s) {unknown}; accepted keys: {list(accepted)}")
     base: Any = config if config is not None else config_class()
     return dataclasses.replace(base, **overrides)
+
+
+def parse_literal(raw: str) -> Any:
+    """A Python literal (`3`, `1e-5`, `None`, `(1, 2)`, `False`), else the text itself: a `KEY=VALUE` value."""
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return raw
 
 
 def config_field_names(config_class: type) -> tuple[str, ...]:

@@ -14,7 +14,6 @@ idle for `--session-timeout-s` is closed by the server. Train against it with
 from __future__ import annotations
 
 import argparse
-import ast
 import functools
 import json
 import uuid
@@ -27,7 +26,7 @@ from openenv.core.env_server.http_server import create_fastapi_app
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import ConcurrencyConfig, EnvironmentMetadata, State
 
-from envs.base import TextEnv
+from envs.base import TextEnv, parse_literal
 from envs.openenv_protocol import TEXT_ENV_ROUTE, TextAction, TextEnvSpec, TextObservation
 from envs.registry import make_env
 
@@ -134,10 +133,7 @@ def parse_settings(items: Sequence[str]) -> dict[str, Any]:
         key, separator, text = item.partition("=")
         if not separator or not key.strip():
             raise ValueError(f"--set takes KEY=VALUE, got {item!r}")
-        try:
-            settings[key.strip()] = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            settings[key.strip()] = text
+        settings[key.strip()] = parse_literal(text)
     return settings
 
 

@@ -13,7 +13,6 @@ job with one line, `error: ...`, and exit code 2, before Ray starts.
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import dataclasses
 import json
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envs import check_env
+from envs.base import parse_literal
 from rllib_ragen.algorithm.presets import PRESETS, preset
 from rllib_ragen.data.experts import WARM_START_PLAYERS, WARM_START_STATES, has_expert
 from rllib_ragen.intervals import format_rate, paired_difference_interval
@@ -320,14 +320,6 @@ def split_assignment(config: StarPOConfig, assignment: str, *, flag: str) -> tup
     if not hasattr(config, key):
         raise ValueError(f"unknown config key {key!r} in {flag} {assignment!r}")
     return key, raw
-
-
-def parse_literal(raw: str) -> Any:
-    """A Python literal (`3`, `1e-5`, `None`, `(1, 2)`), else the text itself."""
-    try:
-        return ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        return raw
 
 
 def setting_value(config: StarPOConfig, key: str, raw: str, *, flag: str) -> Any:
