@@ -141,7 +141,8 @@ def test_cpu_frozenlake_preset_trains_the_readable_variant_in_one_on_policy_step
     assert make_env("frozenlake", **config.env_config).config.render == "words"
     assert config.env_config == {"is_slippery": False, "render": "words"}
     assert (config.max_actions_per_turn, config.history_window, config.think) == (1, 0, False)
-    assert config.max_rows_per_update == 4 * 4 * 5 == config.mini_batch_size
+    assert config.max_rows_per_update == 4 * 4 * 5 and config.mini_batch_size is None
+    assert config.rows_per_step(37) == 37  # one step over whatever rows the filter kept
     assert config.update_is_one_on_policy_step
 
 
@@ -154,5 +155,19 @@ def test_cpu_sokoban_preset_trains_the_rooms_in_words_one_move_a_turn():
     assert make_env("sokoban", **config.env_config).config.render == "words"
     assert (config.max_turns, config.max_actions_per_turn, config.max_actions_per_traj) == (8, 1, 8)
     assert (config.history_window, config.think, config.advantage_estimator) == (0, False, "grpo")
-    assert config.max_rows_per_update == 4 * 4 * 8 == config.mini_batch_size
+    assert config.max_rows_per_update == 4 * 4 * 8 and config.mini_batch_size is None
     assert cpu_preset("larger_sokoban").env_config == {}
+
+
+def test_a_mini_batch_never_repeats_rows_and_a_too_large_one_is_named_in_one_line(caplog):
+    from rllib_ragen.algorithm.presets import cpu_preset
+
+    config = cpu_preset("bandit")
+    assert config.mini_batch_size is None and config.rows_per_step(32) == 32 and config.rows_per_step(5) == 5
+    config.training(mini_batch_size=8)
+    assert (config.rows_per_step(32), config.rows_per_step(5)) == (8, 5)  # never 8 rows out of 5
+    with caplog.at_level("WARNING"):
+        config.training(mini_batch_size=100).validate()
+    lines = [r.getMessage() for r in caplog.records if "mini_batch_size=100" in r.getMessage()]
+    assert len(lines) == 1 and "at most 32 rows" in lines[0] and "none repeated" in lines[0]
+    assert config.rows_per_step(32) == 32

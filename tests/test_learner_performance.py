@@ -25,7 +25,7 @@ from rllib_ragen.columns import (
     TOKEN_ENTROPY,
     TOKEN_LOGP,
 )
-from rllib_ragen.training.learner import _micro_batch_weights, token_budget_groups
+from rllib_ragen.training.learner import micro_batch_weights, token_budget_groups
 from rllib_ragen.training.losses import aggregate_loss, policy_loss
 from rllib_ragen.training.module import ScoringConfig
 
@@ -92,7 +92,7 @@ def test_fast_fp32_update_equals_the_naive_one(tiny_model_path, agg):
     naive_policy = copy.deepcopy(module.policy)
     with torch.no_grad():
         batch = _with_old_logp(_batch(), module.forward_train(_batch())[TOKEN_LOGP])
-    assert len(_micro_batch_weights(batch, 4, agg, token_budget=40)) >= 3  # really split
+    assert len(micro_batch_weights(batch, 4, agg, token_budget=40)) >= 3  # really split
     loss, grads = _update(learner, batch)
     expected = _naive_loss(naive_policy, batch, agg)
     expected.backward()

@@ -15,7 +15,7 @@ from rllib_ragen.training.advantages import (
     compute_advantages,
     restrict_to_selected,
 )
-from rllib_ragen.training.learner import _micro_batch_weights
+from rllib_ragen.training.learner import micro_batch_weights
 from rllib_ragen.training.losses import policy_loss
 from rllib_ragen.training.token_masks import (
     TOKEN_MASKS,
@@ -139,7 +139,7 @@ def test_micro_batches_are_weighted_by_policy_mask_tokens():
         Columns.LOSS_MASK: torch.tensor([[0, 1, 1, 1], [0, 1, 1, 1]]),
         POLICY_MASK: torch.tensor([[0, 0, 1, 0], [0, 1, 1, 1]]),
     }
-    weights = [float(w) for _, w in _micro_batch_weights(batch, 1, "token-mean")]
+    weights = [float(w) for _, w in micro_batch_weights(batch, 1, "token-mean")]
     assert weights == [0.25, 0.75]
 
 

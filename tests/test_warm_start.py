@@ -1,4 +1,5 @@
-"""The format warm start: random multi-turn play, behaviour-cloned through RLlib, then a model that follows the format."""
+"""The format warm start: random multi-turn play, behaviour-cloned in the supervised loop, then a model that follows
+the format."""
 
 import dataclasses
 
@@ -71,8 +72,8 @@ def _valid_ratio(lm, prompts, protocol, *, samples=4):
     return valid / (samples * len(prompts))
 
 
-@pytest.mark.slow  # 4 epochs of behaviour cloning through RLlib, then sampling from both models
-def test_warm_start_teaches_the_format_through_rllib_and_is_cached(ray_session, tiny_model_path, tmp_path):
+@pytest.mark.slow  # 4 epochs of behaviour cloning, then sampling from both models
+def test_warm_start_teaches_the_format_and_is_cached(tiny_model_path, tmp_path):
     protocol = ProtocolConfig(max_actions_per_turn=1, think=False, prefill=True)
     budget = TurnBudget(max_turns=1, max_actions_per_traj=1)
     # One pair of names (RAGEN v1's): a random tiny model learns the format, not 24 names.

@@ -100,7 +100,7 @@ def cpu_preset(env: str) -> StarPOConfig:
         .training(
             advantage_estimator="gae",
             rollout_filter_ratio=0.125,
-            mini_batch_size=8,
+            # mini_batch_size unset: one optimiser step on the rows the filter keeps.
             micro_batch_size=2,
             micro_batch_tokens=2048,
             autocast_dtype="bfloat16" if bf16 else None,
@@ -171,9 +171,9 @@ def _readable_grid_settings(config: StarPOConfig, *, env_config: dict[str, Any],
         prefill=True,
         response_length=12,
     )
+    # mini_batch_size unset: one on-policy step on the kept rows, so no separate forward pass scores
+    # the old log-probs.
     config.training(advantage_estimator="grpo", rollout_filter_ratio=0.25, micro_batch_size=8)
-    # One on-policy step: no separate forward pass scores the old log-probs.
-    config.training(mini_batch_size=config.max_rows_per_update)
     config.starpo_evaluation(eval_size=128, eval_interval=4)
 
 
@@ -192,8 +192,6 @@ def _textarena_settings(config: StarPOConfig) -> None:
     """
     _readable_grid_settings(config, env_config={}, max_turns=TEXTARENA_TURNS)
     config.rollouts(history_window=None)
-    # A row is now a whole trajectory: size the one on-policy step to the fewer rows (no repeated rows).
-    config.training(mini_batch_size=config.max_rows_per_update)
 
 
 def _single_choice_settings(config: StarPOConfig) -> None:
@@ -215,7 +213,6 @@ def _single_choice_settings(config: StarPOConfig) -> None:
     config.training(
         advantage_estimator="brpo",
         rollout_filter_ratio=0.5,
-        mini_batch_size=32,
         micro_batch_size=8,
         actor_lr=2e-5,
         entropy_coeff=0.0,

@@ -94,7 +94,10 @@ class UpdateSettings:
         rollout_frequency: Optimiser passes over each rollout batch before
             the next rollout (1 = always fresh data, RAGEN's advice).
         mini_batch_size: Rows per optimiser step (a row is a trajectory,
-            or one turn when a history window is set).
+            or one turn when a history window is set). None = every row the
+            StarPO-S filter kept, in one step per pass. An update never
+            repeats rows to fill a mini-batch: a larger size than the rows it
+            gets is cut to those rows.
         micro_batch_size: Rows per forward/backward; gradients accumulate.
         micro_batch_tokens: Padded-token budget per forward/backward instead
             of `micro_batch_size` rows: rows are sorted by length and packed
@@ -105,18 +108,20 @@ class UpdateSettings:
     """
 
     rollout_frequency: int = 1
-    mini_batch_size: int = 32
+    mini_batch_size: int | None = None
     micro_batch_size: int = 4
     micro_batch_tokens: int | None = None
     torch_threads: int | None = None
 
     def __post_init__(self) -> None:
-        _check_at_least_one(self, "rollout_frequency", "mini_batch_size", "micro_batch_size")
+        _check_at_least_one(self, "rollout_frequency", "micro_batch_size")
+        if self.mini_batch_size is not None and int(self.mini_batch_size) < 1:
+            raise ValueError(f"mini_batch_size must be >= 1 or None, got {self.mini_batch_size}")
         if self.micro_batch_tokens is not None and int(self.micro_batch_tokens) < 1:
             raise ValueError(f"micro_batch_tokens must be >= 1 or None, got {self.micro_batch_tokens}")
         if self.torch_threads is not None and int(self.torch_threads) < 1:
             raise ValueError(f"torch_threads must be >= 1 or None, got {self.torch_threads}")
-        if self.micro_batch_size > self.mini_batch_size:
+        if self.mini_batch_size is not None and self.micro_batch_size > self.mini_batch_size:
             raise ValueError(
                 f"micro_batch_size={self.micro_batch_size} is larger than mini_batch_size={self.mini_batch_size}"
             )

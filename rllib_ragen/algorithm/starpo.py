@@ -370,12 +370,13 @@ class StarPOConfig(AlgorithmConfig):
             )
 
     def _warn_when_mini_batches_repeat_rows(self) -> None:
-        # A warning, not an error: sampling-only uses keep the training defaults.
+        # One line, not an error: sampling-only uses keep the training defaults.
         kept_groups, kept_rows = self.filter_settings.max_kept_groups(self.n_groups), self.max_rows_per_update
-        if self.mini_batch_size > kept_rows:
+        if self.mini_batch_size is not None and self.mini_batch_size > kept_rows:
             logger.warning(
                 "mini_batch_size=%d is larger than the at most %d rows an update gets (the StarPO-S filter keeps "
-                "%d of n_groups=%d groups x group_size=%d%s): RLlib fills mini-batches by repeating rows",
+                "%d of n_groups=%d groups x group_size=%d%s): each optimiser step takes the rows there are, "
+                "none repeated (leave mini_batch_size unset for exactly that)",
                 self.mini_batch_size,
                 kept_rows,
                 kept_groups,
@@ -383,6 +384,11 @@ class StarPOConfig(AlgorithmConfig):
                 self.group_size,
                 "" if self.history_window is None else f" x max_turns={self.max_turns}",
             )
+
+    def rows_per_step(self, rows: int) -> int:
+        """Rows of one optimiser step of an update on `rows` rows: the mini-batch size, never more than
+        the rows (RLlib would fill the rest by repeating rows); all of them when it is None."""
+        return rows if self.mini_batch_size is None else max(1, min(self.mini_batch_size, rows))
 
     @property
     def max_rows_per_update(self) -> int:
@@ -399,7 +405,9 @@ class StarPOConfig(AlgorithmConfig):
         connector does not score them in a separate forward pass.
         """
         return (
-            self.rollout_frequency == 1 and self.num_learners <= 1 and self.max_rows_per_update <= self.mini_batch_size
+            self.rollout_frequency == 1
+            and self.num_learners <= 1
+            and (self.mini_batch_size is None or self.max_rows_per_update <= self.mini_batch_size)
         )
 
     @property
@@ -677,11 +685,12 @@ class StarPO(Algorithm):
             shuffle_batch_per_epoch=True,
         )
         num_learners = len(self.learner_group)
+        step_rows = config.rows_per_step(count_training_rows(kept, history_window=config.history_window))
         if num_learners < 2:
-            return self.learner_group.update(episodes=kept, minibatch_size=config.mini_batch_size, **common)
+            return self.learner_group.update(episodes=kept, minibatch_size=step_rows, **common)
         shards = shard_groups(kept, num_learners)
         rows = [count_training_rows(shard, history_window=config.history_window) for shard in shards]
-        sizes, steps = learner_minibatch_sizes(rows, config.mini_batch_size, config.rollout_frequency)
+        sizes, steps = learner_minibatch_sizes(rows, step_rows, config.rollout_frequency)
         results = self.learner_group.foreach_learner(
             _update_on_own_shard,
             shards=[ray.put(shard) for shard in shards],

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from envs import check_env
 from envs.base import parse_literal
 from rllib_ragen.algorithm.presets import PRESETS, preset
-from rllib_ragen.data.experts import WARM_START_PLAYERS, WARM_START_STATES, has_expert
+from rllib_ragen.data.experts import WARM_START_PLAYERS, WARM_START_STATES
 from rllib_ragen.intervals import format_rate, paired_difference_interval
 from rllib_ragen.run.console import (
     IterationProgress,
@@ -360,39 +360,6 @@ _SETTING_KINDS = (
 )
 
 
-def apply_warm_start(config: StarPOConfig, *, num_examples: int | None = None, player: str | None = None) -> None:
-    """Replaces the model by its warm-started copy (built once, cached).
-
-    `player` None: the expert where the env has one (a policy that already
-    solves part of the task: RL gains most there, see
-    docs/results/multiturn_learning_2026-11.md), else random play (the answer format only).
-    """
-    from rllib_ragen.run.warm_start import WarmStartConfig, warm_start
-
-    player = player or ("expert" if has_expert(config.env) else "random")
-    num_examples = num_examples or WARM_START_STATES[player]
-    tiny = config.llm_model == "tiny-random"
-    ws = WarmStartConfig(
-        env=config.env,
-        env_config=dict(config.env_config),
-        protocol=config.protocol_config,
-        budget=config.turn_budget,
-        num_examples=num_examples,
-        answers_per_prompt=2,
-        epochs=2,
-        batch_size=8,
-        lr=3e-3 if tiny else (3e-4 if player == "expert" else 1e-4),
-        player=player,
-        autocast_dtype=config.autocast_dtype,
-    )
-    print(
-        f"{player}-play warm start of {config.llm_model} on {config.env} ({num_examples} states; "
-        "cached after the first run)",
-        flush=True,
-    )
-    config.llm(model=str(warm_start(config.llm_model, ws, progress=True)))
-
-
 def run(
     config: StarPOConfig,
     args: argparse.Namespace,
@@ -720,13 +687,12 @@ def choose_starting_model(config: StarPOConfig, args: argparse.Namespace) -> dic
         The run's model tags: `base_model` and `warm_start_model` ("none" without a warm start).
     """
     from rllib_ragen.models import resolve_model
-    from rllib_ragen.run.ray_session import init_ray
+    from rllib_ragen.run.warm_start import apply_warm_start
 
     check_starting_model(args)
     base = str(config.llm_model)
     if args.warm_start_model:
         config.llm(model=str(resolve_model(args.warm_start_model)))
     elif not args.no_warm_start:  # cached: a resumed run gets the same warm-started model back
-        init_ray()
         apply_warm_start(config, num_examples=args.warm_start_examples, player=args.warm_start_player)
     return {"base_model": base, "warm_start_model": "none" if args.no_warm_start else str(config.llm_model)}

@@ -4,10 +4,13 @@ Small models (SmolLM2-135M, and of course a random tiny model) almost never
 write `<think>...</think><answer>...</answer>` zero-shot, so RL sees no reward
 signal at all. The warm start plays the env with a random player
 (`rllib_ragen.data.demonstrations.random_demonstrations`: multi-turn, 1..k valid
-actions per turn drawn uniformly at random, never a solver's choice), writes
-those trajectories to Parquet, and behaviour-clones them through RLlib's offline
-API (`rllib_ragen.algorithm.offline`: the same `LLMRLModule`, `BCTorchLearner` and
-micro-batching as StarPO). Afterwards the model follows the format while its
+actions per turn drawn uniformly at random, never a solver's choice) and
+behaviour-clones those trajectories in a plain supervised loop
+(`rllib_ragen.training.behaviour_cloning`: the learner's token scoring, loss
+aggregation, optimiser and micro-batching, the rows' shared prompt prefix run
+once, and no RLlib iteration, Ray Data pass or engine around each step; RLlib's
+offline API stays for offline StarPO and for BC on a dataset,
+`rllib_ragen.algorithm.offline`). Afterwards the model follows the format while its
 choices are still random, so any later gain in success is the RL's doing.
 
 With `player="expert"` the trajectories are an expert's instead
@@ -25,17 +28,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
 from envs import make_env
-from rllib_ragen.algorithm.offline import OfflineSettings, offline_config
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.data.demonstrations import (
     DemonstrationConfig,
@@ -43,22 +43,23 @@ from rllib_ragen.data.demonstrations import (
     expert_demonstrations,
     random_demonstrations,
 )
-from rllib_ragen.data.experts import WARM_START_PLAYERS
-from rllib_ragen.data.parquet import write_trajectories
+from rllib_ragen.data.experts import WARM_START_PLAYERS, WARM_START_STATES, has_expert
 from rllib_ragen.models import (
     BuiltinModel,
     default_cache_dir,
+    load_causal_lm,
     load_tokenizer,
     prepare_builtin,
     resolve_model,
 )
 from rllib_ragen.rollout.env_group import TurnBudget
 from rllib_ragen.rollout.prompt.protocol import ProtocolConfig
-from rllib_ragen.run.ray_session import init_ray
+from rllib_ragen.training.behaviour_cloning import SupervisedSettings, cloning_passes, supervised_step
+from rllib_ragen.training.token_batch import trajectories_from_episodes
 
 # Part of the cache key: a change to how the warm start trains, or to the text of the
 # demonstrations it trains on (e.g. an expert's thought), must bump it so old results are not reused.
-WARM_START_METHOD = "bc-6"
+WARM_START_METHOD = "bc-7"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +77,8 @@ class WarmStartConfig:
             several per state teach a spread-out choice instead of one
             arbitrary answer.
         epochs: Passes over the trajectories.
-        batch_size: Trajectories per optimiser step.
+        batch_size: Trajectories per pass, and token rows per optimiser step
+            (a pass of 8 one-move-a-turn trajectories is up to 8 x turns rows).
         lr: AdamW learning rate.
         seed: Seeds the env instances, the random actions and the model.
         player: "random" (valid actions at random: teaches the format only)
@@ -131,7 +133,7 @@ def warm_start(
 ) -> Path:
     """Returns the directory of `model` warm-started with `config` (built once, then cached).
 
-    Needs Ray (the offline data is read with Ray Data); starts it if it is not running.
+    Runs in this process: no Ray, no engine (the supervised loop of `_train`).
     """
     base_path = resolve_model(model, cache_dir=cache_dir, progress=progress)
     builtin = BuiltinModel(
@@ -168,56 +170,68 @@ def demonstrations(tokenizer: Any, config: WarmStartConfig) -> list[MultiAgentEp
     )
 
 
-def behaviour_cloning_config(base_path: Path, config: WarmStartConfig) -> StarPOConfig:
-    """The StarPO config whose offline BC run is the warm start (in-process HF engine, never sampled)."""
-    protocol, budget = config.protocol, config.budget
-    return (
-        StarPOConfig()
-        .environment(config.env, env_config=dict(config.env_config))
-        .llm(model=str(base_path), critic="none", dtype="float32")
-        .rollouts(
-            n_groups=config.batch_size,
-            group_size=1,
-            max_turns=budget.max_turns,
-            max_actions_per_turn=protocol.max_actions_per_turn,
-            max_actions_per_traj=budget.max_actions_per_traj,
-            format_penalty=budget.format_penalty,
-            think=protocol.think,
-            prefill=protocol.prefill,
-            history_window=protocol.history_window,
-        )
-        .inference(engine="hf")
-        # Behaviour cloning computes no advantages; a critic-free estimator keeps the config valid without a critic.
-        .training(
-            advantage_estimator="grpo",
-            actor_lr=config.lr,
-            mini_batch_size=config.batch_size,
-            micro_batch_size=min(4, config.batch_size),
-            autocast_dtype=config.autocast_dtype,
-        )
-        .starpo_evaluation(eval_interval=0)
-        # The collapse diagnostics and the echo-trap monitor read a policy's own samples; on fixed
-        # demonstrations they would only print warnings about the demonstrations' templates.
-        .diagnostics(collapse_metrics_interval=0)
-        .debugging(seed=config.seed)
+def _train(base_path: Path, config: WarmStartConfig, out_dir: Path, report: Callable[[str], None]) -> None:
+    """Behaviour-clones the demonstrations into `base_path`'s model and writes it to `out_dir`.
+
+    A plain supervised loop (`rllib_ragen.training.behaviour_cloning`): each of the
+    `num_steps` passes takes `batch_size` trajectories and steps the optimiser once per
+    `batch_size` of their token rows, as the RLlib offline iteration of the earlier
+    warm start did, at the learner's own speed.
+    """
+    torch.manual_seed(config.seed)
+    tokenizer = load_tokenizer(base_path)
+    episodes = demonstrations(tokenizer, config)
+    if not episodes:
+        raise RuntimeError(f"the {config.player} player made no demonstration of {config.env} within the budget")
+    trajectories = trajectories_from_episodes(episodes, history_window=config.protocol.history_window)
+    policy = load_causal_lm(base_path, dtype=torch.float32)
+    policy.train()
+    settings = SupervisedSettings(lr=config.lr, rows_per_step=config.batch_size, autocast_dtype=config.autocast_dtype)
+    optimizer = settings.optimizer(policy)
+    passes = cloning_passes(
+        trajectories, trajectories_per_pass=config.batch_size, rows_per_step=config.batch_size, epochs=config.epochs
+    )
+    for step, mini_batches in enumerate(passes):
+        nlls = [supervised_step(policy, optimizer, rows, settings) for rows in mini_batches]
+        report(f"step {step + 1}/{config.num_steps} answer NLL {sum(nlls) / len(nlls):.3f}")
+    policy.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+
+
+def warm_start_config(
+    config: StarPOConfig, *, num_examples: int | None = None, player: str | None = None
+) -> WarmStartConfig:
+    """The warm start a tuned example gives `config`: its env, prompt and turn budget, and this policy's
+    player, states and learning rate.
+
+    `player` None: the expert where the env has one (a policy that already
+    solves part of the task: RL gains most there, see
+    docs/results/multiturn_learning_2026-11.md), else random play (the answer format only).
+    """
+    player = player or ("expert" if has_expert(config.env) else "random")
+    tiny = config.llm_model == "tiny-random"
+    return WarmStartConfig(
+        env=config.env,
+        env_config=dict(config.env_config),
+        protocol=config.protocol_config,
+        budget=config.turn_budget,
+        num_examples=num_examples or WARM_START_STATES[player],
+        answers_per_prompt=2,
+        epochs=2,
+        batch_size=8,
+        # A random tiny model needs large steps to learn the format in a test's few steps.
+        lr=3e-3 if tiny else (3e-4 if player == "expert" else 1e-4),
+        player=player,
+        autocast_dtype=config.autocast_dtype,
     )
 
 
-def _train(base_path: Path, config: WarmStartConfig, out_dir: Path, report: Callable[[str], None]) -> None:
-    torch.manual_seed(config.seed)
-    init_ray()
-    episodes = demonstrations(load_tokenizer(base_path), config)
-    if not episodes:
-        raise RuntimeError(f"the {config.player} player made no demonstration of {config.env} within the budget")
-    with tempfile.TemporaryDirectory(prefix="warm-start-") as data_dir:
-        data = Path(data_dir) / f"{config.player}_play.parquet"
-        write_trajectories(episodes, data, env=config.env, env_config=config.env_config)
-        bc = offline_config(behaviour_cloning_config(base_path, config), OfflineSettings(str(data), objective="bc"))
-        algo = bc.build_algo()
-        try:
-            for step in range(config.num_steps):
-                nll = algo.train()["learners"][DEFAULT_MODULE_ID]["bc_nll"]
-                report(f"step {step + 1}/{config.num_steps} answer NLL {nll:.3f}")
-            algo.export_policy(out_dir)
-        finally:
-            algo.stop()
+def apply_warm_start(config: StarPOConfig, *, num_examples: int | None = None, player: str | None = None) -> None:
+    """Replaces `config`'s model by its warm-started copy (`warm_start_config`; built once, cached)."""
+    ws = warm_start_config(config, num_examples=num_examples, player=player)
+    print(
+        f"{ws.player}-play warm start of {config.llm_model} on {config.env} ({ws.num_examples} states; "
+        "cached after the first run)",
+        flush=True,
+    )
+    config.llm(model=str(warm_start(config.llm_model, ws, progress=True)))

@@ -112,7 +112,7 @@ class StarPOTorchLearner(MiniBatchStepLearner):
         module_batch = batch[DEFAULT_MODULE_ID]
         for optimizer in learner_optimizers(self):
             optimizer.zero_grad(set_to_none=True)
-        weights = _micro_batch_weights(
+        weights = micro_batch_weights(
             module_batch,
             self.config.micro_batch_size,
             self.config.loss_agg_mode,
@@ -202,7 +202,7 @@ def mask_or_generated(batch: dict[str, torch.Tensor], column: str) -> torch.Tens
     return batch[column] if column in batch else batch[Columns.LOSS_MASK]
 
 
-def _micro_batch_weights(
+def micro_batch_weights(
     batch: dict[str, torch.Tensor], micro_batch_size: int, agg: str, *, token_budget: int | None = None
 ) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
     """Splits a mini-batch into micro-batches with the weight of each one's loss.

@@ -43,6 +43,7 @@ from rllib_ragen.lora import (
 )
 from rllib_ragen.models import load_causal_lm, resolve_model
 from rllib_ragen.training.advantages import critic_free_estimators
+from rllib_ragen.training.shared_prefix import common_prefix_length, shared_prefix_hidden, worth_sharing
 
 CRITIC_KINDS = ("none", "head", "separate")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -280,7 +281,11 @@ def host_copy(structure: Any) -> Any:
 
 
 def trunk_hidden(trunk: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
-    """Last hidden states of a transformer trunk, [B, L, H]."""
+    """Last hidden states of a transformer trunk, [B, L, H]; the rows' common prefix is run once
+    where that pays (`rllib_ragen.training.shared_prefix`)."""
+    prefix_length = common_prefix_length(batch[INPUT_IDS], batch[ATTENTION_MASK])
+    if worth_sharing(trunk, batch[INPUT_IDS].shape[0], prefix_length):
+        return shared_prefix_hidden(trunk, batch, prefix_length)
     out = trunk(input_ids=batch[INPUT_IDS], attention_mask=batch[ATTENTION_MASK])
     return out.last_hidden_state
 
