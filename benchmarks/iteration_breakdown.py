@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-BASELINE_REV = "d0b9c2c"  # main before the throughput levers (16x4 groups, filter 0.125, prefix caching, bf16, one forward less)
+BASELINE_REV = "175dab7"  # main before the shared-prefix learner and mini-batches that never repeat rows
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,6 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def measure(env: str, iters: int, warmup: int, settings: list[str]) -> dict:
     """Times `iters` training iterations of the CPU preset of the imported rllib_ragen (with `settings`)."""
+    from process_memory import TreeMemory
+
     from rllib_ragen.algorithm.presets import cpu_preset
     from rllib_ragen.run.ray_session import init_ray
 
@@ -65,20 +67,37 @@ def measure(env: str, iters: int, warmup: int, settings: list[str]) -> dict:
 
         for assignment in settings:
             apply_setting(config, assignment)
-    algo = config.build_algo()
-    try:
-        for _ in range(warmup):
-            algo.train()
-        trajectories, rollout, generation, learner, began = 0.0, 0.0, 0.0, [], time.perf_counter()
-        for _ in range(iters):
-            result = algo.train()
-            trajectories += result["env_runners"]["num_trajectories"]
-            rollout += algo.env_runner.last_rollout_timing["total_s"]
-            generation += algo.env_runner.last_rollout_timing["engine_s"]
-            learner.append(result["learners"]["default_policy"])
-        seconds = time.perf_counter() - began
-    finally:
-        algo.stop()
+    memory = TreeMemory(os.getpid())
+    with memory.watching():
+        algo = config.build_algo()
+        try:
+            for _ in range(warmup):
+                algo.train()
+            began = time.perf_counter()
+            results, timings = [], []
+            for _ in range(iters):
+                results.append(algo.train())
+                timings.append(dict(algo.env_runner.last_rollout_timing))
+            seconds = time.perf_counter() - began
+            params = next(iter(algo.learner_group.foreach_learner(_policy_parameters))).get()
+        finally:
+            algo.stop()
+    return {**_figures(config, results, timings, seconds, iters, params), **_memory_figures(memory)}
+
+
+def _policy_parameters(learner) -> int:
+    return sum(p.numel() for p in learner.module["default_policy"].policy.parameters())
+
+
+def _figures(config, results: list[dict], timings: list[dict], seconds: float, iters: int, params: int) -> dict:
+    """Per-iteration means of the timed iterations, and each phase's achieved GFLOP/s."""
+    learner = [r["learners"]["default_policy"] for r in results]
+    rollout = sum(t["total_s"] for t in timings)
+    generation = sum(t["engine_s"] for t in timings)
+    generated = sum(r["env_runners"]["rollout_tokens_per_s"] * t["total_s"] for r, t in zip(results, timings))
+    update = sum(r["timers"].get("update", float("nan")) for r in results)
+    # A baseline revision may predate the row-token count: its learner GFLOP/s is then not known.
+    row_tokens = sum(r.get("num_row_tokens", float("nan")) for r in learner)
     # The groups StarPO-S keeps x group size (a baseline revision may predate `filter_settings`).
     kept = (config.filter_settings.max_kept_groups(config.n_groups) if hasattr(config, "filter_settings")
             else max(1, round(config.rollout_filter_ratio * config.n_groups)))
@@ -87,14 +106,29 @@ def measure(env: str, iters: int, warmup: int, settings: list[str]) -> dict:
         "settings": f"{config.n_groups}x{config.group_size} groups, filter {config.rollout_filter_ratio}, "
                     f"learner autocast {getattr(config, 'autocast_dtype', None)}, engine {config.engine_dtype}",
         "seconds_per_iter": seconds / iters,
-        "trajectories_per_min": 60 * trajectories / seconds,
+        "trajectories_per_min": 60 * sum(r["env_runners"]["num_trajectories"] for r in results) / seconds,
         "trained_trajectories_per_min": 60 * trained_per_iter * iters / seconds,
         "rollout_s": rollout / iters,
         "generation_s": generation / iters,
+        "update_s": update / iters,
+        "weight_sync_s": sum(r["timers"].get("weight_sync", float("nan")) for r in results) / iters,
         # The learner connector and update, the weight sync and the metrics: all but the rollout.
         "update_sync_rest_s": (seconds - rollout) / iters,
+        # 6 x parameters x every row token (forward 2, backward 4), over the update's time.
+        "update_gflops": 6 * params * row_tokens / update / 1e9,
+        # 2 x parameters x generated token over the engine's time (prompts' prefill not counted).
+        "generation_gflops": 2 * params * generated / generation / 1e9,
         "policy_loss": sum(r["policy_loss"] for r in learner) / iters,
         "logp_gap_mean": sum(r.get("train_inference_logp_gap_mean", float("nan")) for r in learner) / iters,
+    }
+
+
+def _memory_figures(memory) -> dict:
+    largest = memory.largest(1)
+    return {
+        "peak_rss_sum_gb": memory.peak_sum_mb / 1024,
+        "peak_rss_largest_gb": largest[0][1] / 1024 if largest else float("nan"),
+        "peaks": {name: round(mb) for name, mb in memory.largest(6)},
     }
 
 
@@ -111,11 +145,13 @@ def run_side(args: argparse.Namespace, source: Path, settings: list[str] = ()) -
 def report(sides: dict[str, dict]) -> list[str]:
     """The sides' figures as a fixed-width table, their settings, and each side's ratios to the first."""
     keys = ["seconds_per_iter", "trajectories_per_min", "trained_trajectories_per_min", "rollout_s", "generation_s",
-            "update_sync_rest_s", "policy_loss", "logp_gap_mean"]
+            "update_s", "weight_sync_s", "update_sync_rest_s", "update_gflops", "generation_gflops",
+            "peak_rss_sum_gb", "peak_rss_largest_gb", "policy_loss", "logp_gap_mean"]
     lines = [f"{'':<24}" + "".join(f"{name:>16}" for name in sides)]
     for key in keys:
         lines.append(f"{key:<24}" + "".join(f"{side[key]:>16.3f}" for side in sides.values()))
     lines += [f"{name}: {side['settings']}" for name, side in sides.items()]
+    lines += [f"{name}: peak RSS MiB by process {side['peaks']}" for name, side in sides.items()]
     (baseline_name, baseline), *others = sides.items()
     for name, side in others:
         for key in ("trajectories_per_min", "trained_trajectories_per_min"):
@@ -144,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         for lever in args.lever:
             name, *settings = shlex.split(lever)
             sides[name] = run_side(args, ROOT, settings)
-        publish(report(sides), output=args.output, provenance=provenance)
+        publish(report(sides) + ceiling_lines(sides), output=args.output, provenance=provenance)
         return
     with tempfile.TemporaryDirectory(prefix="baseline-") as tmp:
         worktree = Path(tmp) / "tree"
@@ -154,7 +190,20 @@ def main(argv: list[str] | None = None) -> None:
             sides = {f"baseline {args.baseline_rev}": run_side(args, worktree), "this tree": run_side(args, ROOT)}
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)], check=False)
-    publish(report(sides), output=args.output, provenance=provenance)
+    publish(report(sides) + ceiling_lines(sides), output=args.output, provenance=provenance)
+
+
+def ceiling_lines(sides: dict[str, dict]) -> list[str]:
+    """This machine's matmul ceilings, measured now, and each side's phases as a share of the bf16 one."""
+    import torch
+    from rollout_throughput import matmul_gflops
+
+    bf16, fp32 = matmul_gflops(torch.bfloat16), matmul_gflops(torch.float32)
+    lines = [f"matmul ceiling (this run): bf16 {bf16:.0f} GFLOP/s, fp32 {fp32:.0f} GFLOP/s"]
+    for name, side in sides.items():
+        lines.append(f"{name}: update {side['update_gflops']:.0f} GFLOP/s = {side['update_gflops'] / bf16:.0%} of bf16; "
+                     f"generation {side['generation_gflops']:.0f} GFLOP/s = {side['generation_gflops'] / bf16:.0%}")
+    return lines
 
 
 if __name__ == "__main__":

@@ -287,6 +287,8 @@ def _log_batch_metrics(metrics, tokens: TokenBatch, advantages: torch.Tensor, po
         "advantage_mean": masked_mean(advantages, tokens.traj_mask).item(),
         "num_trained_tokens": float(policy_mask.bool().sum()),
         "num_trained_trajectories": float(tokens.traj_mask.shape[0]),
+        # Every token of every row, prompt included: what 6 x parameters x tokens counts as the update's FLOPs.
+        "num_row_tokens": float(tokens.attention_mask.sum()),
     }
     for key, value in values.items():
         metrics.log_value((DEFAULT_MODULE_ID, key), value, window=1)

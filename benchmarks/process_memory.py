@@ -1,0 +1,58 @@
+"""Peak resident memory of a process and all its descendants (Ray's raylet, workers and engine actors included).
+
+`ru_maxrss` only sees one process (or the children it waited for); a Ray job's
+memory sits in actors that the raylet, a child of the driver, spawned. A
+background thread samples the RSS of every process in the tree every
+`interval_s` and keeps each one's peak (by command name and pid) and the peak
+of their sum.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psutil
+
+
+class TreeMemory:
+    """Peak RSS per process and of the sum, over the process tree rooted at `pid`."""
+
+    def __init__(self, pid: int, *, interval_s: float = 0.5) -> None:
+        self.root = psutil.Process(pid)
+        self.interval_s = interval_s
+        self.peaks: dict[str, float] = {}  # "name (pid)" -> peak MiB
+        self.peak_sum_mb = 0.0
+        self._stop = threading.Event()
+
+    def sample(self) -> None:
+        total = 0.0
+        for process in [self.root, *self.root.children(recursive=True)]:
+            try:
+                rss = process.memory_info().rss / 2**20
+                name = f"{process.name()} ({process.pid})"
+            except psutil.Error:  # it ended between the listing and the read
+                continue
+            total += rss
+            self.peaks[name] = max(self.peaks.get(name, 0.0), rss)
+        self.peak_sum_mb = max(self.peak_sum_mb, total)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    @contextmanager
+    def watching(self) -> Iterator[TreeMemory]:
+        thread = threading.Thread(target=self._run, name="tree-memory", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            thread.join()
+            self.sample()
+
+    def largest(self, n: int = 5) -> list[tuple[str, float]]:
+        """The `n` processes with the highest peaks, largest first."""
+        return sorted(self.peaks.items(), key=lambda item: -item[1])[:n]
