@@ -10,6 +10,7 @@ import pytest
 
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.inference.engine_config import EngineConfig
+from rllib_ragen.inference.kv_cache import kv_bytes_per_token
 from rllib_ragen.inference.vllm.actor import llm_kwargs
 from rllib_ragen.lora import LoraSettings
 
@@ -62,6 +63,32 @@ def test_settings_reach_vllm_under_its_names():
     assert (both["kv_cache_memory_bytes"], both["gpu_memory_utilization"]) == (2 * 2**30, 0.3)
 
 
+# SmolLM2-135M's shape: 30 layers, 9 query heads over 3 key/value heads of 64 (576 hidden).
+SMOLLM2_SHAPE = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
+
+
+def test_kv_bytes_per_token_by_hand():
+    # keys and values (2) x 30 layers x 3 kv heads x 64 values x 2 bytes.
+    assert kv_bytes_per_token(SMOLLM2_SHAPE, dtype="bfloat16") == 2 * 30 * 3 * 64 * 2 == 23040
+    assert kv_bytes_per_token(SMOLLM2_SHAPE, dtype="float32") == 46080
+    # No num_key_value_heads: every head has its own keys and values; an explicit head_dim wins.
+    assert kv_bytes_per_token({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 32}, dtype="float32") == (
+        2 * 2 * 4 * 8 * 4
+    )
+    assert kv_bytes_per_token({**SMOLLM2_SHAPE, "head_dim": 32}, dtype="float16") == 2 * 30 * 3 * 32 * 2
+    with pytest.raises(ValueError, match="KV cache dtype must be one of"):
+        kv_bytes_per_token(SMOLLM2_SHAPE, dtype="int8")
+
+
+def test_a_cpu_engine_without_kv_cache_gb_gets_a_cache_for_its_batch(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({**SMOLLM2_SHAPE, "dtype": "bfloat16"}))
+    kwargs = llm_kwargs(EngineConfig(kv_cache_gb=None, max_batch_size=64, max_model_len=500), str(tmp_path), 0)
+    # 500 tokens take 32 blocks of 16: 512 token slots a sequence.
+    assert kwargs["kv_cache_memory_bytes"] == 23040 * 64 * 512 and kwargs["max_num_seqs"] == 64
+    fixed = llm_kwargs(EngineConfig(kv_cache_gb=0.5), str(tmp_path), 0)
+    assert fixed["kv_cache_memory_bytes"] == 2**29 and "max_num_seqs" not in fixed
+
+
 def test_auto_dtype_reaches_vllm_as_the_checkpoints_own(tmp_path):
     """vLLM's own "auto" would serve a float32 checkpoint in bfloat16 on CPU (emulated without AMX)."""
     config_file = tmp_path / "config.json"
@@ -78,7 +105,6 @@ def test_auto_dtype_reaches_vllm_as_the_checkpoints_own(tmp_path):
     ("overrides", "message"),
     [
         ({"gpu_memory_utilization": 0.5}, "num_gpus_per_engine=0 .a CPU engine"),
-        ({"kv_cache_gb": None}, "CPU engine .* needs kv_cache_gb"),
         ({"num_gpus_per_engine": 1, "gpu_memory_utilization": 1.5}, r"gpu_memory_utilization must be in \(0, 1\]"),
         ({"weight_sync": "nccl"}, "weight_sync must be one of"),
         ({"call_timeout_s": 0}, "call_timeout_s must be > 0"),

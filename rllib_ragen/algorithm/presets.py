@@ -171,6 +171,10 @@ def _readable_grid_settings(config: StarPOConfig, *, env_config: dict[str, Any],
         prefill=True,
         response_length=12,
     )
+    # A Markov prompt is one state: at most 282 tokens for Sokoban in words, 198 for FrozenLake (the
+    # warm starts' demonstrations). The KV cache is sized to the model and one rollout batch of such
+    # sequences (rllib_ragen.inference.kv_cache: 0.75 GiB in bf16 for SmolLM2), not a fixed 2 GiB.
+    config.inference(max_model_len=512, kv_cache_gb=None, max_batch_size=config.n_groups * config.group_size)
     # mini_batch_size unset: one on-policy step on the kept rows, so no separate forward pass scores
     # the old log-probs.
     config.training(advantage_estimator="grpo", rollout_filter_ratio=0.25, micro_batch_size=8)
@@ -192,6 +196,7 @@ def _textarena_settings(config: StarPOConfig) -> None:
     """
     _readable_grid_settings(config, env_config={}, max_turns=TEXTARENA_TURNS)
     config.rollouts(history_window=None)
+    config.inference(max_model_len=2048, kv_cache_gb=2.0)  # the whole history: a fixed cache, queued beyond
 
 
 def _single_choice_settings(config: StarPOConfig) -> None:

@@ -24,9 +24,10 @@ class EngineConfig:
         kind: "auto" (vllm when importable, else hf), "vllm" (a pool of vLLM
             actors) or "hf" (an in-process HF model).
         num_engines: vLLM actors in the pool (each holds a full model copy).
-        kv_cache_gb: KV-cache size per vLLM engine, GiB. On CPU it is host RAM and
-            must be given; on GPU, None lets vLLM size the cache to fill
-            `gpu_memory_utilization`.
+        kv_cache_gb: KV-cache size per vLLM engine, GiB. On CPU it is host RAM:
+            None sizes it to the model and the batch (`max_batch_size`
+            sequences of `max_model_len` tokens, `rllib_ragen.inference.kv_cache`);
+            on GPU, None lets vLLM size the cache to fill `gpu_memory_utilization`.
         gpu_memory_utilization: GPU engines only: the share of the GPU's memory a
             vLLM engine may take (weights, activations, KV cache), checked free when
             it starts; None = vLLM's default (0.9). Set it below 1 minus the
@@ -45,7 +46,9 @@ class EngineConfig:
             over the engines (Ray would otherwise give each actor OMP_NUM_THREADS=1).
         num_cpus_per_engine: Ray CPUs each vLLM actor reserves (a scheduling quantity,
             not its thread count; keep it small on small machines so trials still fit).
-        max_batch_size: HF engine only: prompts decoded together (bounds memory).
+        max_batch_size: Sequences an engine decodes at once: the HF engine's
+            sub-batch, and a CPU vLLM engine's `max_num_seqs` when its KV cache
+            is sized to the batch (`kv_cache_gb` None); more wait their turn.
         enforce_eager: vLLM: skip torch.compile and CUDA graphs (fast start); False
             compiles decoding, the throughput option for long runs on GPU.
         seed: Base seed of the engines' samplers (engine i uses seed + i).
@@ -126,8 +129,6 @@ class EngineConfig:
         if self.kv_cache_gb is not None:
             check_positive("kv_cache_gb", self.kv_cache_gb)
         if self.num_gpus_per_engine == 0:
-            if self.kv_cache_gb is None:
-                raise ValueError("a CPU engine (num_gpus_per_engine=0) needs kv_cache_gb: its KV cache is host RAM")
             if self.gpu_memory_utilization is not None:
                 raise ValueError(
                     "gpu_memory_utilization is a share of GPU memory, but num_gpus_per_engine=0 (a CPU engine, "

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 from rllib_ragen.inference.collective import GroupSpec, TensorLayout, receive
 from rllib_ragen.inference.engine import Completion, SamplingParams
 from rllib_ragen.inference.engine_config import EngineConfig
+from rllib_ragen.inference.kv_cache import kv_cache_bytes
 from rllib_ragen.inference.vllm.adapter import ServedAdapter, lora_engine_kwargs
 from rllib_ragen.inference.vllm.reload import reload_in_worker
 from rllib_ragen.inference.weights import PackedWeights, unpack_weights
@@ -50,7 +51,7 @@ def llm_kwargs(config: EngineConfig, model_path: str, rank: int) -> dict[str, An
         "skip_tokenizer_init": True,
         "dtype": checkpoint_dtype(model_path) if config.dtype == "auto" else config.dtype,
         "max_model_len": config.max_model_len,
-        **kv_cache_kwargs(config),
+        **kv_cache_kwargs(config, model_path),
         "enable_prefix_caching": config.enable_prefix_caching,
         "tensor_parallel_size": config.tensor_parallel_size,
         # Log-probs after temperature and top-p: those of the distribution sampled from.
@@ -76,11 +77,21 @@ def checkpoint_dtype(model_path: str) -> str:
     return str(declared.get("dtype") or declared.get("torch_dtype") or "auto")
 
 
-def kv_cache_kwargs(config: EngineConfig) -> dict[str, object]:
-    """The KV cache's size in bytes and/or (GPU) vLLM's share of the GPU; what is unset stays vLLM's default."""
+def kv_cache_kwargs(config: EngineConfig, model_path: str) -> dict[str, object]:
+    """The KV cache's size in bytes and/or (GPU) vLLM's share of the GPU; what is unset stays vLLM's default.
+
+    A CPU engine without `kv_cache_gb` gets a cache for `max_batch_size` sequences of `max_model_len`
+    tokens of this model (`rllib_ragen.inference.kv_cache`), and never schedules more sequences at once.
+    """
     kwargs: dict[str, object] = {}
     if config.kv_cache_gb is not None:
         kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_gb * 2**30)
+    elif config.num_gpus_per_engine == 0:
+        dtype = checkpoint_dtype(model_path) if config.dtype == "auto" else config.dtype
+        kwargs["kv_cache_memory_bytes"] = kv_cache_bytes(
+            model_path, dtype=dtype, sequences=config.max_batch_size, max_model_len=config.max_model_len
+        )
+        kwargs["max_num_seqs"] = config.max_batch_size
     if config.gpu_memory_utilization is not None:
         kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
     return kwargs
