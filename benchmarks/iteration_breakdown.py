@@ -95,9 +95,13 @@ def _figures(config, results: list[dict], timings: list[dict], seconds: float, i
     rollout = sum(t["total_s"] for t in timings)
     generation = sum(t["engine_s"] for t in timings)
     generated = sum(r["env_runners"]["rollout_tokens_per_s"] * t["total_s"] for r, t in zip(results, timings))
-    update = sum(r["timers"].get("update", float("nan")) for r in results)
-    # A baseline revision may predate the row-token count: its learner GFLOP/s is then not known.
+    sync = sum(r["timers"].get("weight_sync", float("nan")) for r in results)
+    # Wall time outside the rollout and the weight sync: the learner connector and update (and metrics), so
+    # the update's GFLOP/s below are a lower bound. (RLlib's timers are moving averages over all iterations.)
+    update = seconds - rollout - sync
+    # A baseline revision may predate the token counts: its learner GFLOP/s are then not known.
     row_tokens = sum(r.get("num_row_tokens", float("nan")) for r in learner)
+    computed_tokens = sum(r.get("num_computed_tokens", float("nan")) for r in learner)
     # The groups StarPO-S keeps x group size (a baseline revision may predate `filter_settings`).
     kept = (config.filter_settings.max_kept_groups(config.n_groups) if hasattr(config, "filter_settings")
             else max(1, round(config.rollout_filter_ratio * config.n_groups)))
@@ -111,11 +115,13 @@ def _figures(config, results: list[dict], timings: list[dict], seconds: float, i
         "rollout_s": rollout / iters,
         "generation_s": generation / iters,
         "update_s": update / iters,
-        "weight_sync_s": sum(r["timers"].get("weight_sync", float("nan")) for r in results) / iters,
+        "weight_sync_s": sync / iters,
         # The learner connector and update, the weight sync and the metrics: all but the rollout.
         "update_sync_rest_s": (seconds - rollout) / iters,
-        # 6 x parameters x every row token (forward 2, backward 4), over the update's time.
+        # 6 x parameters x tokens (forward 2, backward 4), over the update's time: every row token (what a
+        # per-row pass computes: the work done), and the positions really run (the shared prefix once: the hardware's).
         "update_gflops": 6 * params * row_tokens / update / 1e9,
+        "update_hardware_gflops": 6 * params * computed_tokens / update / 1e9,
         # 2 x parameters x generated token over the engine's time (prompts' prefill not counted).
         "generation_gflops": 2 * params * generated / generation / 1e9,
         "policy_loss": sum(r["policy_loss"] for r in learner) / iters,
@@ -145,7 +151,8 @@ def run_side(args: argparse.Namespace, source: Path, settings: list[str] = ()) -
 def report(sides: dict[str, dict]) -> list[str]:
     """The sides' figures as a fixed-width table, their settings, and each side's ratios to the first."""
     keys = ["seconds_per_iter", "trajectories_per_min", "trained_trajectories_per_min", "rollout_s", "generation_s",
-            "update_s", "weight_sync_s", "update_sync_rest_s", "update_gflops", "generation_gflops",
+            "update_s", "weight_sync_s", "update_sync_rest_s", "update_gflops", "update_hardware_gflops",
+            "generation_gflops",
             "peak_rss_sum_gb", "peak_rss_largest_gb", "policy_loss", "logp_gap_mean"]
     lines = [f"{'':<24}" + "".join(f"{name:>16}" for name in sides)]
     for key in keys:
@@ -201,8 +208,10 @@ def ceiling_lines(sides: dict[str, dict]) -> list[str]:
     bf16, fp32 = matmul_gflops(torch.bfloat16), matmul_gflops(torch.float32)
     lines = [f"matmul ceiling (this run): bf16 {bf16:.0f} GFLOP/s, fp32 {fp32:.0f} GFLOP/s"]
     for name, side in sides.items():
-        lines.append(f"{name}: update {side['update_gflops']:.0f} GFLOP/s = {side['update_gflops'] / bf16:.0%} of bf16; "
-                     f"generation {side['generation_gflops']:.0f} GFLOP/s = {side['generation_gflops'] / bf16:.0%}")
+        lines.append(f"{name}: update {side['update_gflops']:.0f} GFLOP/s of row tokens = "
+                     f"{side['update_gflops'] / bf16:.0%} of bf16 ({side['update_hardware_gflops'] / bf16:.0%} in "
+                     f"positions run); generation {side['generation_gflops']:.0f} GFLOP/s = "
+                     f"{side['generation_gflops'] / bf16:.0%}")
     return lines
 
 

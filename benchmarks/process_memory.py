@@ -22,7 +22,8 @@ class TreeMemory:
     def __init__(self, pid: int, *, interval_s: float = 0.5) -> None:
         self.root = psutil.Process(pid)
         self.interval_s = interval_s
-        self.peaks: dict[str, float] = {}  # "name (pid)" -> peak MiB
+        self.peaks: dict[int, float] = {}  # pid -> peak MiB
+        self.names: dict[int, str] = {}  # pid -> its first name (Ray renames a worker per task)
         self.peak_sum_mb = 0.0
         self._stop = threading.Event()
 
@@ -31,11 +32,11 @@ class TreeMemory:
         for process in [self.root, *self.root.children(recursive=True)]:
             try:
                 rss = process.memory_info().rss / 2**20
-                name = f"{process.name()} ({process.pid})"
+                self.names.setdefault(process.pid, process.name())
             except psutil.Error:  # it ended between the listing and the read
                 continue
             total += rss
-            self.peaks[name] = max(self.peaks.get(name, 0.0), rss)
+            self.peaks[process.pid] = max(self.peaks.get(process.pid, 0.0), rss)
         self.peak_sum_mb = max(self.peak_sum_mb, total)
 
     def _run(self) -> None:
@@ -55,4 +56,5 @@ class TreeMemory:
 
     def largest(self, n: int = 5) -> list[tuple[str, float]]:
         """The `n` processes with the highest peaks, largest first."""
-        return sorted(self.peaks.items(), key=lambda item: -item[1])[:n]
+        ranked = sorted(self.peaks.items(), key=lambda item: -item[1])[:n]
+        return [(f"{self.names[pid]} ({pid})", mb) for pid, mb in ranked]

@@ -27,6 +27,7 @@ from ray.rllib.utils.annotations import override
 
 from rllib_ragen.columns import (
     ATTENTION_MASK,
+    INPUT_IDS,
     OLD_LOGP,
     POLICY_MASK,
     SAMPLING_LOGP,
@@ -54,6 +55,7 @@ from rllib_ragen.training.losses import (
     value_loss,
 )
 from rllib_ragen.training.module import host_copy
+from rllib_ragen.training.shared_prefix import common_prefix_length, worth_sharing
 
 POLICY_OPTIMIZER = "policy"
 CRITIC_OPTIMIZER = "critic"
@@ -126,6 +128,12 @@ class StarPOTorchLearner(MiniBatchStepLearner):
         total_loss: Any = 0.0  # a Tensor after the first micro-batch
         fwd_out = None
         for micro, weight in weights:
+            self.metrics.log_value(
+                (DEFAULT_MODULE_ID, "num_computed_tokens"),
+                computed_tokens(module.policy.base_model, micro),
+                reduce="sum",
+                window=1,
+            )
             fwd_out = {DEFAULT_MODULE_ID: module.forward_train(micro)}
             loss = self.compute_losses(fwd_out=fwd_out, batch={DEFAULT_MODULE_ID: micro})[DEFAULT_MODULE_ID]
             (loss * weight * share).backward()
@@ -194,6 +202,16 @@ class StarPOTorchLearner(MiniBatchStepLearner):
         """Log-probs of the generated tokens under the frozen reference policy, [rows, L]."""
         module = self.module[DEFAULT_MODULE_ID].unwrapped()
         return module.score_with(self._reference, batch, with_entropy=False)[TOKEN_LOGP]
+
+
+def computed_tokens(trunk: torch.nn.Module, micro: dict[str, torch.Tensor]) -> float:
+    """Token positions `trunk` runs on for a micro-batch [R, L]: the shared prefix once, the rest per row
+    (`rllib_ragen.training.shared_prefix`); what the update's hardware FLOPs count."""
+    rows, length = micro[INPUT_IDS].shape
+    prefix = common_prefix_length(micro[INPUT_IDS], micro[ATTENTION_MASK])
+    if not worth_sharing(trunk, rows, prefix):
+        return float(rows * length)
+    return float(prefix + rows * (length - prefix))
 
 
 def mask_or_generated(batch: dict[str, torch.Tensor], column: str) -> torch.Tensor:
