@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric
-from mlflow.tracking import MlflowClient
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.callbacks.callbacks import RLlibCallback
@@ -47,6 +46,7 @@ from ray.rllib.utils import force_list
 from ray.rllib.utils.metrics import EVALUATION_RESULTS
 
 from rllib_ragen.run.checkpoints import save_checkpoint, tracking_state
+from rllib_ragen.run.mlflow_store import tracking_client
 from rllib_ragen.run.ray_session import PROJECT_ROOT
 from rllib_ragen.run.tracking import (
     DEFAULT_EXPERIMENT,
@@ -260,7 +260,7 @@ def _open_run(settings: MLflowSettings, algorithm: Algorithm) -> MLflowTracker:
     trial_key = Path(algorithm.logdir).name
     run_id = settings.run_id
     if run_id is None:
-        run_id = find_run(MlflowClient(settings.tracking_uri), settings.experiment, tag=TRIAL_TAG, value=trial_key)
+        run_id = find_run(tracking_client(settings.tracking_uri), settings.experiment, tag=TRIAL_TAG, value=trial_key)
     tags = {
         "env": str(algorithm.config.env),
         "base_model": str(algorithm.config.llm_model),

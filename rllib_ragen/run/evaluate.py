@@ -360,8 +360,12 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m rllib_ragen.ru
     args = build_parser(prog).parse_args(argv)
     # Imported after parsing, so that --help answers without loading Ray and torch.
     from rllib_ragen.rollout.evaluation import evaluation_table
+    from rllib_ragen.run.mlflow_store import ensure_store
+    from rllib_ragen.run.tracking import default_tracking_uri
 
     try:
+        if args.mlflow or args.tracking_uri:  # a broken store is reported now, not after the evaluation
+            ensure_store(args.tracking_uri or default_tracking_uri())
         settings = overrides(args)
         output_dir = args.output_dir or Path("evaluations") / Path(args.policy).expanduser().name
         with tempfile.TemporaryDirectory(prefix="evaluate-") as scratch:

@@ -695,12 +695,28 @@ def main(*, env: str, argv: list[str] | None = None, prog: str | None = None, **
     log_file = run_directory(config, args) / RUN_LOG
     route_library_logs(log_file, verbose=args.verbose)
     print(f"library logs: {log_file}" + ("" if args.verbose else " (--verbose: on the console too)"), flush=True)
+    try:
+        open_tracking_store(args)
+    except USER_ERRORS as error:
+        parser.exit(2, f"error: {error}\n")
     tags = choose_starting_model(config, args)
     try:
         run(config, args, tags={**tags, "preset": args.preset}, job_started=job_started)
     except KeyboardInterrupt:
         print("stopped by Ctrl-C; --resume continues from the last checkpoint", file=sys.stderr)
         sys.exit(130)
+
+
+def open_tracking_store(args: argparse.Namespace) -> None:
+    """Creates (or upgrades, or sets aside and rebuilds) the local MLflow store before Ray starts.
+
+    Raises:
+        TrackingStoreError: a store holding runs does not open (a ValueError: one `error:` line).
+    """
+    from rllib_ragen.run.mlflow_store import ensure_store
+    from rllib_ragen.run.tracking import default_tracking_uri
+
+    ensure_store(args.tracking_uri or default_tracking_uri())
 
 
 def check_starting_model(args: argparse.Namespace) -> None:

@@ -1,7 +1,8 @@
 """MLflow tracking of StarPO runs: params, per-iteration metrics, artifacts (trajectory pages, models).
 
 The default store is `sqlite:///<working dir>/mlflow.db` (MLflow's own default
-location, made explicit); `--tracking-uri http://host:5000` points at a server.
+location, made explicit), created and migrated crash-safely by
+`rllib_ragen.run.mlflow_store`; `--tracking-uri http://host:5000` points at a server.
 Look at runs with `mlflow ui --backend-store-uri sqlite:///mlflow.db`.
 """
 
@@ -15,6 +16,8 @@ from typing import Any
 
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
+
+from rllib_ragen.run.mlflow_store import artifact_location_for, tracking_client
 
 DEFAULT_EXPERIMENT = "rllib-ragen"
 TRIAL_TAG = "rllib_ragen.trial_dir"  # the algorithm's log dir name (Tune: the trial dir)
@@ -94,7 +97,7 @@ class MLflowTracker:
         tags: Mapping[str, str] | None = None,
     ) -> None:
         self.tracking_uri = tracking_uri or default_tracking_uri()
-        self.client = MlflowClient(self.tracking_uri)
+        self.client = tracking_client(self.tracking_uri)
         if run_id is None:
             experiment_id = experiment_id_of(self.client, experiment)
             run_id = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags or {})).info.run_id
@@ -146,19 +149,6 @@ def experiment_id_of(client: MlflowClient, name: str) -> str:
     if experiment:
         return experiment.experiment_id
     return client.create_experiment(name, artifact_location=artifact_location_for(client.tracking_uri))
-
-
-def artifact_location_for(tracking_uri: str) -> str | None:
-    """`<database dir>/mlruns` for a SQLite store; None (the server's choice) otherwise.
-
-    MLflow's default artifact root for a database store is `./mlruns` of the
-    process's working directory, so a run tracked in `/tmp/x/mlflow.db` would
-    scatter its artifacts into whatever directory the job started in.
-    """
-    prefix = "sqlite:///"
-    if not tracking_uri.startswith(prefix):
-        return None
-    return (Path(tracking_uri[len(prefix) :]).resolve().parent / "mlruns").as_uri()
 
 
 def find_run(client: MlflowClient, experiment: str, *, tag: str, value: str) -> str | None:
