@@ -166,7 +166,11 @@ def _opener(tmp_path: Path, name: str, *, go: Path, sleep_s: float) -> subproces
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     return subprocess.Popen(
         [sys.executable, "-c", _OPENER, uri, str(tmp_path / name), str(go), str(sleep_s)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=CHILD_ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+        env=CHILD_ENV,
         start_new_session=True,
     )
 

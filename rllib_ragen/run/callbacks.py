@@ -45,6 +45,7 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.utils import force_list
 from ray.rllib.utils.metrics import EVALUATION_RESULTS
 
+from rllib_ragen.run.atomic_files import write_dir_atomic
 from rllib_ragen.run.checkpoints import save_checkpoint, tracking_state
 from rllib_ragen.run.mlflow_store import tracking_client
 from rllib_ragen.run.ray_session import PROJECT_ROOT
@@ -242,7 +243,8 @@ class MLflowCallback(RLlibCallback):
 
     def _log_final_policy(self, algorithm: Algorithm) -> None:
         if self.settings.checkpoint_dir is not None:
-            policy_dir = algorithm.export_policy(Path(self.settings.checkpoint_dir) / FINAL_POLICY)
+            # Complete or absent: `--warm-start-model` and `evaluate` take it as a model directory.
+            policy_dir = write_dir_atomic(Path(self.settings.checkpoint_dir) / FINAL_POLICY, algorithm.export_policy)
             self._tracker().log_artifacts(policy_dir, FINAL_POLICY)
             return
         with tempfile.TemporaryDirectory(prefix="starpo_policy_") as scratch:

@@ -408,6 +408,7 @@ def run(
         ValueError: `--checkpoint-dir` holds a checkpoint and `--resume` is not given.
         KeyboardInterrupt: stopped by Ctrl-C (after checkpointing, see `_train`).
     """
+    from rllib_ragen.run.atomic_files import write_text_atomic
     from rllib_ragen.run.callbacks import FINAL_POLICY, mlflow_callback_of, with_mlflow
     from rllib_ragen.run.ray_session import init_ray
 
@@ -452,7 +453,7 @@ def run(
                 summary.update(
                     stats_before=before[0], stats_after=result["evaluation"], starting_model=algo.config.llm_model
                 )
-                Path(args.summary_json).write_text(json.dumps(summary, default=float))
+                write_text_atomic(args.summary_json, json.dumps(summary, default=float))
     finally:
         algo.stop()
     print(f"done. MLflow run: {tracker.run_url}; final policy (HF format): {checkpoint_dir / FINAL_POLICY}")

@@ -9,14 +9,18 @@ Look at runs with `mlflow ui --backend-store-uri sqlite:///mlflow.db`.
 from __future__ import annotations
 
 import math
+import shutil
 import time
+import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
+from mlflow.utils.file_utils import local_file_uri_to_path
 
+from rllib_ragen.run.atomic_files import write_dir_atomic
 from rllib_ragen.run.mlflow_store import artifact_location_for, tracking_client
 
 DEFAULT_EXPERIMENT = "rllib-ragen"
@@ -133,10 +137,28 @@ class MLflowTracker:
         return [m for m in metrics if m.step not in logged[m.key]]
 
     def log_text(self, text: str, artifact_file: str) -> None:
+        """Logs `text` as a file (a local store writes it to a temporary name, then renames it)."""
         self.client.log_text(self.run_id, text, artifact_file)
 
-    def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None:
-        self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+    def log_artifacts(self, local_dir: str | Path, artifact_path: str) -> None:
+        """Logs the directory `local_dir` as `artifact_path`, replacing an earlier one of that name.
+
+        MLflow copies a directory into a local store file by file, so a kill
+        mid-copy would leave part of it (e.g. of a policy) looking logged:
+        here a local store gets it complete or not at all (`write_dir_atomic`).
+        """
+        local_artifacts = self._local_artifact_dir()
+        if local_artifacts is None:
+            self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+            return
+        write_dir_atomic(
+            local_artifacts / artifact_path, lambda out: shutil.copytree(local_dir, out, dirs_exist_ok=True)
+        )
+
+    def _local_artifact_dir(self) -> Path | None:
+        """The run's artifact directory when it is on this file system (else None: a server stores them)."""
+        uri = self.client.get_run(self.run_id).info.artifact_uri
+        return Path(local_file_uri_to_path(uri)) if urllib.parse.urlparse(uri).scheme in ("", "file") else None
 
     def end(self, status: str = "FINISHED") -> None:
         """Marks the run FINISHED, FAILED or KILLED."""
