@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import subprocess
 import tempfile
 from collections.abc import Mapping
@@ -64,6 +65,8 @@ from rllib_ragen.run.tracking import (
 from rllib_ragen.run.trajectory_page import evaluation_page
 
 FINAL_POLICY = "final_policy"
+# Its INFO records (the stages of an iteration) go to the run's log file, not the console.
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,6 +185,7 @@ class MLflowCallback(RLlibCallback):
         """
         settings, step = self.settings, algorithm.iteration
         tracker = self.start(algorithm)
+        logger.info("iteration %d: checkpointing into %s", step, settings.checkpoint_dir or "MLflow only")
         log = settings.log_checkpoint_every > 0 and (
             step == settings.stop_iters or step % settings.log_checkpoint_every == 0
         )
@@ -201,6 +205,7 @@ class MLflowCallback(RLlibCallback):
 
     def finish(self, algorithm: Algorithm) -> None:
         """Logs the final policy and marks the run FINISHED (after the last checkpoint)."""
+        logger.info("iteration %d: exporting the final policy", algorithm.iteration)
         self._log_final_policy(algorithm)
         self.end("FINISHED")
 
@@ -225,6 +230,7 @@ class MLflowCallback(RLlibCallback):
         # Logged at once: a redone iteration overwrites its page, so each step keeps one.
         episodes = algorithm.pop_evaluation_episodes()
         if episodes:
+            logger.info("iteration %d: logging the trajectory page", step)
             config = algorithm.config
             page = evaluation_page(
                 config,

@@ -418,6 +418,7 @@ def run(
     resume_from = checkpoint_to_resume(checkpoint_dir, resume=args.resume)
     if args.resume and resume_from is None:
         print(f"--resume: no complete checkpoint in {checkpoint_dir}; starting fresh")
+    print("starting the algorithm: Ray, the inference engines and the learner...", flush=True)
     init_ray()
     settings = mlflow_settings(
         args,
