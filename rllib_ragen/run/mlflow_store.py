@@ -161,7 +161,7 @@ def _migrate(path: Path) -> None:
 def _copy_database(source: Path, target: Path) -> None:
     """A consistent copy of `source` (SQLite's backup; it rolls back a hot journal of a killed writer)."""
     with (
-        contextlib.closing(sqlite3.connect(f"file:{source}?mode=rw", uri=True)) as src,
+        contextlib.closing(sqlite3.connect(_existing(source), uri=True)) as src,
         contextlib.closing(sqlite3.connect(target)) as dst,
     ):
         src.backup(dst)
@@ -190,7 +190,12 @@ def _run_count(path: Path) -> int | None:
 def _query(path: Path, sql: str) -> list[tuple] | None:
     """The rows of `sql` on an existing database file; None when it can't be read."""
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=rw", uri=True)) as connection:
+        with contextlib.closing(sqlite3.connect(_existing(path), uri=True)) as connection:
             return connection.execute(sql).fetchall()
     except sqlite3.Error:
         return None
+
+
+def _existing(path: Path) -> str:
+    # An SQLite URI that opens the file without creating it (plain sqlite3.connect would make an empty one).
+    return f"{path.resolve().as_uri()}?mode=rw"
