@@ -72,6 +72,10 @@ class Attempt:
     stage: str = ""
     left: list[str] = dataclasses.field(default_factory=list)
 
+    def line(self) -> str:
+        ended = f"exit {self.returncode}" if self.returncode is not None else f"killed at {self.kill_at_s:5.1f} s"
+        return f"{ended} after {self.seconds:5.1f} s: {self.stage}; mid-write: {', '.join(self.left) or 'nothing'}"
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -81,7 +85,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--example", default="tuned_examples/bandit_starpo.py", help="the tuned example to run")
     parser.add_argument("--model", default="tiny-random", help="its --model (tiny-random builds in seconds)")
     parser.add_argument("--engine", default="vllm", help="its --engine")
-    parser.add_argument("--stop-iters", type=int, default=4, help="its --stop-iters")
+    parser.add_argument(
+        "--stop-iters",
+        type=int,
+        default=100,
+        help="its --stop-iters: enough that the run outlasts the kills (an attempt that ends by itself "
+        "with exit 0 ends the campaign)",
+    )
     parser.add_argument(
         "--extra",
         default="--n-groups 2 --group-size 2 --eval-size 4 --warm-start-examples 4 --set eval_interval=2 "
@@ -256,37 +266,38 @@ def check_checkpoints(workdir: Path) -> tuple[bool, str]:
 
 
 def run_campaign(args: argparse.Namespace, workdir: Path) -> list[Attempt]:
-    """`args.kills` killed attempts, then one to the end; prints a line per attempt."""
+    """`args.kills` killed attempts, then one to the end (sooner if one ends by itself with exit 0)."""
     ray_tmp = Path(tempfile.mkdtemp(prefix="kc", dir="/tmp"))  # Ray's socket paths must stay short
     env, rng = environment(workdir, ray_tmp), random.Random(args.seed)
     kills = [rng.uniform(0, args.max_kill_s) for _ in range(args.kills)]
-    attempts = []
-    log_file = workdir / RUN_DIR / "run.log"
+    attempts: list[Attempt] = []
     try:
         for index, kill_at in enumerate([*kills, None]):
-            attempt = Attempt(index=index, kill_at_s=kill_at)
-            log_start = log_file.stat().st_size if log_file.exists() else 0
-            command = example_command(args, resume=index > 0)
-            console = run_attempt(attempt, command, workdir=workdir, env=env, timeout_s=60 * args.finish_timeout_min)
-            log = log_file.read_bytes()[log_start:].decode(errors="replace") if log_file.exists() else ""
-            attempt.stage = stage_of(console, log)
-            if failure := own_failure(console):
-                attempt.stage += f" (it had failed by itself: {failure})"
-            attempts.append(attempt)
-            what = f"exit {attempt.returncode}" if attempt.returncode is not None else f"killed at {kill_at:5.1f} s"
-            print(
-                f"[{index + 1}/{len(kills) + 1}] {what} after {attempt.seconds:5.1f} s: "
-                f"{attempt.stage}; mid-write: {', '.join(attempt.left) or 'nothing'}",
-                flush=True,
-            )
+            attempts.append(one_attempt(args, Attempt(index=index, kill_at_s=kill_at), workdir=workdir, env=env))
+            print(f"[{index + 1}/{len(kills) + 1}] {attempts[-1].line()}", flush=True)
+            if attempts[-1].returncode == 0:  # the run is done: a further start would have nothing to do
+                break
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     return attempts
 
 
-def summary(attempts: list[Attempt], checks: dict[str, tuple[bool, str]]) -> str:
+def one_attempt(args: argparse.Namespace, attempt: Attempt, *, workdir: Path, env: dict[str, str]) -> Attempt:
+    """Runs `attempt` (with --resume but the first) and finds the stage it was killed in."""
+    log_file = workdir / RUN_DIR / "run.log"  # appended to by every attempt
+    log_start = log_file.stat().st_size if log_file.exists() else 0
+    command = example_command(args, resume=attempt.index > 0)
+    console = run_attempt(attempt, command, workdir=workdir, env=env, timeout_s=60 * args.finish_timeout_min)
+    log = log_file.read_bytes()[log_start:].decode(errors="replace") if log_file.exists() else ""
+    attempt.stage = stage_of(console, log)
+    if failure := own_failure(console):
+        attempt.stage += f" (it had failed by itself: {failure})"
+    return attempt
+
+
+def summary(attempts: list[Attempt], checks: dict[str, tuple[bool, str]], *, planned: int) -> str:
     """The campaign's figures as markdown: one row per attempt, the checks, the cycle time."""
-    killed = [a for a in attempts if a.kill_at_s is not None]
+    killed = [a for a in attempts if a.returncode is None]
     rows = [
         f"| {a.index + 1} | {'-' if a.kill_at_s is None else f'{a.kill_at_s:.1f}'} | {a.seconds:.1f} | "
         f"{'SIGKILL' if a.returncode is None else a.returncode} | {a.stage} | {', '.join(a.left) or '-'} |"
@@ -298,7 +309,9 @@ def summary(attempts: list[Attempt], checks: dict[str, tuple[bool, str]]) -> str
         "|---|---|---|---|---|---|",
         *rows,
         "",
-        f"- kills: {len(killed)}; one kill + resume cycle: {cycle:.1f} s on average (start to the group's end); "
+        f"- kills: {len(killed)} of {planned}"
+        + ("" if len(killed) == planned else " (the run ended before the rest: raise --stop-iters)")
+        + f"; one kill + resume cycle: {cycle:.1f} s on average (start to the group's end); "
         f"the last attempt ran {attempts[-1].seconds:.1f} s to its end",
         *(f"- {'PASS' if ok else 'FAIL'} {name}: {detail}" for name, (ok, detail) in checks.items()),
     ]
@@ -322,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                 checks[name] = check()
             except Exception as error:  # a check that cannot even read what it checks fails
                 checks[name] = (False, f"{type(error).__name__}: {error}")
-        text = summary(attempts, checks)
+        text = summary(attempts, checks, planned=args.kills)
         print(text, end="")
         if args.output:
             args.output.write_text(f"# Kill campaign\n\n{header(ROOT, argv)}\n{text}")
