@@ -99,6 +99,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="more flags of the example (one string)",
     )
     parser.add_argument("--finish-timeout-min", type=float, default=30.0, help="time the last attempt may take")
+    parser.add_argument(
+        "--finish-retries", type=int, default=2, help="starts after a last attempt that failed by itself"
+    )
     parser.add_argument("--workdir", type=Path, help="working directory (default: a new temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep the working directory afterwards")
     parser.add_argument("--output", type=Path, help="write the result as markdown here")
@@ -232,8 +235,10 @@ def check_caches(workdir: Path) -> tuple[bool, str]:
     broken = [p.name for p in workdir.glob("mlflow.db.broken-*")] + [
         p.name for p in workdir.glob(".mlflow.db.partial-*")
     ]
-    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
-    run = client.get_run(tracking_state(latest_checkpoint(workdir / RUN_DIR))["run_id"])
+    checkpoint = latest_checkpoint(workdir / RUN_DIR)
+    if checkpoint is None:
+        return False, "no complete checkpoint: the run never got to one"
+    run = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}").get_run(tracking_state(checkpoint)["run_id"])
     started_from = Path(run.data.tags.get("warm_start_model", ""))
     used_whole = started_from.name == "none" or (started_from / MARKER_FILE).is_file()
     ok = entries and not unmarked and not broken and used_whole and ".partial-" not in str(started_from)
@@ -266,15 +271,19 @@ def check_checkpoints(workdir: Path) -> tuple[bool, str]:
 
 
 def run_campaign(args: argparse.Namespace, workdir: Path) -> list[Attempt]:
-    """`args.kills` killed attempts, then one to the end (sooner if one ends by itself with exit 0)."""
+    """`args.kills` killed attempts, then one to the end (sooner if one ends with exit 0)."""
     ray_tmp = Path(tempfile.mkdtemp(prefix="kc", dir="/tmp"))  # Ray's socket paths must stay short
     env, rng = environment(workdir, ray_tmp), random.Random(args.seed)
     kills = [rng.uniform(0, args.max_kill_s) for _ in range(args.kills)]
+    # Then starts to the end: one, and another after a start that failed by itself (e.g. Ray timing
+    # out while starting on a loaded machine); a run a kill broke fails every time.
+    moments = [*kills, *[None] * (1 + args.finish_retries)]
     attempts: list[Attempt] = []
     try:
-        for index, kill_at in enumerate([*kills, None]):
+        for index, kill_at in enumerate(moments):
             attempts.append(one_attempt(args, Attempt(index=index, kill_at_s=kill_at), workdir=workdir, env=env))
-            print(f"[{index + 1}/{len(kills) + 1}] {attempts[-1].line()}", flush=True)
+            label = "to the end" if kill_at is None else f"kill {index + 1}/{len(kills)}"
+            print(f"[{label}] {attempts[-1].line()}", flush=True)
             if attempts[-1].returncode == 0:  # the run is done: a further start would have nothing to do
                 break
     finally:
