@@ -32,12 +32,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from rllib_ragen.run.checkpoints import COMPLETE_MARKER, latest_checkpoint, tracking_state
+from rllib_ragen.run.checkpoints import COMPLETE_MARKER, checkpoint_iteration, latest_checkpoint, tracking_state
 from rllib_ragen.run.provenance import header
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "kill-campaign"
 METRIC = "training_iteration"  # logged once per iteration, step = iteration
+ENDLESS = 100_000  # --stop-iters of the killed attempts
 RUN_DIR = Path("checkpoints") / "run"  # the example's --checkpoint-dir (checkpoints, final policy, run.log)
 # Console lines that open a stage (the last one printed is the stage a kill lands in).
 CONSOLE_STAGES = (
@@ -86,11 +87,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="tiny-random", help="its --model (tiny-random builds in seconds)")
     parser.add_argument("--engine", default="vllm", help="its --engine")
     parser.add_argument(
-        "--stop-iters",
+        "--final-iters",
         type=int,
-        default=100,
-        help="its --stop-iters: enough that the run outlasts the kills (an attempt that ends by itself "
-        "with exit 0 ends the campaign)",
+        default=3,
+        help="iterations the last attempt trains past the newest checkpoint before it ends (the killed "
+        f"ones have --stop-iters {ENDLESS}: however fast the machine, the run lasts until the kills are done)",
     )
     parser.add_argument(
         "--extra",
@@ -108,10 +109,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def example_command(args: argparse.Namespace, *, resume: bool) -> list[str]:
+def example_command(args: argparse.Namespace, *, resume: bool, stop_iters: int) -> list[str]:
     return [
         sys.executable, str(ROOT / args.example), "--model", args.model, "--engine", args.engine,
-        "--stop-iters", str(args.stop_iters), "--experiment", EXPERIMENT, "--checkpoint-dir", str(RUN_DIR),
+        "--stop-iters", str(stop_iters), "--experiment", EXPERIMENT, "--checkpoint-dir", str(RUN_DIR),
         *shlex.split(args.extra),
         *(["--resume"] if resume else []),
     ]  # fmt: skip
@@ -208,8 +209,14 @@ def own_failure(console: str) -> str | None:
     return next((line for line in reversed(lines) if re.match(r"(\w+\.)*\w*(Error|Exception)\b", line)), "?")
 
 
-def check_metric_once(workdir: Path, stop_iters: int) -> tuple[bool, str]:
-    """Each step 1..stop_iters of `METRIC` exactly once in the whole store, in the finished run."""
+def last_iteration(workdir: Path) -> int:
+    """The iteration of the newest complete checkpoint (0 without one)."""
+    checkpoint = latest_checkpoint(workdir / RUN_DIR)
+    return 0 if checkpoint is None else checkpoint_iteration(checkpoint)
+
+
+def check_metric_once(workdir: Path) -> tuple[bool, str]:
+    """Each step 1..N of `METRIC` exactly once in the whole store (N: the last checkpoint's), in the finished run."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
@@ -218,8 +225,14 @@ def check_metric_once(workdir: Path, stop_iters: int) -> tuple[bool, str]:
     steps = sorted(m.step for run in runs for m in client.get_metric_history(run.info.run_id, METRIC))
     checkpoint = latest_checkpoint(workdir / RUN_DIR)
     finished = checkpoint is not None and client.get_run(tracking_state(checkpoint)["run_id"]).info.status
-    ok = steps == list(range(1, stop_iters + 1)) and finished == "FINISHED"
-    return ok, f"steps logged {steps} in {len(runs)} runs; the checkpoint's run is {finished}"
+    expected = list(range(1, last_iteration(workdir) + 1))
+    twice = sorted({step for step in steps if steps.count(step) > 1})
+    missing = sorted(set(expected) - set(steps))
+    ok = steps == expected and finished == "FINISHED"
+    return ok, (
+        f"{len(steps)} values for steps 1..{len(expected)} in {len(runs)} runs (missing {missing}, "
+        f"more than once {twice}); the checkpoint's run is {finished}"
+    )
 
 
 def check_caches(workdir: Path) -> tuple[bool, str]:
@@ -295,7 +308,8 @@ def one_attempt(args: argparse.Namespace, attempt: Attempt, *, workdir: Path, en
     """Runs `attempt` (with --resume but the first) and finds the stage it was killed in."""
     log_file = workdir / RUN_DIR / "run.log"  # appended to by every attempt
     log_start = log_file.stat().st_size if log_file.exists() else 0
-    command = example_command(args, resume=attempt.index > 0)
+    stop_iters = ENDLESS if attempt.kill_at_s is not None else last_iteration(workdir) + args.final_iters
+    command = example_command(args, resume=attempt.index > 0, stop_iters=stop_iters)
     console = run_attempt(attempt, command, workdir=workdir, env=env, timeout_s=60 * args.finish_timeout_min)
     log = log_file.read_bytes()[log_start:].decode(errors="replace") if log_file.exists() else ""
     attempt.stage = stage_of(console, log)
@@ -319,7 +333,7 @@ def summary(attempts: list[Attempt], checks: dict[str, tuple[bool, str]], *, pla
         *rows,
         "",
         f"- kills: {len(killed)} of {planned}"
-        + ("" if len(killed) == planned else " (the run ended before the rest: raise --stop-iters)")
+        + ("" if len(killed) == planned else " (an attempt ended with exit 0 before its kill)")
         + f"; one kill + resume cycle: {cycle:.1f} s on average (start to the group's end); "
         f"the last attempt ran {attempts[-1].seconds:.1f} s to its end",
         *(f"- {'PASS' if ok else 'FAIL'} {name}: {detail}" for name, (ok, detail) in checks.items()),
@@ -336,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         attempts = run_campaign(args, workdir)
         checks = {"the run finishes": (attempts[-1].returncode == 0, f"exit code {attempts[-1].returncode}")}
         for name, check in (
-            (f"`{METRIC}` logged once per iteration", lambda: check_metric_once(workdir, args.stop_iters)),
+            (f"`{METRIC}` logged once per iteration", lambda: check_metric_once(workdir)),
             ("every model-cache entry complete", lambda: check_caches(workdir)),
             ("checkpoints and final policy load", lambda: check_checkpoints(workdir)),
         ):
