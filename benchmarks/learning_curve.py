@@ -14,9 +14,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mlflow.tracking import MlflowClient
-
 from rllib_ragen.run.analysis import EVALUATION_SUCCESS, TRAINING_SECONDS, list_runs, metric_histories, plot_evaluation
+from rllib_ragen.run.mlflow_store import tracking_client
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -30,7 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
-    client = MlflowClient(args.tracking_uri)
+    client = tracking_client(args.tracking_uri)
     histories = {}
     for experiment in args.experiment:
         for run in list_runs(client, experiment).itertuples():

@@ -71,9 +71,9 @@ def run_one(env: str, shaping: list[str], args: argparse.Namespace, workdir: Pat
 
 def curves(store: str, *, experiment: str) -> dict[str, list[float]]:
     """The run's per-iteration values of each `CURVES` metric, in iteration order."""
-    from mlflow.tracking import MlflowClient
+    from rllib_ragen.run.mlflow_store import tracking_client
 
-    client = MlflowClient(store)
+    client = tracking_client(store)
     (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
     return {label: [m.value for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)]
             for label, key in CURVES.items()}

@@ -19,6 +19,8 @@ BANDIT = str(ROOT / "tuned_examples" / "bandit_starpo.py")
 # without warm start or resume; a line of Ray, RLlib, vLLM or transformers matches none.
 CLI_LINES = (
     r"library logs: \S+run\.log \(--verbose: on the console too\)",
+    r"MLflow store: creating \S+mlflow\.db",
+    r"starting the algorithm: Ray, the inference engines and the learner\.\.\.",
     r"MLflow run: sqlite:///\S+ experiment \d+ run [0-9a-f]{32}",
     r"checkpoints: \S+ \(newest \d+ kept\)",
     r"\S+: \d+ groups x \d+ trajectories, \d+ turns, model \S+, estimator \w+",
@@ -134,8 +136,10 @@ def test_readme_env_on_a_remote_runner_with_a_clean_console_and_bounded_checkpoi
         "[2/3]",
         "[3/3]",
     ]
-    # The libraries' records went to the run's log file instead.
+    # The libraries' records went to the run's log file instead, beside the stages of each
+    # iteration (what benchmarks/kill_campaign.py reads).
     log = (tmp_path / "ckpt" / "run.log").read_text()
+    assert "iteration 3: checkpointing into" in log and "iteration 3: exporting the final policy" in log
     assert re.search(r"^\S+ \S+ \w+ (ray|py\.warnings)\b", log, re.MULTILINE), log[
         :2000
     ]

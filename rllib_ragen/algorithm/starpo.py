@@ -573,6 +573,7 @@ class StarPO(Algorithm):
             )
         interval, iteration = self.config.eval_interval, self.iteration + 1
         if interval and (iteration % interval == 0 or iteration == self.final_iteration):
+            logger.info("iteration %d: evaluating on the %d fixed seeds", iteration, self.config.eval_size)
             self.evaluate_fixed_seeds()
 
     def _collect_episodes(self) -> list:

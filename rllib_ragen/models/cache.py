@@ -75,6 +75,7 @@ def prepare_builtin(model: BuiltinModel, *, models_dir: Path, progress: bool = F
         if (target / MARKER_FILE).is_file():  # another process finished it while we waited
             return target.resolve()
         _remove_stale_builds(target)
+        print(f"building {model.name} into {target} (once: later runs reuse it)", flush=True)
         partial = Path(tempfile.mkdtemp(prefix=f".{model.name}.partial-", dir=models_dir))
         try:
             _build_with_progress(model, partial, progress=progress)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import subprocess
 import tempfile
 from collections.abc import Mapping
@@ -39,14 +40,15 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric
-from mlflow.tracking import MlflowClient
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.utils import force_list
 from ray.rllib.utils.metrics import EVALUATION_RESULTS
 
+from rllib_ragen.run.atomic_files import write_dir_atomic
 from rllib_ragen.run.checkpoints import save_checkpoint, tracking_state
+from rllib_ragen.run.mlflow_store import tracking_client
 from rllib_ragen.run.ray_session import PROJECT_ROOT
 from rllib_ragen.run.tracking import (
     DEFAULT_EXPERIMENT,
@@ -63,6 +65,8 @@ from rllib_ragen.run.tracking import (
 from rllib_ragen.run.trajectory_page import evaluation_page
 
 FINAL_POLICY = "final_policy"
+# Its INFO records (the stages of an iteration) go to the run's log file, not the console.
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +185,7 @@ class MLflowCallback(RLlibCallback):
         """
         settings, step = self.settings, algorithm.iteration
         tracker = self.start(algorithm)
+        logger.info("iteration %d: checkpointing into %s", step, settings.checkpoint_dir or "MLflow only")
         log = settings.log_checkpoint_every > 0 and (
             step == settings.stop_iters or step % settings.log_checkpoint_every == 0
         )
@@ -200,6 +205,7 @@ class MLflowCallback(RLlibCallback):
 
     def finish(self, algorithm: Algorithm) -> None:
         """Logs the final policy and marks the run FINISHED (after the last checkpoint)."""
+        logger.info("iteration %d: exporting the final policy", algorithm.iteration)
         self._log_final_policy(algorithm)
         self.end("FINISHED")
 
@@ -224,6 +230,7 @@ class MLflowCallback(RLlibCallback):
         # Logged at once: a redone iteration overwrites its page, so each step keeps one.
         episodes = algorithm.pop_evaluation_episodes()
         if episodes:
+            logger.info("iteration %d: logging the trajectory page", step)
             config = algorithm.config
             page = evaluation_page(
                 config,
@@ -242,7 +249,8 @@ class MLflowCallback(RLlibCallback):
 
     def _log_final_policy(self, algorithm: Algorithm) -> None:
         if self.settings.checkpoint_dir is not None:
-            policy_dir = algorithm.export_policy(Path(self.settings.checkpoint_dir) / FINAL_POLICY)
+            # Complete or absent: `--warm-start-model` and `evaluate` take it as a model directory.
+            policy_dir = write_dir_atomic(Path(self.settings.checkpoint_dir) / FINAL_POLICY, algorithm.export_policy)
             self._tracker().log_artifacts(policy_dir, FINAL_POLICY)
             return
         with tempfile.TemporaryDirectory(prefix="starpo_policy_") as scratch:
@@ -260,7 +268,7 @@ def _open_run(settings: MLflowSettings, algorithm: Algorithm) -> MLflowTracker:
     trial_key = Path(algorithm.logdir).name
     run_id = settings.run_id
     if run_id is None:
-        run_id = find_run(MlflowClient(settings.tracking_uri), settings.experiment, tag=TRIAL_TAG, value=trial_key)
+        run_id = find_run(tracking_client(settings.tracking_uri), settings.experiment, tag=TRIAL_TAG, value=trial_key)
     tags = {
         "env": str(algorithm.config.env),
         "base_model": str(algorithm.config.llm_model),

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rllib_ragen.run.atomic_files import fsync_path, fsync_tree
+
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm import Algorithm
 
@@ -61,11 +63,11 @@ def save_checkpoint(algo: Algorithm, checkpoint_dir: str | Path, *, tracking: Ma
     shutil.rmtree(partial, ignore_errors=True)
     algo.save_to_path(str(partial))
     (partial / TRACKING_FILE).write_text(json.dumps(dict(tracking)))
-    _fsync_tree(partial)
+    fsync_tree(partial)
     _write_synced(partial / COMPLETE_MARKER, f"{algo.iteration}\n")
     shutil.rmtree(final, ignore_errors=True)  # an unmarked leftover of the same name
     os.rename(partial, final)
-    _fsync_dir(checkpoint_dir)
+    fsync_path(checkpoint_dir)
     _remove_older(checkpoint_dir, newest=final, keep=keep)
     return final
 
@@ -119,22 +121,3 @@ def _write_synced(path: Path, text: str) -> None:
         file.write(text)
         file.flush()
         os.fsync(file.fileno())
-
-
-def _fsync_tree(root: Path) -> None:
-    """Flushes every file and directory under `root` to disk, so the marker
-    (written after this) can't reach the disk before the data it vouches for."""
-    for path in root.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as file:
-                os.fsync(file.fileno())
-    for directory in [root, *(p for p in root.rglob("*") if p.is_dir())]:
-        _fsync_dir(directory)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

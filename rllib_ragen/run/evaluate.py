@@ -282,6 +282,7 @@ def evaluate_policy(
     output_dir: Path,
 ) -> dict[str, Evaluation]:
     """Evaluates `policy` on each env; writes `<output_dir>/<env>.html` and `summary.json`."""
+    from rllib_ragen.run.atomic_files import write_text_atomic
     from rllib_ragen.run.trajectory_page import evaluation_page
 
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -314,14 +315,14 @@ def evaluate_policy(
             seeds=f"{seeds[0]}..{seeds[-1]}",
             policy=policy.source,
         )
-        (output_dir / f"{env}.html").write_text(page)
+        write_text_atomic(output_dir / f"{env}.html", page)
         summary["envs"][env] = {
             "seeds": [seeds[0], seeds[-1]],
             "stats": evaluation.stats,
             "successes": evaluation.successes,
         }
         # After each env, so that the envs done so far survive a failure in the next one.
-        (output_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+        write_text_atomic(output_dir / "summary.json", json.dumps(summary, indent=1, default=float))
         print(
             f"{env}: done in {time.perf_counter() - began:.0f} s; page {output_dir / f'{env}.html'}",
             flush=True,
@@ -360,8 +361,12 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m rllib_ragen.ru
     args = build_parser(prog).parse_args(argv)
     # Imported after parsing, so that --help answers without loading Ray and torch.
     from rllib_ragen.rollout.evaluation import evaluation_table
+    from rllib_ragen.run.mlflow_store import ensure_store
+    from rllib_ragen.run.tracking import default_tracking_uri
 
     try:
+        if args.mlflow or args.tracking_uri:  # a broken store is reported now, not after the evaluation
+            ensure_store(args.tracking_uri or default_tracking_uri())
         settings = overrides(args)
         output_dir = args.output_dir or Path("evaluations") / Path(args.policy).expanduser().name
         with tempfile.TemporaryDirectory(prefix="evaluate-") as scratch:

@@ -375,6 +375,7 @@ def run(
         ValueError: `--checkpoint-dir` holds a checkpoint and `--resume` is not given.
         KeyboardInterrupt: stopped by Ctrl-C (after checkpointing, see `_train`).
     """
+    from rllib_ragen.run.atomic_files import write_text_atomic
     from rllib_ragen.run.callbacks import FINAL_POLICY, mlflow_callback_of, with_mlflow
     from rllib_ragen.run.ray_session import init_ray
 
@@ -384,6 +385,7 @@ def run(
     resume_from = checkpoint_to_resume(checkpoint_dir, resume=args.resume)
     if args.resume and resume_from is None:
         print(f"--resume: no complete checkpoint in {checkpoint_dir}; starting fresh")
+    print("starting the algorithm: Ray, the inference engines and the learner...", flush=True)
     init_ray()
     settings = mlflow_settings(
         args,
@@ -419,7 +421,7 @@ def run(
                 summary.update(
                     stats_before=before[0], stats_after=result["evaluation"], starting_model=algo.config.llm_model
                 )
-                Path(args.summary_json).write_text(json.dumps(summary, default=float))
+                write_text_atomic(args.summary_json, json.dumps(summary, default=float))
     finally:
         algo.stop()
     print(f"done. MLflow run: {tracker.run_url}; final policy (HF format): {checkpoint_dir / FINAL_POLICY}")
@@ -662,12 +664,28 @@ def main(*, env: str, argv: list[str] | None = None, prog: str | None = None, **
     log_file = run_directory(config, args) / RUN_LOG
     route_library_logs(log_file, verbose=args.verbose)
     print(f"library logs: {log_file}" + ("" if args.verbose else " (--verbose: on the console too)"), flush=True)
+    try:
+        open_tracking_store(args)
+    except USER_ERRORS as error:
+        parser.exit(2, f"error: {error}\n")
     tags = choose_starting_model(config, args)
     try:
         run(config, args, tags={**tags, "preset": args.preset}, job_started=job_started)
     except KeyboardInterrupt:
         print("stopped by Ctrl-C; --resume continues from the last checkpoint", file=sys.stderr)
         sys.exit(130)
+
+
+def open_tracking_store(args: argparse.Namespace) -> None:
+    """Creates (or upgrades, or sets aside and rebuilds) the local MLflow store before Ray starts.
+
+    Raises:
+        TrackingStoreError: a store holding runs does not open (a ValueError: one `error:` line).
+    """
+    from rllib_ragen.run.mlflow_store import ensure_store
+    from rllib_ragen.run.tracking import default_tracking_uri
+
+    ensure_store(args.tracking_uri or default_tracking_uri())
 
 
 def check_starting_model(args: argparse.Namespace) -> None:

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from mlflow.tracking import MlflowClient
 from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
@@ -42,10 +41,12 @@ from rllib_ragen.run.experiment import (
     choose_starting_model,
     config_from_args,
     mlflow_settings,
+    open_tracking_store,
     progress_line,
     setting_value,
     split_assignment,
 )
+from rllib_ragen.run.mlflow_store import TrackingStoreError, tracking_client
 from rllib_ragen.run.ray_session import init_ray
 from rllib_ragen.run.tracking import TRIAL_TAG, experiment_id_of, find_run
 
@@ -176,7 +177,7 @@ class EndMLflowRuns(tune.Callback):
         self._end(trial, "FAILED", tags={})
 
     def _end(self, trial: Trial, status: str, *, tags: Mapping[str, str]) -> None:
-        client = MlflowClient(self.settings.tracking_uri)
+        client = tracking_client(self.settings.tracking_uri)
         run_id = find_run(client, self.settings.experiment, tag=TRIAL_TAG, value=Path(trial.path).name)
         if run_id is None or client.get_run(run_id).info.status != "RUNNING":
             return
@@ -209,7 +210,7 @@ def run_sweep(
         settings, stop_iters=sweep.stop_iters, run_id=None, run_name=None, checkpoint_dir=None
     )
     # Created here, once: trials starting together would race to create it.
-    experiment_id_of(MlflowClient(settings.tracking_uri), settings.experiment)
+    experiment_id_of(tracking_client(settings.tracking_uri), settings.experiment)
     tuner = tune.Tuner(
         StarPO,
         param_space=param_space(config, sweep.grid, settings),
@@ -235,7 +236,7 @@ def results_table(
     results: tune.ResultGrid, swept: Sequence[str], settings: MLflowSettings, *, metric: str, mode: str
 ) -> pd.DataFrame:
     """One row per trial: swept values, final metrics, MLflow run id; best `metric` first."""
-    client = MlflowClient(settings.tracking_uri)
+    client = tracking_client(settings.tracking_uri)
     rows = []
     for result in results:
         metrics = result.metrics or {}
@@ -291,7 +292,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, *, prog: str | None = None) -> pd.DataFrame:
     """Entry point of `rllib-ragen sweep` (and `tuned_examples/sweep_starpo.py`); returns the results table."""
-    args = build_parser(prog).parse_args(argv)
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
     config = config_from_args(args)
     grid = parse_grid(config, args.grid) if args.grid else dict(DEFAULT_GRID)
     sweep = SweepConfig(
@@ -306,6 +308,10 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> pd.DataFr
         name=args.name,
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        open_tracking_store(args)  # once, here: trials starting together would race to create it
+    except TrackingStoreError as error:
+        parser.exit(2, f"error: {error}\n")
     init_ray(log_to_driver=True)
     tags = choose_starting_model(config, args)  # once, in the driver: every trial loads the same cached model
     settings = mlflow_settings(args, tags={**tags, "preset": args.preset})

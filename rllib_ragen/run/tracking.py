@@ -1,20 +1,27 @@
 """MLflow tracking of StarPO runs: params, per-iteration metrics, artifacts (trajectory pages, models).
 
 The default store is `sqlite:///<working dir>/mlflow.db` (MLflow's own default
-location, made explicit); `--tracking-uri http://host:5000` points at a server.
+location, made explicit), created and migrated crash-safely by
+`rllib_ragen.run.mlflow_store`; `--tracking-uri http://host:5000` points at a server.
 Look at runs with `mlflow ui --backend-store-uri sqlite:///mlflow.db`.
 """
 
 from __future__ import annotations
 
 import math
+import shutil
 import time
+import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
+from mlflow.utils.file_utils import local_file_uri_to_path
+
+from rllib_ragen.run.atomic_files import write_dir_atomic
+from rllib_ragen.run.mlflow_store import artifact_location_for, tracking_client
 
 DEFAULT_EXPERIMENT = "rllib-ragen"
 TRIAL_TAG = "rllib_ragen.trial_dir"  # the algorithm's log dir name (Tune: the trial dir)
@@ -94,7 +101,7 @@ class MLflowTracker:
         tags: Mapping[str, str] | None = None,
     ) -> None:
         self.tracking_uri = tracking_uri or default_tracking_uri()
-        self.client = MlflowClient(self.tracking_uri)
+        self.client = tracking_client(self.tracking_uri)
         if run_id is None:
             experiment_id = experiment_id_of(self.client, experiment)
             run_id = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags or {})).info.run_id
@@ -130,10 +137,28 @@ class MLflowTracker:
         return [m for m in metrics if m.step not in logged[m.key]]
 
     def log_text(self, text: str, artifact_file: str) -> None:
+        """Logs `text` as a file (a local store writes it to a temporary name, then renames it)."""
         self.client.log_text(self.run_id, text, artifact_file)
 
-    def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None:
-        self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+    def log_artifacts(self, local_dir: str | Path, artifact_path: str) -> None:
+        """Logs the directory `local_dir` as `artifact_path`, replacing an earlier one of that name.
+
+        MLflow copies a directory into a local store file by file, so a kill
+        mid-copy would leave part of it (e.g. of a policy) looking logged:
+        here a local store gets it complete or not at all (`write_dir_atomic`).
+        """
+        local_artifacts = self._local_artifact_dir()
+        if local_artifacts is None:
+            self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+            return
+        write_dir_atomic(
+            local_artifacts / artifact_path, lambda out: shutil.copytree(local_dir, out, dirs_exist_ok=True)
+        )
+
+    def _local_artifact_dir(self) -> Path | None:
+        """The run's artifact directory when it is on this file system (else None: a server stores them)."""
+        uri = self.client.get_run(self.run_id).info.artifact_uri
+        return Path(local_file_uri_to_path(uri)) if urllib.parse.urlparse(uri).scheme in ("", "file") else None
 
     def end(self, status: str = "FINISHED") -> None:
         """Marks the run FINISHED, FAILED or KILLED."""
@@ -146,19 +171,6 @@ def experiment_id_of(client: MlflowClient, name: str) -> str:
     if experiment:
         return experiment.experiment_id
     return client.create_experiment(name, artifact_location=artifact_location_for(client.tracking_uri))
-
-
-def artifact_location_for(tracking_uri: str) -> str | None:
-    """`<database dir>/mlruns` for a SQLite store; None (the server's choice) otherwise.
-
-    MLflow's default artifact root for a database store is `./mlruns` of the
-    process's working directory, so a run tracked in `/tmp/x/mlflow.db` would
-    scatter its artifacts into whatever directory the job started in.
-    """
-    prefix = "sqlite:///"
-    if not tracking_uri.startswith(prefix):
-        return None
-    return (Path(tracking_uri[len(prefix) :]).resolve().parent / "mlruns").as_uri()
 
 
 def find_run(client: MlflowClient, experiment: str, *, tag: str, value: str) -> str | None:
