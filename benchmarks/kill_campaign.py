@@ -11,7 +11,7 @@ build, warm start, algorithm start, iteration N) and the run's log file (the eva
 trajectory page, checkpoint or final policy of iteration N); the `.partial-` entries the kill
 left mid-write are listed beside it. After `--kills` kills the run goes to its end.
 
-    python benchmarks/kill_campaign.py --kills 20 --output benchmarks/results/kill_campaign.md
+    python benchmarks/kill_campaign.py --kills 20 --output docs/results/kill_campaign.md
 """
 
 from __future__ import annotations
