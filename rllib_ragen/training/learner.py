@@ -127,13 +127,10 @@ class StarPOTorchLearner(MiniBatchStepLearner):
         share = global_share(mask_or_generated(module_batch, POLICY_MASK), self.config.loss_agg_mode)
         total_loss: Any = 0.0  # a Tensor after the first micro-batch
         fwd_out = None
+        # The token positions this optimiser step runs (logged once a step: the last step's with several).
+        computed = sum(computed_tokens(module.policy.base_model, micro) for micro, _ in weights)
+        self.metrics.log_value((DEFAULT_MODULE_ID, "num_computed_tokens"), computed, window=1)
         for micro, weight in weights:
-            self.metrics.log_value(
-                (DEFAULT_MODULE_ID, "num_computed_tokens"),
-                computed_tokens(module.policy.base_model, micro),
-                reduce="sum",
-                window=1,
-            )
             fwd_out = {DEFAULT_MODULE_ID: module.forward_train(micro)}
             loss = self.compute_losses(fwd_out=fwd_out, batch={DEFAULT_MODULE_ID: micro})[DEFAULT_MODULE_ID]
             (loss * weight * share).backward()
