@@ -22,6 +22,7 @@ NON_DEFAULTS = {
     "engine_dtype": ("dtype", "bfloat16"),
     "max_model_len": ("max_model_len", 1000),
     "enable_prefix_caching": ("enable_prefix_caching", True),
+    "kv_block_size": ("kv_block_size", 64),
     "num_gpus_per_engine": ("num_gpus_per_engine", 2.0),
     "gpu_memory_utilization": ("gpu_memory_utilization", 0.4),
     "tensor_parallel_size": ("tensor_parallel_size", 2),
@@ -63,6 +64,18 @@ def test_settings_reach_vllm_under_its_names():
     assert (both["kv_cache_memory_bytes"], both["gpu_memory_utilization"]) == (2 * 2**30, 0.3)
 
 
+def test_kv_block_size_is_small_on_cpu_and_vllms_own_on_gpu():
+    """Prefix caching shares whole blocks: on CPU the smallest block vLLM's kernel takes, unless set."""
+    assert llm_kwargs(EngineConfig(kv_cache_gb=1.0), "/m", 0)["block_size"] == 32
+    assert llm_kwargs(EngineConfig(kv_cache_gb=1.0, kv_block_size=64), "/m", 0)["block_size"] == 64
+    assert "block_size" not in llm_kwargs(EngineConfig(num_gpus_per_engine=1), "/m", 0)
+    assert llm_kwargs(EngineConfig(num_gpus_per_engine=1, kv_block_size=16), "/m", 0)["block_size"] == 16
+    with pytest.raises(ValueError, match=r"kv_block_size=48 on a CPU engine: .* multiples of 32"):
+        EngineConfig(kv_block_size=48)
+    with pytest.raises(ValueError, match="kv_block_size"):
+        EngineConfig(kv_block_size=0)
+
+
 # SmolLM2-135M's shape: 30 layers, 9 query heads over 3 key/value heads of 64 (576 hidden).
 SMOLLM2_SHAPE = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
 
@@ -72,9 +85,9 @@ def test_kv_bytes_per_token_by_hand():
     assert kv_bytes_per_token(SMOLLM2_SHAPE, dtype="bfloat16") == 2 * 30 * 3 * 64 * 2 == 23040
     assert kv_bytes_per_token(SMOLLM2_SHAPE, dtype="float32") == 46080
     # No num_key_value_heads: every head has its own keys and values; an explicit head_dim wins.
-    assert kv_bytes_per_token({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 32}, dtype="float32") == (
-        2 * 2 * 4 * 8 * 4
-    )
+    assert kv_bytes_per_token(
+        {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 32}, dtype="float32"
+    ) == (2 * 2 * 4 * 8 * 4)
     assert kv_bytes_per_token({**SMOLLM2_SHAPE, "head_dim": 32}, dtype="float16") == 2 * 30 * 3 * 32 * 2
     with pytest.raises(ValueError, match="KV cache dtype must be one of"):
         kv_bytes_per_token(SMOLLM2_SHAPE, dtype="int8")
@@ -83,8 +96,14 @@ def test_kv_bytes_per_token_by_hand():
 def test_a_cpu_engine_without_kv_cache_gb_gets_a_cache_for_its_batch(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**SMOLLM2_SHAPE, "dtype": "bfloat16"}))
     kwargs = llm_kwargs(EngineConfig(kv_cache_gb=None, max_batch_size=64, max_model_len=500), str(tmp_path), 0)
-    # 500 tokens take 32 blocks of 16: 512 token slots a sequence.
+    # 500 tokens take 16 blocks of 32 (the CPU default): 512 token slots a sequence.
     assert kwargs["kv_cache_memory_bytes"] == 23040 * 64 * 512 and kwargs["max_num_seqs"] == 64
+    assert kwargs["block_size"] == 32
+    # 500 tokens in blocks of 128: 4 blocks, 512 slots; 520 tokens: 5 blocks, 640 slots.
+    wide = llm_kwargs(
+        EngineConfig(kv_cache_gb=None, max_batch_size=2, max_model_len=520, kv_block_size=128), str(tmp_path), 0
+    )
+    assert (wide["kv_cache_memory_bytes"], wide["block_size"]) == (23040 * 2 * 640, 128)
     fixed = llm_kwargs(EngineConfig(kv_cache_gb=0.5), str(tmp_path), 0)
     assert fixed["kv_cache_memory_bytes"] == 2**29 and "max_num_seqs" not in fixed
 

@@ -14,6 +14,8 @@ ENGINE_KINDS = ("auto", "vllm", "hf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 WEIGHT_SYNC_KINDS = ("object_store", "collective")
 LORA_SYNC_KINDS = ("auto", "merged", "adapter")
+# The smallest KV block vLLM's CPU attention kernel takes (its blocks are multiples of 32 tokens).
+CPU_KV_BLOCK_TOKENS = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +42,11 @@ class EngineConfig:
             whose next prompt leaves less than `response_length` tokens is
             truncated there (metric `truncated_prompt_trajectories`).
         enable_prefix_caching: vLLM prefix caching (its cache is reset on every weight update).
+        kv_block_size: Tokens per KV-cache block (vLLM's `block_size`). Prefix caching shares
+            whole blocks only: a common prefix shorter than a block is computed again for every
+            prompt. None = 32 on CPU (the smallest the CPU attention kernel takes; vLLM's own CPU
+            default, 128, left FrozenLake's 76 shared prompt tokens uncached:
+            docs/results/rollout_prefix_cache.md) and vLLM's default on GPU.
         num_gpus_per_engine: GPUs per vLLM actor (0 = CPU).
         tensor_parallel_size: Tensor-parallel degree inside one vLLM engine.
         num_threads: CPU threads per engine; None = this machine's cores split evenly
@@ -80,6 +87,7 @@ class EngineConfig:
     dtype: str = "auto"
     max_model_len: int = 3600
     enable_prefix_caching: bool = False
+    kv_block_size: int | None = None
     num_gpus_per_engine: float = 0.0
     tensor_parallel_size: int = 1
     num_threads: int | None = None
@@ -122,7 +130,26 @@ class EngineConfig:
                 f"{self.tensor_parallel_size}, got {self.num_gpus_per_engine}"
             )
         self._check_kv_cache_sizing()
+        self._check_kv_block_size()
         self._check_lora_sync()
+
+    @property
+    def block_size(self) -> int | None:
+        """The KV block size the engine is built with; None leaves it to vLLM (GPU)."""
+        if self.kv_block_size is None and self.num_gpus_per_engine == 0:
+            return CPU_KV_BLOCK_TOKENS
+        return self.kv_block_size
+
+    def _check_kv_block_size(self) -> None:
+        """vLLM's CPU attention kernel only takes multiples of 32; say so before an engine starts."""
+        if self.kv_block_size is None:
+            return
+        check_positive("kv_block_size", self.kv_block_size)
+        if self.num_gpus_per_engine == 0 and self.kv_block_size % CPU_KV_BLOCK_TOKENS:
+            raise ValueError(
+                f"kv_block_size={self.kv_block_size} on a CPU engine: vLLM's CPU attention takes multiples of "
+                f"{CPU_KV_BLOCK_TOKENS} only"
+            )
 
     def _check_kv_cache_sizing(self) -> None:
         """On CPU the KV cache is sized in bytes, never as a share of memory; on GPU either way."""

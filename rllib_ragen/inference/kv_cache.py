@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-# vLLM's default KV block on CPU: each sequence's last block is allocated whole.
-KV_BLOCK_TOKENS = 16
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -27,7 +25,7 @@ def kv_bytes_per_token(model_config: dict, *, dtype: str) -> int:
     return 2 * model_config["num_hidden_layers"] * kv_heads * head_dim * _DTYPE_BYTES[dtype]
 
 
-def kv_cache_bytes(model_dir: str | Path, *, dtype: str, sequences: int, max_model_len: int) -> int:
+def kv_cache_bytes(model_dir: str | Path, *, dtype: str, sequences: int, max_model_len: int, block_tokens: int) -> int:
     """KV-cache bytes for `sequences` sequences of up to `max_model_len` tokens of the model in `model_dir`.
 
     Args:
@@ -35,7 +33,8 @@ def kv_cache_bytes(model_dir: str | Path, *, dtype: str, sequences: int, max_mod
         dtype: The engine's dtype ("float32", "bfloat16" or "float16").
         sequences: Sequences decoded together.
         max_model_len: Longest prompt + response of one sequence.
+        block_tokens: Tokens per KV block; a sequence's last block is allocated whole.
     """
     config = json.loads((Path(model_dir) / "config.json").read_text())
-    blocks = -(-max_model_len // KV_BLOCK_TOKENS)
-    return kv_bytes_per_token(config, dtype=dtype) * sequences * blocks * KV_BLOCK_TOKENS
+    blocks = -(-max_model_len // block_tokens)
+    return kv_bytes_per_token(config, dtype=dtype) * sequences * blocks * block_tokens

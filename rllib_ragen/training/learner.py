@@ -27,7 +27,6 @@ from ray.rllib.utils.annotations import override
 
 from rllib_ragen.columns import (
     ATTENTION_MASK,
-    INPUT_IDS,
     OLD_LOGP,
     POLICY_MASK,
     SAMPLING_LOGP,
@@ -54,8 +53,8 @@ from rllib_ragen.training.losses import (
     policy_loss,
     value_loss,
 )
-from rllib_ragen.training.module import host_copy
-from rllib_ragen.training.shared_prefix import common_prefix_length, worth_sharing
+from rllib_ragen.training.module import computed_positions, host_copy
+from rllib_ragen.training.shared_prompts import prompt_order
 
 POLICY_OPTIMIZER = "policy"
 CRITIC_OPTIMIZER = "critic"
@@ -128,7 +127,7 @@ class StarPOTorchLearner(MiniBatchStepLearner):
         total_loss: Any = 0.0  # a Tensor after the first micro-batch
         fwd_out = None
         # The token positions this optimiser step runs (logged once a step: the last step's with several).
-        computed = sum(computed_tokens(module.policy.base_model, micro) for micro, _ in weights)
+        computed = sum(computed_positions(module.policy.base_model, micro) for micro, _ in weights)
         self.metrics.log_value((DEFAULT_MODULE_ID, "num_computed_tokens"), computed, window=1)
         for micro, weight in weights:
             fwd_out = {DEFAULT_MODULE_ID: module.forward_train(micro)}
@@ -201,16 +200,6 @@ class StarPOTorchLearner(MiniBatchStepLearner):
         return module.score_with(self._reference, batch, with_entropy=False)[TOKEN_LOGP]
 
 
-def computed_tokens(trunk: torch.nn.Module, micro: dict[str, torch.Tensor]) -> float:
-    """Token positions `trunk` runs on for a micro-batch [R, L]: the shared prefix once, the rest per row
-    (`rllib_ragen.training.shared_prefix`); what the update's hardware FLOPs count."""
-    rows, length = micro[INPUT_IDS].shape
-    prefix = common_prefix_length(micro[INPUT_IDS], micro[ATTENTION_MASK])
-    if not worth_sharing(trunk, rows, prefix):
-        return float(rows * length)
-    return float(prefix + rows * (length - prefix))
-
-
 def mask_or_generated(batch: dict[str, torch.Tensor], column: str) -> torch.Tensor:
     """The [rows, L] mask ``column``, or every generated token (`Columns.LOSS_MASK`) when the
     batch has no such column (batches without `GroupAdvantages`' masks, e.g. behaviour cloning)."""
@@ -234,7 +223,9 @@ def micro_batch_weights(
     if token_budget is None:
         groups = [torch.arange(s, min(s + micro_batch_size, n_rows)) for s in range(0, n_rows, micro_batch_size)]
     else:
-        groups = token_budget_groups(lengths, token_budget)
+        # Rows that share a prompt in one micro-batch, where the module runs that prompt once.
+        order = prompt_order(batch) if Columns.LOSS_MASK in batch else None
+        groups = token_budget_groups(lengths, token_budget, order=order)
     total_tokens = mask.sum().clamp(min=1)
     total_rows = max(int(mask.any(dim=1).sum()), 1)
     out = []
@@ -247,10 +238,12 @@ def micro_batch_weights(
     return out
 
 
-def token_budget_groups(lengths: torch.Tensor, token_budget: int) -> list[torch.Tensor]:
+def token_budget_groups(
+    lengths: torch.Tensor, token_budget: int, *, order: torch.Tensor | None = None
+) -> list[torch.Tensor]:
     """Row indices of length-bucketed micro-batches, each at most `token_budget` padded tokens.
 
-    Rows are sorted by length (longest first) and filled greedily while
+    Rows are taken in `order` (default: longest first) and filled greedily while
     rows x longest row stays within the budget, so rows of similar length
     share a micro-batch and little padding is computed. A row longer than
     the budget gets a micro-batch of its own.
@@ -258,19 +251,23 @@ def token_budget_groups(lengths: torch.Tensor, token_budget: int) -> list[torch.
     Args:
         lengths: [R] tokens per row (attention-mask sums).
         token_budget: Most padded tokens (rows x longest row) per micro-batch.
+        order: [R] a permutation of the rows: the order micro-batches are filled in.
 
     Returns:
         Index tensors partitioning range(R).
     """
     if token_budget < 1:
         raise ValueError(f"token_budget must be >= 1, got {token_budget}")
-    order = torch.argsort(lengths, descending=True, stable=True).tolist()
+    if order is None:
+        order = torch.argsort(lengths, descending=True, stable=True)
     groups: list[list[int]] = []
     longest = 0
-    for row in order:
-        if groups and (len(groups[-1]) + 1) * longest <= token_budget:
+    for row in order.tolist():
+        length = int(lengths[row])
+        if groups and (len(groups[-1]) + 1) * max(longest, length) <= token_budget:
             groups[-1].append(row)
+            longest = max(longest, length)
         else:
             groups.append([row])
-            longest = int(lengths[row])
+            longest = length
     return [torch.tensor(sorted(g), dtype=torch.long) for g in groups]

@@ -14,6 +14,8 @@ shared-prefix GRPO methods do for a group's prompt).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -48,8 +50,17 @@ def shared_prefix_hidden(trunk: nn.Module, batch: dict[str, torch.Tensor], prefi
         batch: `input_ids` and `attention_mask`, [R, L], right-padded, rows equal on `[:, :prefix_length]`.
         prefix_length: P, 1 <= P < L (see `common_prefix_length`).
     """
-    input_ids, attention_mask = batch[INPUT_IDS], batch[ATTENTION_MASK]
+    return run_with_cache(trunk, batch[INPUT_IDS], batch[ATTENTION_MASK], prefix_length)[0]
+
+
+def run_with_cache(
+    trunk: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix_length: int
+) -> tuple[torch.Tensor, Any]:
+    """Hidden states [R, L, H] and the key/value cache of rows [R, L], a common prefix of P > 0 run once."""
     rows = input_ids.shape[0]
+    if prefix_length == 0:
+        out = trunk(input_ids=input_ids, attention_mask=attention_mask, use_cache=True)
+        return out.last_hidden_state, out.past_key_values
     prefix = trunk(
         input_ids=input_ids[:1, :prefix_length], attention_mask=attention_mask[:1, :prefix_length], use_cache=True
     )
@@ -59,7 +70,8 @@ def shared_prefix_hidden(trunk: nn.Module, batch: dict[str, torch.Tensor], prefi
     suffix = trunk(
         input_ids=input_ids[:, prefix_length:], attention_mask=attention_mask, past_key_values=cache, use_cache=True
     )
-    return torch.cat([prefix.last_hidden_state.expand(rows, -1, -1), suffix.last_hidden_state], dim=1)
+    hidden = torch.cat([prefix.last_hidden_state.expand(rows, -1, -1), suffix.last_hidden_state], dim=1)
+    return hidden, suffix.past_key_values
 
 
 def worth_sharing(trunk: nn.Module, rows: int, prefix_length: int) -> bool:

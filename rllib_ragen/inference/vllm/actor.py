@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 from rllib_ragen.inference.collective import GroupSpec, TensorLayout, receive
 from rllib_ragen.inference.engine import Completion, SamplingParams
-from rllib_ragen.inference.engine_config import EngineConfig
+from rllib_ragen.inference.engine_config import CPU_KV_BLOCK_TOKENS, EngineConfig
 from rllib_ragen.inference.kv_cache import kv_cache_bytes
 from rllib_ragen.inference.vllm.adapter import ServedAdapter, lora_engine_kwargs
 from rllib_ragen.inference.vllm.reload import reload_in_worker
@@ -53,6 +53,7 @@ def llm_kwargs(config: EngineConfig, model_path: str, rank: int) -> dict[str, An
         "max_model_len": config.max_model_len,
         **kv_cache_kwargs(config, model_path),
         "enable_prefix_caching": config.enable_prefix_caching,
+        **({} if config.block_size is None else {"block_size": config.block_size}),
         "tensor_parallel_size": config.tensor_parallel_size,
         # Log-probs after temperature and top-p: those of the distribution sampled from.
         "logprobs_mode": "processed_logprobs",
@@ -89,7 +90,11 @@ def kv_cache_kwargs(config: EngineConfig, model_path: str) -> dict[str, object]:
     elif config.num_gpus_per_engine == 0:
         dtype = checkpoint_dtype(model_path) if config.dtype == "auto" else config.dtype
         kwargs["kv_cache_memory_bytes"] = kv_cache_bytes(
-            model_path, dtype=dtype, sequences=config.max_batch_size, max_model_len=config.max_model_len
+            model_path,
+            dtype=dtype,
+            sequences=config.max_batch_size,
+            max_model_len=config.max_model_len,
+            block_tokens=config.block_size or CPU_KV_BLOCK_TOKENS,
         )
         kwargs["max_num_seqs"] = config.max_batch_size
     if config.gpu_memory_utilization is not None:
