@@ -55,6 +55,7 @@ from rllib_ragen.models import (
 from rllib_ragen.rollout.env_group import TurnBudget
 from rllib_ragen.rollout.prompt.protocol import ProtocolConfig
 from rllib_ragen.training.behaviour_cloning import SupervisedSettings, cloning_passes, supervised_step
+from rllib_ragen.training.host_memory import release_freed_memory
 from rllib_ragen.training.token_batch import trajectories_from_episodes
 
 # Part of the cache key: a change to how the warm start trains, or to the text of the
@@ -144,7 +145,10 @@ def warm_start(
         build=lambda out_dir, report: _train(base_path, config, out_dir, report),
     )
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    return prepare_builtin(builtin, models_dir=root / "models", progress=progress)
+    path = prepare_builtin(builtin, models_dir=root / "models", progress=progress)
+    # The supervised loop's activations, freed but kept by the allocator, before the learner is built.
+    release_freed_memory()
+    return path
 
 
 def demonstrations(tokenizer: Any, config: WarmStartConfig) -> list[MultiAgentEpisode]:

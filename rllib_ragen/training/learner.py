@@ -47,6 +47,7 @@ from rllib_ragen.training.distributed import (
     all_reduce_sum,
     global_share,
 )
+from rllib_ragen.training.host_memory import release_freed_memory
 from rllib_ragen.training.losses import (
     aggregate_loss,
     kl_penalty,
@@ -98,6 +99,13 @@ class StarPOTorchLearner(MiniBatchStepLearner):
                     params=params,
                     lr_or_lr_schedule=lr,
                 )
+
+    @override(MiniBatchStepLearner)
+    def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
+        super().after_gradient_based_update(timesteps=timesteps)
+        # The update's activations are freed but kept by the allocator; the rollout and
+        # evaluation that follow need none of them (`rllib_ragen.training.host_memory`).
+        release_freed_memory()
 
     @override(MiniBatchStepLearner)
     def optimizer_state(self) -> dict:

@@ -1,0 +1,29 @@
+"""Freed heap pages go back to the OS: the resident set falls once they are released."""
+
+import ctypes
+
+from rllib_ragen.training.host_memory import _glibc, release_freed_memory
+
+BLOCK = 64 * 1024  # below glibc's mmap threshold: from the heap, kept there once freed
+BLOCKS = 4096  # 256 MiB
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096
+
+
+def test_released_heap_pages_leave_the_resident_set():
+    libc = _glibc()
+    assert libc is not None, "this test needs glibc (Linux)"
+    libc.malloc.restype = ctypes.c_void_p
+    blocks = [libc.malloc(BLOCK) for _ in range(BLOCKS)]
+    for block in blocks:
+        ctypes.memset(block, 1, BLOCK)  # touch every page
+    for block in blocks[:-1]:  # the last block pins the heap's top, so free() alone trims nothing
+        libc.free(ctypes.c_void_p(block))
+    held = _resident_bytes()
+    assert release_freed_memory()
+    released = _resident_bytes()
+    libc.free(ctypes.c_void_p(blocks[-1]))
+    assert held - released > 200 * 2**20, (held, released)
