@@ -15,12 +15,12 @@ from run_helpers import free_port, tiny_config
 from rllib_ragen.masked import masked_whiten
 from rllib_ragen.rllib_private import local_learner
 from rllib_ragen.rollout.env_runner import policy_weights
+from rllib_ragen.training.advantages import whiten_across_learners
 from rllib_ragen.training.distributed import (
     all_reduce_gradients,
     count_training_rows,
     global_share,
     learner_minibatch_sizes,
-    whiten_across_learners,
 )
 
 
