@@ -352,6 +352,7 @@ class StarPO(Algorithm):
             self.evaluate_fixed_seeds()
 
     def _sync_after_update(self) -> None:
+        """The new weights into every rollout engine, once the rollouts still running (async) are in."""
         self.sampler.drain()  # async rollouts: the shards in flight finish with the weights they started with
         with self.metrics.log_time((TIMERS, WEIGHT_SYNC_TIMER)):
             self.sync_engine_weights()

@@ -1,4 +1,4 @@
-"""Steps 3-4 of an iteration: the learners' update on the kept groups.
+"""Step 4 of an iteration: advantages and the learners' update on the kept groups.
 
 `learner_group.update` runs the learner connector on each learner (token rows ->
 old log-probs and values -> advantages, `rllib_ragen.training.learner_connector`

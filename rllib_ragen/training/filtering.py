@@ -209,7 +209,7 @@ def select_groups_by_variance(
 def filter_groups(
     episodes: list[MultiAgentEpisode], settings: FilterSettings, metrics: MetricsLogger
 ) -> list[MultiAgentEpisode]:
-    """Step 2 of an iteration: the group episodes whose trajectories disagree most in reward
+    """Step 3 of an iteration: the group episodes whose trajectories disagree most in reward
     (possibly none with top_p), in batch order; the selection's statistics go to `starpo_filter/`."""
     returns = [[float(sum(a.get_rewards())) for a in e.agent_episodes.values()] for e in episodes]
     scores = torch.tensor([r for group in returns for r in group])

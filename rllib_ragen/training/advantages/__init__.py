@@ -4,7 +4,7 @@
 - `group_statistics.py`: per-group score statistics (GRPO, the StarPO-S filter);
 - `registry.py`: `AdvantageInputs`, the name -> estimator registry, `compute_advantages`;
 - `settings.py`: `AdvantageSettings`, set with `StarPOConfig.training()`;
-- `postprocess.py`: `estimate_advantages`, step 3 of an iteration: estimate, whiten, length-weight.
+- `postprocess.py`: `estimate_advantages`: estimate, whiten, length-weight, in one sequence.
 
 This package's public API (custom estimators register here) is imported from it directly.
 """

@@ -1,4 +1,4 @@
-"""Step 3 of an iteration: a batch's advantages, as one post-processing sequence.
+"""The advantages of step 4 of an iteration, as one post-processing sequence (on each learner).
 
 `estimate_advantages` runs, in this order:
 1. the configured estimator (`registry.py`) -> advantages and returns [B, T];
