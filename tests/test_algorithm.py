@@ -64,7 +64,7 @@ def test_multi_turn_rollout_keeps_exact_tokens_and_batches_one_call_per_turn(tin
         calls = []
         generate = runner.engine.generate
         runner.engine.generate = lambda prompts, params: calls.append(len(prompts)) or generate(prompts, params)
-        episodes = runner.sample()
+        episodes = algo.sampler.sample(iteration=1)
         assert len(episodes) == 2 and all(len(e.agent_episodes) == 2 for e in episodes)
         # All 4 trajectories share each engine call; a random model never solves Sokoban,
         # so every trajectory runs both turns.
@@ -81,7 +81,7 @@ def test_multi_turn_rollout_keeps_exact_tokens_and_batches_one_call_per_turn(tin
         # Groups share a seed inside and differ across groups; training seeds advance.
         seeds = [[info["seed"] for info in e.get_infos(0).values()] for e in episodes]
         assert seeds == [[10_000, 10_000], [10_001, 10_001]]
-        assert runner.get_state()["next_train_seed"] == 10_002
+        assert algo.get_state(components=[])["next_train_seed"] == 10_002
     finally:
         algo.stop()
 
@@ -148,7 +148,7 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_seed(tiny_model_pa
         restored_opt = local_learner(restored.learner_group).get_optimizer(DEFAULT_MODULE_ID, "policy").state_dict()
         first = next(iter(optimizer_state["state"]))
         torch.testing.assert_close(restored_opt["state"][first]["exp_avg"], optimizer_state["state"][first]["exp_avg"])
-        assert restored.env_runner.get_state()["next_train_seed"] == 10_002
+        assert restored.get_state(components=[])["next_train_seed"] == 10_002
         # The rollout engine got the trained weights, not the initial ones.
         engine_weights = restored.env_runner.engine.model.state_dict()
         for key, value in policy_weights({f"policy.{k}": v for k, v in module.policy.state_dict().items()}).items():

@@ -62,7 +62,7 @@ def test_bad_config_is_named_before_anything_is_built(tiny_model_path, change, m
 def test_mini_batch_larger_than_an_update_warns(tiny_model_path, caplog, ratio, history_window, mini_batch, rows):
     config = tiny_config(tiny_model_path).rollouts(history_window=history_window)
     config.training(rollout_filter_ratio=ratio, mini_batch_size=mini_batch)
-    with caplog.at_level(logging.WARNING, logger="rllib_ragen.algorithm.starpo"):
+    with caplog.at_level(logging.WARNING, logger="rllib_ragen.algorithm.validation"):
         config.validate_starpo()
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert f"mini_batch_size={mini_batch} is larger than the at most {rows} rows an update gets" in warning

@@ -12,15 +12,16 @@ import torch.multiprocessing as mp
 from ray.rllib.core import DEFAULT_MODULE_ID
 from run_helpers import free_port, tiny_config
 
+from rllib_ragen.algorithm.update import update_learners
 from rllib_ragen.masked import masked_whiten
 from rllib_ragen.rllib_private import local_learner
 from rllib_ragen.rollout.env_runner import policy_weights
+from rllib_ragen.training.advantages import whiten_across_learners
 from rllib_ragen.training.distributed import (
     all_reduce_gradients,
     count_training_rows,
     global_share,
     learner_minibatch_sizes,
-    whiten_across_learners,
 )
 
 
@@ -107,14 +108,14 @@ def test_two_ddp_learners_take_the_single_learners_update(tiny_model_path, ray_s
         groups = runner.sample(seeds=[1, 2], group_size=3) + runner.sample(seeds=[3], group_size=2)
         assert count_training_rows(groups, history_window=None) == 8
         initial_weights, _ = learner_state(local_learner(local_algo.learner_group))
-        local_loss = _total_loss(local_algo.update_learners(groups)[0])
+        local_loss = _total_loss(update_learners(local_algo.learner_group, groups, local_algo.config, iteration=0)[0])
         local_weights, local_grads = learner_state(local_learner(local_algo.learner_group))
     finally:
         local_algo.stop()
 
     ddp_algo = config(2).build_algo()
     try:
-        results = ddp_algo.update_learners(groups)
+        results = update_learners(ddp_algo.learner_group, groups, ddp_algo.config, iteration=0)
         states = ddp_algo.learner_group.foreach_learner(learner_state)
         states = [result.get() for result in states]
         # And a whole iteration (sample, 2-learner update, weight sync, evaluation) runs.

@@ -16,6 +16,7 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_ragen.algorithm.starpo import StarPOConfig
+from rllib_ragen.algorithm.update import update_learners
 from rllib_ragen.rollout.env_group import TurnBudget
 from rllib_ragen.rollout.prompt.protocol import ProtocolConfig
 from rllib_ragen.run.warm_start import WarmStartConfig, warm_start
@@ -199,7 +200,7 @@ def test_credit_reaches_the_first_turn(warm_model, estimator):
     try:
         episodes, success, first = _success_and_left_opening(algo, seeds=range(100, 400))
         [before] = algo.learner_group.foreach_learner(lambda learner: _turn_one_logp(learner, episodes))
-        algo.update_learners(episodes)
+        update_learners(algo.learner_group, episodes, algo.config, iteration=algo.iteration)
         [after] = algo.learner_group.foreach_learner(lambda learner: _turn_one_logp(learner, episodes))
     finally:
         algo.stop()

@@ -226,7 +226,8 @@ def _module_state(checkpoint: Path) -> dict:
 
 
 def _next_train_seed(checkpoint: Path) -> int:
-    return pickle.loads((checkpoint / "env_runner" / "state.pkl").read_bytes())["next_train_seed"]
+    # The algorithm's own state (its sampler's seed cursor), beside its components' directories.
+    return pickle.loads((checkpoint / "state.pkl").read_bytes())["next_train_seed"]
 
 
 @pytest.mark.slow

@@ -8,11 +8,11 @@ import torch
 from rllib_ragen.rollout.prompt.answer_parser import ParsedAnswer
 from rllib_ragen.rollout.reward_shaping import (
     RewardShaping,
-    length_weighted_advantages,
     shaping_statistics,
     think_length_in_band,
     thought_names_action,
 )
+from rllib_ragen.training.advantages import length_weighted_advantages
 
 
 @pytest.mark.parametrize(

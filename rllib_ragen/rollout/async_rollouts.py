@@ -2,7 +2,7 @@
 
 With `async_rollouts=True` the remote `LLMEnvRunner`s sample the next
 iterations' groups while the learner updates, with the weights they last
-received. `AsyncGroupSampler` issues each iteration's seeds as one shard per
+received. `RunAheadShards` issues each iteration's seeds as one shard per
 runner through `EnvRunnerGroup.foreach_env_runner_async` and collects finished
 shards with `fetch_ready_async_reqs` (APPO/IMPALA's pattern). It runs ahead by at
 most `max_staleness` iterations, so a group sampled under policy version `v` is
@@ -72,7 +72,7 @@ class _Shard:
     seeds: list[int]
 
 
-class AsyncGroupSampler:
+class RunAheadShards:
     """Keeps the remote env runners sampling an iteration's groups ahead of the learner.
 
     Args:

@@ -66,11 +66,9 @@ POLICY_PREFIX = "policy."
 class LLMEnvRunner(EnvRunner, Checkpointable):
     """Samples StarPO groups; holds the rollout engine (HF in-process or vLLM pool).
 
-    Reads its settings from a `StarPOConfig`. Training seeds start at
-    `train_seed_start` and advance by the number of groups per call, so no
-    initial state repeats; the next seed is part of the runner's state.
-    Remote runners (`num_env_runners > 0`) are given their seeds by the
-    algorithm, which keeps the cursor instead.
+    Reads its settings from a `StarPOConfig`. The runner keeps no seeds: the
+    algorithm's sampler (`rllib_ragen.algorithm.sampling`) owns the training-seed
+    cursor and passes each call its seeds.
     """
 
     def __init__(self, *, config, **kwargs) -> None:
@@ -78,7 +76,6 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self.model_path = resolve_model(config.llm_model)
         self.make_env()
         self.make_module()
-        self._next_train_seed = config.train_seed_start
         self._group_counter = 0
         # The version of the weights the engine holds: 0 is the model it was built from;
         # the weight sync sets it with every load, and every group sampled carries it.
@@ -166,16 +163,15 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         """Rolls out one group per seed; returns one finished episode per group.
 
         Args:
-            seeds: Initial-state seeds, one group each. Default: the next
-                `n_groups` training seeds.
+            seeds: Initial-state seeds, one group each. Default: the first
+                `n_groups` training seeds (from `train_seed_start`).
             group_size: Trajectories per group (default: the config's).
             temperature: Sampling temperature (default: the config's).
             evaluation: An evaluation rollout: logs none of the runner's
                 (training) metrics; the caller reports it (StarPO under `evaluation/`).
         """
         if seeds is None:
-            seeds = list(range(self._next_train_seed, self._next_train_seed + self.config.n_groups))
-            self._next_train_seed += self.config.n_groups
+            seeds = list(range(self.config.train_seed_start, self.config.train_seed_start + self.config.n_groups))
         group_size = group_size or self.config.group_size
         params = SamplingParams(
             max_new_tokens=self.config.response_length,
@@ -213,18 +209,14 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
     @override(Checkpointable)
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
-        return {"next_train_seed": self._next_train_seed}
+        """Nothing: the training-seed cursor is the algorithm's, and the weights are the learner's."""
+        return {}
 
     @override(Checkpointable)
     def set_state(self, state: dict) -> None:
-        """Takes the training-seed cursor.
-
-        The module weights RLlib also sends here (at setup and restore) are ignored:
-        the engine gets the policy from StarPO's own weight sync
-        (`rllib_ragen.inference.weight_sync`), which keeps the dtype and checks the result.
-        """
-        if "next_train_seed" in state:
-            self._next_train_seed = state["next_train_seed"]
+        """Ignores the module weights RLlib sends here (at setup and restore): the engine gets
+        the policy from StarPO's own weight sync (`rllib_ragen.inference.weight_sync`), which
+        keeps the dtype and checks the result."""
 
     @override(Checkpointable)
     def get_ctor_args_and_kwargs(self):

@@ -10,7 +10,8 @@ explaining the action. Each term below is off by default (coefficient 0):
 - ``advantage_length_weight`` (``alpha``): every token advantage of trajectory
   ``i`` is divided by ``(L_i / mean L) ** alpha``, ``L`` the trajectory's
   generated tokens (RAGEN-2's ``grpo_advantage_length_weight`` is ``alpha = 1``
-  after GRPO), so a long trajectory's many tokens do not outweigh a short one's.
+  after GRPO), so a long trajectory's many tokens do not outweigh a short one's
+  (applied with the advantages, `rllib_ragen.training.advantages.postprocess`).
 
 A turn's reward is ``task reward + sum(coeff * term)``. The turn's info keeps
 the task reward (:data:`TASK_REWARD`), each term and the bonus, and
@@ -25,12 +26,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 
-import torch
-
-from rllib_ragen.masked import to_bool_mask
 from rllib_ragen.rollout.prompt.answer_parser import ParsedAnswer
-
-Tensor = torch.Tensor
 
 TASK_REWARD = "task_reward"
 THINK_WORDS = "think_words"
@@ -103,29 +99,6 @@ def thought_names_action(think: str | None, actions: Sequence[str]) -> float:
     text = think.lower()
     named = [re.search(rf"(?<!\w){re.escape(action.lower())}(?!\w)", text) is not None for action in actions]
     return sum(named) / len(named)
-
-
-def length_weighted_advantages(advantages: Tensor, mask: Tensor, *, alpha: float) -> tuple[Tensor, Tensor]:
-    """Divides each trajectory's advantages by its relative length to the power ``alpha``.
-
-    ``w_i = (L_i / mean_j L_j) ** -alpha`` with ``L_i`` the masked tokens of
-    row ``i``, over the rows that have any.
-
-    Args:
-        advantages: [B, T].
-        mask: [B, T] 0/1, the generated tokens.
-        alpha: Exponent >= 0; 0 leaves the advantages as they are.
-
-    Returns:
-        advantages * w [B, T] (0 on padding), and the weights w [B] (1 for empty rows).
-    """
-    mask = to_bool_mask(mask, shape=advantages.shape)
-    lengths = mask.sum(dim=1).float()
-    present = lengths > 0
-    mean_length = lengths[present].mean() if present.any() else lengths.new_ones(())
-    weights = torch.where(present, (lengths / mean_length).pow(-alpha), torch.ones_like(lengths))
-    weighted = torch.where(mask, advantages * weights[:, None], torch.zeros_like(advantages))
-    return weighted, weights
 
 
 def shaping_statistics(turn_infos: Iterable[dict]) -> dict[str, float]:

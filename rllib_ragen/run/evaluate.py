@@ -215,7 +215,7 @@ def export_checkpoint_policy(checkpoint: Path, config: StarPOConfig, directory: 
     )
     from ray.rllib.core.rl_module.rl_module import RLModule
 
-    from rllib_ragen.algorithm.starpo import save_policy
+    from rllib_ragen.algorithm.export import save_policy
 
     module_dir = checkpoint / COMPONENT_LEARNER_GROUP / COMPONENT_LEARNER / COMPONENT_RL_MODULE / DEFAULT_MODULE_ID
     module = RLModule.from_checkpoint(module_dir)

@@ -8,7 +8,7 @@ shards, every quantity that is a mean over the batch is taken over ALL learners:
   GLOBAL token (or row) count (`global_share`), and the gradients are summed
   over the learners (`all_reduce_gradients`), so they add up to the gradient of
   the global token-mean / seq-mean;
-- the whitening of critic advantages (`whiten_across_learners`).
+- the whitening of critic advantages (`rllib_ragen.training.advantages.postprocess`, on `all_reduce_sum`).
 
 Group-normalised advantages (GRPO) need no exchange: a group never spans two
 learners. Outside a process group every function is the single-learner one.
@@ -23,7 +23,6 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-from rllib_ragen.masked import masked_sum, masked_whiten, to_bool_mask
 from rllib_ragen.sharding import split_contiguous
 
 T = TypeVar("T")
@@ -109,29 +108,6 @@ def all_reduce_gradients(params: Iterable[torch.nn.Parameter]) -> None:
     for grad in grads:
         grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
         offset += grad.numel()
-
-
-def whiten_across_learners(x: torch.Tensor, mask: torch.Tensor, *, eps: float = 1e-8) -> torch.Tensor:
-    """`masked_whiten` with the mean and unbiased variance over every learner's masked values.
-
-    Args:
-        x: [B, T] values.
-        mask: [B, T] 0/1.
-
-    Returns:
-        [B, T] whitened values, 0 on padding.
-    """
-    if not is_distributed():
-        return masked_whiten(x, mask, eps=eps)
-    mask = to_bool_mask(mask, shape=x.shape)
-    x = x.float()
-    count = all_reduce_sum(mask.sum().float())
-    if count < 2:
-        raise ValueError(f"whitening needs >= 2 advantage tokens over all learners, got {int(count)}")
-    mean = all_reduce_sum(masked_sum(x, mask)) / count
-    var = all_reduce_sum(masked_sum((x - mean).square(), mask)) / (count - 1)
-    whitened = (x - mean) * torch.rsqrt(var + eps)
-    return torch.where(mask, whitened, torch.zeros_like(whitened))
 
 
 def count_training_rows(episodes: Iterable, *, history_window: int | None) -> int:

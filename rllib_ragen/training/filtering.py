@@ -22,11 +22,16 @@ import dataclasses
 from fractions import Fraction
 
 import torch
+from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
+from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from rllib_ragen.training.advantages import group_statistics
 
 Tensor = torch.Tensor
 
+# Where `filter_groups` logs the selection's statistics, and the one the echo-trap monitor watches.
+FILTER_RESULTS = "starpo_filter"
+IN_GROUP_STD_BEFORE = "in_group_reward_std_before"
 FILTER_METRICS = ("std", "range")
 TOP_K_RATIO = "top_k_ratio"
 TOP_P = "top_p"
@@ -195,7 +200,21 @@ def select_groups_by_variance(
         stats={
             "groups_before": float(n_groups),
             "groups_after": float(order.numel()),
-            "in_group_reward_std_before": float(stats.std.mean()),
+            IN_GROUP_STD_BEFORE: float(stats.std.mean()),
             "in_group_reward_std_after": float(stats.std[order].mean()) if order.numel() else 0.0,
         },
     )
+
+
+def filter_groups(
+    episodes: list[MultiAgentEpisode], settings: FilterSettings, metrics: MetricsLogger
+) -> list[MultiAgentEpisode]:
+    """Step 3 of an iteration: the group episodes whose trajectories disagree most in reward
+    (possibly none with top_p), in batch order; the selection's statistics go to `starpo_filter/`."""
+    returns = [[float(sum(a.get_rewards())) for a in e.agent_episodes.values()] for e in episodes]
+    scores = torch.tensor([r for group in returns for r in group])
+    group_ids = torch.tensor([g for g, group in enumerate(returns) for _ in group])
+    selection = select_groups_by_variance(scores, group_ids, settings)
+    for key, value in selection.stats.items():
+        metrics.log_value((FILTER_RESULTS, key), float(value), window=1)
+    return [episodes[g] for g in sorted(int(g) for g in selection.kept_group_ids)]

@@ -7,9 +7,10 @@ mini-batch; each piece is a `ConnectorV2`:
 2. `OldLogProbsAndValues`: score the rows with the current weights (no grad): the
    old log-probs of the PPO ratio (unless the update is a single on-policy step)
    and, with a critic, the old values;
-3. `GroupAdvantages`: advantages and value targets per trajectory (the estimator
-   registry), on the tokens the advantage mask selects (`rllib_ragen.training.token_masks`),
-   with the policy-loss and value-loss masks beside the generated-token mask.
+3. `GroupAdvantages`: advantages and value targets per trajectory, estimated, whitened
+   and length-weighted in one sequence (`rllib_ragen.training.advantages.postprocess`), on
+   the tokens the advantage mask selects (`rllib_ragen.training.token_masks`), with the
+   policy-loss and value-loss masks beside the generated-token mask.
 Behaviour cloning uses piece 1 only; offline StarPO the whole pipeline. The pieces
 share the `TokenBatch` (rows <-> trajectories) through RLlib's `shared_data`.
 """
@@ -35,13 +36,8 @@ from rllib_ragen.columns import (
     VALUE_MASK,
 )
 from rllib_ragen.masked import masked_mean
-from rllib_ragen.rollout.reward_shaping import RewardShaping, length_weighted_advantages
-from rllib_ragen.training.advantages import (
-    AdvantageInputs,
-    AdvantageSettings,
-    compute_advantages,
-)
-from rllib_ragen.training.distributed import is_distributed, whiten_across_learners
+from rllib_ragen.rollout.reward_shaping import RewardShaping
+from rllib_ragen.training.advantages import AdvantageInputs, AdvantageSettings, estimate_advantages
 from rllib_ragen.training.token_batch import TokenBatch, token_batch_of_episodes
 from rllib_ragen.training.token_masks import (
     ALL_TOKENS,
@@ -153,7 +149,7 @@ class GroupAdvantages(ConnectorV2):
         span_labeller: Labels tokens with protocol spans; needed by every
             mask policy but "all".
         advantage_length_weight: Exponent of the length weighting of advantages
-            (`rllib_ragen.rollout.reward_shaping`); 0 = off.
+            (`rllib_ragen.training.advantages.postprocess`); 0 = off.
     """
 
     def __init__(
@@ -187,7 +183,8 @@ class GroupAdvantages(ConnectorV2):
             group_ids=tokens.group_ids,
             adv_mask=None if self.adv_token_mask == ALL_TOKENS else build_token_mask(self.adv_token_mask, spans),
         )
-        advantages, returns = self.estimate(inputs, tokens, metrics)
+        estimated = estimate_advantages(inputs, self.advantages, length_weight=self.advantage_length_weight)
+        advantages, returns = estimated.advantages, estimated.returns
         columns = {
             POLICY_MASK: _row_mask(tokens, build_token_mask(self.loss_token_mask, spans)),
             Columns.ADVANTAGES: tokens.to_rows(advantages),
@@ -197,23 +194,11 @@ class GroupAdvantages(ConnectorV2):
             columns[VALUE_MASK] = _row_mask(tokens, inputs.advantage_mask)
         if metrics is not None:
             _log_batch_metrics(metrics, tokens, advantages, columns[POLICY_MASK])
+            if estimated.length_weights is not None:
+                _log_length_weights(metrics, estimated.length_weights)
         module_columns, device = _module_batch(batch, rl_module)
         module_columns.update({k: v.to(device) for k, v in columns.items()})
         return batch
-
-    def estimate(self, inputs: AdvantageInputs, tokens: TokenBatch, metrics) -> tuple[torch.Tensor, torch.Tensor]:
-        """Advantages and returns [B, T]: the estimator, then whitening and length weighting when configured."""
-        settings = self.advantages
-        advantages, returns = compute_advantages(settings.advantage_estimator, inputs, **settings.hparams())
-        if settings.whiten_advantages and settings.needs_critic and _can_whiten(inputs.advantage_mask):
-            advantages = whiten_across_learners(advantages, inputs.advantage_mask)
-        if self.advantage_length_weight > 0:
-            advantages, length_weights = length_weighted_advantages(
-                advantages, tokens.traj_mask, alpha=self.advantage_length_weight
-            )
-            if metrics is not None:
-                _log_length_weights(metrics, length_weights)
-        return advantages, returns
 
     def token_spans(self, tokens: TokenBatch) -> TokenSpans:
         """What the mask policies select by; span labels only with a labeller (a policy other than "all")."""
@@ -268,13 +253,6 @@ def score_rows(
         if with_values:
             values.append(out[Columns.VF_PREDS].float().cpu())
     return (torch.cat(logps) if with_logp else None), (torch.cat(values) if with_values else None)
-
-
-def _can_whiten(selected: torch.Tensor) -> bool:
-    """A selective M_adv (say "answer_only" before the model writes well-formed answers) may
-    leave fewer than 2 tokens, whose zero advantages stay as they are. Several learners
-    always whiten together (each takes part in the all-reduce; too few tokens overall is an error)."""
-    return is_distributed() or int(selected.sum()) >= 2
 
 
 def _row_mask(tokens: TokenBatch, traj_mask: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,56 @@
+"""`OnlineSampler`: what the samplers of fresh rollouts share (local, remote and async runners).
+
+Each owns the run's training-seed cursor (`TrainSeedCursor`): its state goes into
+the algorithm's checkpoint, so a resumed run samples the seeds after the last ones
+trained. Every `write_rollouts_every` iterations the sampled groups are written to
+Parquet when `rollout_parquet_dir` is set (`.rollout_recording()`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
+from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
+
+from rllib_ragen.algorithm.sampling.seed_cursor import TRAIN_SEED_CURSOR, TrainSeedCursor
+from rllib_ragen.data.parquet import write_rollouts
+
+
+class OnlineSampler:
+    """A `GroupSampler` of fresh rollouts; subclasses say how one iteration's groups are sampled.
+
+    Args:
+        config: The algorithm's `StarPOConfig`.
+        metrics: The algorithm's metrics logger (the rollout metrics go to `env_runners/`).
+    """
+
+    def __init__(self, config, metrics: MetricsLogger) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.seeds = TrainSeedCursor(start=config.train_seed_start, n_groups=config.n_groups)
+
+    def sample_groups(self) -> list[MultiAgentEpisode]:
+        """One iteration's groups (taking their seeds from `self.seeds`), with their metrics logged."""
+        raise NotImplementedError
+
+    def sample(self, *, iteration: int) -> list[MultiAgentEpisode]:
+        episodes = self.sample_groups()
+        config = self.config
+        if config.rollout_parquet_dir and iteration % config.write_rollouts_every == 0:
+            write_rollouts(
+                episodes, config.rollout_parquet_dir, iteration=iteration, env=config.env, env_config=config.env_config
+            )
+        return episodes
+
+    def drain(self) -> None:
+        """Nothing is left running once `sample` returns (the async sampler overrides this)."""
+
+    def get_state(self) -> dict[str, Any]:
+        return {TRAIN_SEED_CURSOR: self.seeds.next_seed}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.seeds.next_seed = state.get(TRAIN_SEED_CURSOR, self.seeds.next_seed)
+
+    def close(self) -> None:
+        """The runners belong to the algorithm, which stops them."""

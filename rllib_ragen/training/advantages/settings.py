@@ -1,0 +1,69 @@
+"""`AdvantageSettings`: the settings group of advantage estimation (set with `StarPOConfig.training()`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from rllib_ragen.checks import check_choice
+from rllib_ragen.training.advantages.registry import ADVANTAGE_ESTIMATORS, estimator_hparam_names, needs_critic
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageSettings:
+    """How advantages are estimated (set with `StarPOConfig.training()`).
+
+    The named settings are the hyper-parameters of the built-in estimators;
+    `advantage_hparams` sets any other keyword an estimator declares (grpo's
+    ``eps``, bi_level_gae's ``high_level_lam``, a registered estimator's own),
+    whose defaults stay declared once, in the estimator's signature.
+
+    Attributes:
+        advantage_estimator: "gae" (PPO critic), "bi_level_gae" (turn-level
+            GAE feeding token-level GAE), "grpo" (normalise in group),
+            "brpo" (normalise over the batch), "arpo" (raw rewards) or a
+            registered estimator.
+        gamma: Token-level discount.
+        lambda_: Token-level GAE lambda.
+        high_level_gamma: Turn-level discount of bi-level GAE.
+        whiten_advantages: Whiten GAE advantages over the tokens that have them (M_adv).
+        grpo_norm_by_std: Divide grpo/brpo advantages by the std.
+        advantage_hparams: Any other hyper-parameter the estimator declares, by
+            name, e.g. {"eps": 1e-4} (grpo/brpo's std offset) or
+            {"high_level_lam": 0.9} (bi_level_gae's turn-level lambda; None =
+            lambda_); unset ones keep the estimator's own default.
+    """
+
+    advantage_estimator: str = "gae"
+    gamma: float = 1.0
+    lambda_: float = 1.0
+    high_level_gamma: float = 0.95
+    whiten_advantages: bool = True
+    grpo_norm_by_std: bool = True
+    advantage_hparams: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_choice("advantage_estimator", self.advantage_estimator, sorted(ADVANTAGE_ESTIMATORS))
+        declared = estimator_hparam_names(self.advantage_estimator)
+        unknown = sorted(set(self.advantage_hparams) - set(declared))
+        if unknown:
+            raise ValueError(
+                f"advantage_hparams {unknown} are not hyper-parameters of advantage estimator "
+                f"{self.advantage_estimator!r}; it declares {list(declared)}"
+            )
+
+    def hparams(self) -> dict[str, Any]:
+        """The configured value of every hyper-parameter the estimator declares and the config sets."""
+        named = {
+            "gamma": self.gamma,
+            "lam": self.lambda_,
+            "high_level_gamma": self.high_level_gamma,
+            "norm_by_std": self.grpo_norm_by_std,
+        }
+        declared = estimator_hparam_names(self.advantage_estimator)
+        return {name: named[name] for name in declared if name in named} | dict(self.advantage_hparams)
+
+    @property
+    def needs_critic(self) -> bool:
+        return needs_critic(self.advantage_estimator)
