@@ -22,7 +22,7 @@ import inspect
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import ray
@@ -43,17 +43,25 @@ from ray.rllib.utils.metrics import (
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from envs import check_env, check_env_config
-from rllib_ragen.algorithm.settings import (  # noqa: F401 (IGNORED_RLLIB_SETTINGS: re-exported)
+from rllib_ragen.algorithm.builder_keywords import (
+    DiagnosticsKeywords,
+    InferenceKeywords,
+    LlmKeywords,
+    RewardShapingKeywords,
+    RolloutRecordingKeywords,
+    RolloutsKeywords,
+    StarpoEvaluationKeywords,
+    TrainingKeywords,
+)
+from rllib_ragen.algorithm.builders import SettingsGroups, settings_builder, unexpected_keyword
+from rllib_ragen.algorithm.ignored_rllib_settings import (  # noqa: F401 (IGNORED_RLLIB_SETTINGS: re-exported)
     IGNORED_RLLIB_SETTINGS,
-    SETTINGS_GROUPS,
     check_no_ignored_rllib_settings,
     refuse_ignored_rllib_settings,
-    settings_builder,
-    unexpected_keyword,
-    with_group_properties,
 )
+from rllib_ragen.algorithm.settings import SETTINGS_GROUPS
 from rllib_ragen.data.parquet import write_rollouts
-from rllib_ragen.inference.engine_config import resolve_kind
+from rllib_ragen.inference.engine_settings import resolve_kind
 from rllib_ragen.inference.weight_sync import PolicyWeightSync
 from rllib_ragen.lora import LoraSettings, peft_model_with_adapters
 from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model, resolves_locally
@@ -100,8 +108,7 @@ FILTER_RESULTS = "starpo_filter"
 ECHO_TRAP_RESULTS = "echo_trap"
 
 
-@with_group_properties
-class StarPOConfig(AlgorithmConfig):
+class StarPOConfig(SettingsGroups, AlgorithmConfig):
     """Configuration of StarPO; defaults are RAGEN's v1 base configuration.
 
     Every StarPO setting is a flat attribute (as RLlib and Ray Tune need), declared
@@ -109,9 +116,10 @@ class StarPOConfig(AlgorithmConfig):
     (`rllib_ragen.algorithm.settings.SETTINGS_GROUPS`), and set with the builder
     method its group names (`.llm()`, `.rollouts()`, `.inference()`, `.training()`,
     `.reward_shaping()`, `.diagnostics()`, `.starpo_evaluation()`,
-    `.rollout_recording()`; `help()` lists each one's settings). Each group is a
-    property (`config.engine_config`, `config.turn_budget`, ...) built from the
-    current settings.
+    `.rollout_recording()`; `help()` lists each one's settings, type checkers read
+    them from `rllib_ragen.algorithm.builder_keywords`). Each group is a property
+    (`config.engine_settings`, `config.turn_budget_settings`, ...) built, so checked,
+    once: at validation, or at first use after a setting changed.
 
     Example:
         config = (
@@ -142,20 +150,19 @@ class StarPOConfig(AlgorithmConfig):
     # ------------------------------------------------------------------ builders
     # Each builder's keywords, docs and defaults come from the settings groups (`settings_builder`).
     @settings_builder
-    def llm(self) -> StarPOConfig:
+    def llm(self, **settings: Unpack[LlmKeywords]) -> StarPOConfig:
         """The language model trained as the policy, and its critic."""
 
     @settings_builder
-    def rollouts(self) -> StarPOConfig:
+    def rollouts(self, **settings: Unpack[RolloutsKeywords]) -> StarPOConfig:
         """How trajectories are sampled each iteration."""
 
     @settings_builder
-    def inference(self) -> StarPOConfig:
+    def inference(self, **settings: Unpack[InferenceKeywords]) -> StarPOConfig:
         """The rollout engine, and how the learner's weights reach it."""
 
-    @override(AlgorithmConfig)
-    @settings_builder
-    def training(self, **kwargs) -> StarPOConfig:
+    @settings_builder  # overrides AlgorithmConfig.training (RLlib's @override applied there)
+    def training(self, **kwargs: Unpack[TrainingKeywords]) -> StarPOConfig:
         """The StarPO update.
 
         Args:
@@ -171,7 +178,7 @@ class StarPOConfig(AlgorithmConfig):
         return self
 
     @settings_builder
-    def diagnostics(self) -> StarPOConfig:
+    def diagnostics(self, **settings: Unpack[DiagnosticsKeywords]) -> StarPOConfig:
         """RAGEN-2's collapse diagnostics and the echo-trap monitor.
 
         The diagnostics (`rllib_ragen.training.collapse_metrics`) score the reasoning of
@@ -182,7 +189,7 @@ class StarPOConfig(AlgorithmConfig):
         """
 
     @settings_builder
-    def reward_shaping(self) -> StarPOConfig:
+    def reward_shaping(self, **settings: Unpack[RewardShapingKeywords]) -> StarPOConfig:
         """Reasoning-aware reward terms (`rllib_ragen.rollout.reward_shaping`), each off at 0.
 
         A turn's reward becomes the task reward plus each coefficient times its
@@ -191,11 +198,11 @@ class StarPOConfig(AlgorithmConfig):
         """
 
     @settings_builder
-    def starpo_evaluation(self) -> StarPOConfig:
+    def starpo_evaluation(self, **settings: Unpack[StarpoEvaluationKeywords]) -> StarPOConfig:
         """Periodic evaluation on fixed initial states (group size 1)."""
 
     @settings_builder
-    def rollout_recording(self) -> StarPOConfig:
+    def rollout_recording(self, **settings: Unpack[RolloutRecordingKeywords]) -> StarPOConfig:
         """Writing sampled rollouts to Parquet (layout: `rllib_ragen.data.schema`)."""
 
     @override(AlgorithmConfig)
@@ -212,14 +219,9 @@ class StarPOConfig(AlgorithmConfig):
         return self
 
     # ------------------------------------------------------------ derived parts
-    def settings_groups(self) -> list[Any]:
-        """Every settings group of this config; building them runs each group's checks (the groups
-        other settings feed last)."""
-        return [binding.build(self) for binding in sorted(SETTINGS_GROUPS, key=lambda b: bool(b.derived))]
-
     @override(AlgorithmConfig)
     def get_default_rl_module_spec(self) -> RLModuleSpec:
-        return RLModuleSpec(module_class=LLMRLModule, model_config=dict(vars(self.llm_module_config)))
+        return RLModuleSpec(module_class=LLMRLModule, model_config=dict(vars(self.llm_module_settings)))
 
     @override(AlgorithmConfig)
     def get_default_learner_class(self):
@@ -260,7 +262,7 @@ class StarPOConfig(AlgorithmConfig):
         ]
 
     def _span_labeller(self) -> ResponseSpanLabeller:
-        return ResponseSpanLabeller(load_tokenizer(resolve_model(self.llm_model)), self.protocol_config)
+        return ResponseSpanLabeller(load_tokenizer(resolve_model(self.llm_model)), self.protocol_settings)
 
     @override(AlgorithmConfig)
     def validate(self) -> None:
@@ -477,7 +479,7 @@ class StarPO(Algorithm):
         torch.set_num_threads(config.torch_threads or os.cpu_count() or 1)
         config.check_inputs()
         super().setup(config)
-        self.echo_trap = EchoTrapMonitor(self.config.echo_trap_rule)
+        self.echo_trap = EchoTrapMonitor(self.config.echo_trap_settings)
         self._echo_trap_active: set[str] = set()  # signals warned about: logged once per collapse
         self._collapse_measured = False  # this process's first iteration measures (the early level)
         self._chat_template: ChatTemplate | None = None
@@ -499,7 +501,7 @@ class StarPO(Algorithm):
                 shard_timeout_s=self.config.engine_call_timeout_s * self.config.max_turns,
             )
         self.weight_sync = PolicyWeightSync(
-            config=self.config.engine_config,
+            config=self.config.engine_settings,
             learner_group=self.learner_group,
             env_runner_group=self.env_runner_group,
         )
@@ -741,7 +743,7 @@ class StarPO(Algorithm):
         if not settings.due(iteration, first=not self._collapse_measured):
             return {}
         self._collapse_measured = True
-        protocol = self.config.protocol_config
+        protocol = self.config.protocol_settings
         candidates = (
             first_turn_samples(episodes, encode=self.chat_template.encode, prefill_text=protocol.prefill_text)
             if protocol.think
