@@ -52,7 +52,7 @@ def test_bad_grid_is_named(tiny_model_path, assignments, message):
 
 
 def test_grid_values_take_the_settings_types(tiny_model_path):
-    with pytest.raises(ValueError, match="--grid group_size=4.5: group_size takes an integer"):
+    with pytest.raises(ValueError, match=r"--grid group_size=4.5: group_size takes int \(an integer\)"):
         parse_grid(tiny_config(tiny_model_path), ["group_size=4,4.5"])
 
 
