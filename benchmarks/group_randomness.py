@@ -36,7 +36,7 @@ import torch
 from envs.bandit import BanditEnv
 from envs.frozenlake import ACTIONS as LAKE_ACTIONS
 from envs.frozenlake import FrozenLakeEnv
-from rllib_ragen.rollout.env_group import GROUP_RANDOMNESS, EnvGroup, TurnBudget
+from rllib_ragen.rollout.env_group import GROUP_RANDOMNESS, EnvGroup, TurnBudgetSettings
 from rllib_ragen.training.advantages import brpo, grpo
 
 BETTER, WORSE, OTHER = "better", "worse", "other"
@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def play_bandit(env: str, randomness: str, args: argparse.Namespace) -> Played:
     """Each member pulls a uniformly random arm of its state's pair once."""
     played = Played()
-    group = EnvGroup(env, group_size=args.group_size, budget=TurnBudget(max_turns=1), group_randomness=randomness)
+    group = EnvGroup(env, group_size=args.group_size, budget=TurnBudgetSettings(max_turns=1), group_randomness=randomness)
     if not isinstance(group.template_env, BanditEnv):
         raise SystemExit(f"--envs: {env!r} is neither a Bandit env nor frozenlake")
     for index in range(args.groups):
@@ -87,7 +87,7 @@ def play_bandit(env: str, randomness: str, args: argparse.Namespace) -> Played:
 def play_frozenlake(randomness: str, args: argparse.Namespace) -> Played:
     """Each member walks at random, one action a turn; its first action is labelled by its exact value."""
     played = Played()
-    budget = TurnBudget(max_turns=args.max_actions, max_actions_per_traj=args.max_actions)
+    budget = TurnBudgetSettings(max_turns=args.max_actions, max_actions_per_traj=args.max_actions)
     group = EnvGroup("frozenlake", group_size=args.group_size, budget=budget, group_randomness=randomness)
     for index in range(args.groups):
         group.reset(seed=args.seed_start + index)

@@ -63,7 +63,7 @@ def measure(env: str, iters: int, warmup: int, settings: list[str]) -> dict:
     init_ray()
     config = cpu_preset(env).starpo_evaluation(eval_interval=0)
     if settings:  # levers run on this tree only (a baseline revision may predate apply_setting)
-        from rllib_ragen.run.experiment import apply_setting
+        from rllib_ragen.run.settings_flag import apply_setting
 
         for assignment in settings:
             apply_setting(config, assignment)

@@ -71,7 +71,7 @@ from rllib_ragen.columns import (  # noqa: E402
 from rllib_ragen.inference.weights import pack_weights  # noqa: E402
 from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate  # noqa: E402
-from rllib_ragen.rollout.prompt.protocol import PromptProtocol, ProtocolConfig  # noqa: E402
+from rllib_ragen.rollout.prompt.protocol import PromptProtocol, ProtocolSettings  # noqa: E402
 from rllib_ragen.rollout.prompt.token_history import TokenHistory  # noqa: E402
 from rllib_ragen.training.losses import aggregate_loss, policy_loss  # noqa: E402
 from rllib_ragen.training.token_batch import Trajectory, build_token_batch  # noqa: E402
@@ -167,7 +167,7 @@ def sokoban_batch(model_path, args: argparse.Namespace) -> dict[str, torch.Tenso
         ChatTemplate.from_tokenizer(load_tokenizer(model_path)),
         instructions=make_env("sokoban").instructions,
         action_vocabulary=make_env("sokoban").action_vocabulary,
-        config=ProtocolConfig(),
+        config=ProtocolSettings(),
     )
     rng = np.random.default_rng(args.seed)
     trajectories = [

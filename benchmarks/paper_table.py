@@ -3,7 +3,7 @@
 For each setting (Bandit, BanditRev, Sokoban, FrozenLake, LargerSokoban,
 SokobanNewVocab) this trains the GPU preset (`rllib_ragen.algorithm.presets.ragen_preset`:
 Qwen2.5-0.5B-Instruct, 8 groups x 16, StarPO-S filter, vLLM; no warm start)
-through the tuned examples' driver (`rllib_ragen.run.experiment.run`: MLflow
+through the tuned examples' driver (`rllib_ragen.run.train_loop.run`: MLflow
 tracking, checkpoints, evaluation on the fixed seeds before and after RL),
 one setting after the other in this process, then prints the success rates
 with 95% intervals beside the paper's (StarPO-S, Qwen2.5-0.5B-Instruct).
@@ -147,7 +147,8 @@ def row(env: str, result: dict, summary_json: Path, minutes: float) -> str:
 def main(argv: list[str] | None = None) -> str:
     args = parse_args(argv)
     # Imported here: torch, Ray and RLlib take seconds to import, --help and bad flags need none of them.
-    from rllib_ragen.run.experiment import build_parser, config_from_args, run
+    from rllib_ragen.run.flags import build_parser, config_from_args
+    from rllib_ragen.run.train_loop import run
 
     with tempfile.TemporaryDirectory(prefix="paper-table-") as scratch:
         runs = []

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 from rllib_ragen.inference.batching import left_pad  # noqa: E402
 from rllib_ragen.inference.engine import InferenceEngine, SamplingParams  # noqa: E402
-from rllib_ragen.inference.engine_config import EngineConfig  # noqa: E402
+from rllib_ragen.inference.engine_settings import EngineSettings  # noqa: E402
 from rllib_ragen.inference.factory import make_engine  # noqa: E402
 from rllib_ragen.inference.hf_engine import HFEngine  # noqa: E402
 from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
@@ -196,8 +196,8 @@ def throughput_measurements() -> dict[str, Callable[[Setup], Throughput]]:
     }
 
 
-def vllm_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
+def vllm_config(args: argparse.Namespace) -> EngineSettings:
+    return EngineSettings(
         kind="vllm", num_engines=args.num_engines, num_threads=args.threads, dtype=args.vllm_dtype,
         kv_cache_gb=args.kv_cache_gb, max_model_len=2048, enforce_eager=not args.compile,
         num_cpus_per_engine=0,

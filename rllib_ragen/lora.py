@@ -7,7 +7,7 @@ of `LLMRLModule` runs unchanged. PEFT freezes the base weights; only the
 adapters (and the value head) are trained, checkpointed and put in the optimiser.
 Engines get merged weights under the plain HF names (`merged_state_dict`), so
 every weight-sync transport and engine loads them as it loads a full-fine-tuned
-policy, or (`EngineConfig.serves_adapter`) the adapter tensors alone
+policy, or (`EngineSettings.serves_adapter`) the adapter tensors alone
 (`adapter_state_dict`), which a vLLM engine serves as a LoRA request.
 """
 

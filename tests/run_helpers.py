@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.inference.engine import Completion, InferenceEngine, SamplingParams
-from rllib_ragen.run.experiment import build_parser
+from rllib_ragen.run.flags import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = str(Path(sys.executable).parent)
@@ -152,7 +152,7 @@ def tiny_config(model_path: Path | str, *, env: str = "sokoban") -> StarPOConfig
 
 
 def driver_args(*argv: str, stop_iters: int = 2):
-    """The tuned-example flags, parsed (`rllib_ragen.run.experiment.run` takes them)."""
+    """The tuned-example flags, parsed (`rllib_ragen.run.train_loop.run` takes them)."""
     parser = build_parser(env="sokoban", description="test", success_threshold=0.0, stop_iters=stop_iters)
     return parser.parse_args(list(argv))
 

@@ -237,4 +237,4 @@ def test_training_with_the_vllm_pool_syncs_weights_in_place(tiny_model_path):
 
 def test_engine_config_without_a_seed(tiny_model_path):
     config = sokoban_config(tiny_model_path).debugging(seed=None)
-    assert config.engine_config.seed == 0  # the engines still get a base seed
+    assert config.engine_settings.seed == 0  # the engines still get a base seed

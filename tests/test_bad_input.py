@@ -18,7 +18,7 @@ from envs.base import TextEnv
 from rllib_ragen.models import ModelNotFoundError
 from rllib_ragen.rollout import env_runner
 from rllib_ragen.rollout.env_runner import LLMEnvRunner
-from rllib_ragen.run.experiment import config_from_args
+from rllib_ragen.run.flags import config_from_args
 
 
 @pytest.mark.parametrize(
@@ -79,10 +79,15 @@ def test_unknown_set_key_names_it():
 @pytest.mark.parametrize(
     "assignment,message",
     [
-        ("actor_lr=abc", "--set actor_lr=abc: actor_lr takes a number"),
-        ("n_groups=2.5", "n_groups takes an integer"),
-        ("think=1", "think takes True or False"),
-        ("adam_betas=0.9", "adam_betas takes a list or tuple"),
+        ("actor_lr=abc", r"--set actor_lr=abc: actor_lr takes float \(a number, e.g. 1e-5\), got 'abc'"),
+        ("history_window=x", r"--set history_window=x: history_window takes int \| None \(an integer or None\)"),
+        ("history_window=1.5", r"history_window takes int \| None"),
+        ("n_groups=2.5", r"n_groups takes int \(an integer\)"),
+        ("n_groups=None", r"n_groups takes int \(an integer\)"),
+        ("think=1", r"think takes bool \(True or False\)"),
+        ("adam_betas=0.9", r"adam_betas takes tuple\[float, float\] \(a list or tuple"),
+        ("advantage_hparams=3", r"advantage_hparams takes Mapping\[str, Any\] \(a dict"),
+        ("num_env_runners=x", r"num_env_runners takes int \(an integer or None\)"),
     ],
 )
 def test_set_value_of_the_wrong_type_names_the_setting_and_its_type(assignment, message):
@@ -93,8 +98,11 @@ def test_set_value_of_the_wrong_type_names_the_setting_and_its_type(assignment, 
 def test_set_values_take_the_settings_types():
     config = config_from_args(driver_args(
         "--set", "actor_lr=1", "--set", "history_window=2", "--set", "engine_dtype=bfloat16", "--set", "kl_type=k1",
-        "--set", "micro_batch_tokens=None", "--set", "autocast_dtype=None",
+        "--set", "micro_batch_tokens=None", "--set", "autocast_dtype=None", "--set", "adam_betas=[0.8, 0.9]",
+        "--set", "lora_target_modules=('q_proj', 'v_proj')", "--set", "advantage_hparams={}",
     ))
+    assert config.adam_betas == (0.8, 0.9) and config.lora_target_modules == ("q_proj", "v_proj")
+    assert config.advantage_hparams == {}
     assert config.actor_lr == 1.0 and isinstance(config.actor_lr, float) and config.history_window == 2
     assert (config.engine_dtype, config.kl_type, config.micro_batch_tokens) == ("bfloat16", "k1", None)
     assert config.autocast_dtype is None

@@ -8,9 +8,9 @@ from ray.rllib.core.columns import Columns
 
 from rllib_ragen.columns import ATTENTION_MASK, INPUT_IDS
 from rllib_ragen.models import load_causal_lm
-from rllib_ragen.rollout.env_group import TurnBudget
-from rllib_ragen.rollout.prompt.protocol import ProtocolConfig
-from rllib_ragen.run.warm_start import WarmStartConfig, demonstrations
+from rllib_ragen.rollout.env_group import TurnBudgetSettings
+from rllib_ragen.rollout.prompt.protocol import ProtocolSettings
+from rllib_ragen.run.warm_start import WarmStartSettings, demonstrations
 from rllib_ragen.training.behaviour_cloning import (
     SupervisedSettings,
     answer_nll,
@@ -19,11 +19,11 @@ from rllib_ragen.training.behaviour_cloning import (
 )
 from rllib_ragen.training.token_batch import trajectories_from_episodes
 
-EXPERT = WarmStartConfig(
+EXPERT = WarmStartSettings(
     env="frozenlake",
     env_config={"is_slippery": False, "render": "words"},
-    protocol=ProtocolConfig(max_actions_per_turn=1, think=False, prefill=True, history_window=0),
-    budget=TurnBudget(max_turns=5, max_actions_per_traj=5),
+    protocol=ProtocolSettings(max_actions_per_turn=1, think=False, prefill=True, history_window=0),
+    budget=TurnBudgetSettings(max_turns=5, max_actions_per_traj=5),
     num_examples=8,
     player="expert",
 )

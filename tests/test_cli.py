@@ -35,7 +35,10 @@ CLI_LINES = (
 def test_user_errors_are_one_line_with_exit_code_2_before_ray_starts(tmp_path):
     bad_flags = {
         "--n-groups 0": "error: argument --n-groups: must be an integer >= 1, got '0'",
-        "--set actor_lr=abc": "error: --set actor_lr=abc: actor_lr takes a number (e.g. 1e-5), got 'abc'",
+        "--set actor_lr=abc": "error: --set actor_lr=abc: actor_lr takes float (a number, e.g. 1e-5), got 'abc'",
+        "--set history_window=x": (
+            "error: --set history_window=x: history_window takes int | None (an integer or None), got 'x'"
+        ),
         "--env nosuchenv": "error: unknown env 'nosuchenv'; registered envs: [",
     }
     ray_tmp = tmp_path / "ray"
@@ -185,7 +188,8 @@ def _env() -> dict[str, str]:
 def test_as_test_thresholds_pass_measured_runs_and_fail_below_them(env, learned, not_learned, capsys):
     """`--as-test` can fail: the tuned threshold sits between a measured run after RL and a start that
     did not learn (FrozenLake: the warm start alone; Sokoban: the random player)."""
-    from rllib_ragen.run.experiment import check_success, tuned_run
+    from rllib_ragen.run.experiment import tuned_run
+    from rllib_ragen.run.report import check_success
 
     threshold = tuned_run(env).success_threshold
     check_success({"evaluation": {"success_rate": learned}}, threshold)

@@ -13,13 +13,13 @@ from mlflow.tracking import MlflowClient
 from run_helpers import driver_args, tiny_config
 
 from rllib_ragen.algorithm.offline import OfflineSettings, offline_config
-from rllib_ragen.data.demonstrations import DemonstrationConfig, expert_demonstrations
+from rllib_ragen.data.demonstrations import DemonstrationSettings, expert_demonstrations
 from rllib_ragen.data.parquet import write_trajectories
 from rllib_ragen.models import load_causal_lm
-from rllib_ragen.rollout.env_group import TurnBudget
+from rllib_ragen.rollout.env_group import TurnBudgetSettings
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
-from rllib_ragen.rollout.prompt.protocol import ProtocolConfig
-from rllib_ragen.run.experiment import run
+from rllib_ragen.rollout.prompt.protocol import ProtocolSettings
+from rllib_ragen.run.train_loop import run
 from rllib_ragen.training.collapse_metrics import (
     CollapseMetricsSettings,
     ReasoningSample,
@@ -122,13 +122,14 @@ def test_collapse_metrics_score_each_distinct_prompt_once_per_group_column(modul
         collapse_metrics(module, samples[:1], micro_batch_size=4)
 
 
-PROTOCOL = ProtocolConfig(max_actions_per_turn=3, think=True)
-BUDGET = TurnBudget(max_turns=2, max_actions_per_traj=6)
+PROTOCOL = ProtocolSettings(max_actions_per_turn=3, think=True)
+BUDGET = TurnBudgetSettings(max_turns=2, max_actions_per_traj=6)
 
 
 @pytest.fixture(scope="module")
 def demos(tiny_tokenizer):
-    return expert_demonstrations(tiny_tokenizer, DemonstrationConfig(seeds=range(6), protocol=PROTOCOL, budget=BUDGET))
+    settings = DemonstrationSettings(seeds=range(6), protocol=PROTOCOL, budget=BUDGET)
+    return expert_demonstrations(tiny_tokenizer, settings)
 
 
 @pytest.mark.parametrize("prefill", [False, True])

@@ -4,6 +4,7 @@ estimators that declare their needs, and validation that builds and reads nothin
 from __future__ import annotations
 
 import dataclasses
+import pickle
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from rllib_ragen.training.advantages import (
     register_advantage_estimator,
     unregister_advantage_estimator,
 )
+from rllib_ragen.training.losses import LossSettings
 
 
 def test_every_setting_defaults_to_its_groups_default_and_builds_its_group():
@@ -30,6 +32,32 @@ def test_every_setting_defaults_to_its_groups_default_and_builds_its_group():
             assert getattr(config, attribute) == default, attribute
     groups = {type(group) for group in config.settings_groups()}
     assert groups == {binding.group for binding in SETTINGS_GROUPS}
+
+
+def test_each_group_is_built_once_at_validation_and_travels_with_the_config(monkeypatch):
+    """The learner reads the groups validation built (`config.loss_settings` once per micro-batch)."""
+    built = []
+    monkeypatch.setattr(LossSettings, "__post_init__", lambda group: built.append(group))
+    config = StarPOConfig()
+    config.validate_starpo()
+    assert len(built) == 1
+    validated = config.loss_settings
+    assert [config.loss_settings for _ in range(5)] == [validated] * 5 and len(built) == 1
+    config.freeze()  # as the Algorithm does; then pickled to each learner
+    learners_copy = pickle.loads(pickle.dumps(config))
+    assert learners_copy.loss_settings == validated and len(built) == 1
+    assert "_built_groups" not in config.to_dict()  # nor in Tune's or MLflow's view of the config
+
+
+def test_a_changed_setting_rebuilds_its_group():
+    config = StarPOConfig()
+    config.validate_starpo()
+    validated = config.loss_settings
+    config.training(clip_ratio_low=0.1)
+    assert config.loss_settings is not validated and config.loss_settings.clip_ratio_low == 0.1
+    config.kl_type = "k9"  # set as an attribute, e.g. by Tune: checked again at the next use
+    with pytest.raises(ValueError, match="kl_type must be one of"):
+        _ = config.loss_settings
 
 
 def test_no_setting_belongs_to_two_groups():

@@ -121,7 +121,7 @@ def test_the_warm_start_is_built_into_a_marker_checked_cache_entry(tiny_model_pa
             report(f"step {step}")
 
     monkeypatch.setattr(ws, "_train", fake_training)
-    config = ws.WarmStartConfig(env="bandit", num_examples=2, epochs=1)
+    config = ws.WarmStartSettings(env="bandit", num_examples=2, epochs=1)
     cache = tmp_path / "cache"
     name = f"warm-start-{config.fingerprint(str(tiny_model_path))}"
     leftover = cache / "models" / f".{name}.partial-killed"  # what a killed warm start leaves

@@ -12,24 +12,24 @@ from envs.sokoban_solver import solve
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.data.convert import episodes_to_rows, rows_to_episodes
 from rllib_ragen.data.demonstrations import (
-    DemonstrationConfig,
+    DemonstrationSettings,
     demonstration_response,
     expert_demonstrations,
 )
-from rllib_ragen.rollout.env_group import TurnBudget
+from rllib_ragen.rollout.env_group import TurnBudgetSettings
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
-from rllib_ragen.rollout.prompt.protocol import PromptProtocol, ProtocolConfig
+from rllib_ragen.rollout.prompt.protocol import PromptProtocol, ProtocolSettings
 
 SEEDS = tuple(range(8))
-PROTOCOL = ProtocolConfig(max_actions_per_turn=3, think=True)
-BUDGET = TurnBudget(max_turns=5, max_actions_per_traj=15)
+PROTOCOL = ProtocolSettings(max_actions_per_turn=3, think=True)
+BUDGET = TurnBudgetSettings(max_turns=5, max_actions_per_traj=15)
 
 
-def _protocol(tokenizer, protocol_config=PROTOCOL):
+def _protocol(tokenizer, protocol_settings=PROTOCOL):
     env = make_env("sokoban")
     return PromptProtocol(
         ChatTemplate.from_tokenizer(tokenizer), instructions=env.instructions,
-        action_vocabulary=env.action_vocabulary, config=protocol_config,
+        action_vocabulary=env.action_vocabulary, config=protocol_settings,
     )
 
 
@@ -41,7 +41,7 @@ def _plan(seed):
 
 @pytest.fixture(scope="module")
 def demos(tiny_tokenizer):
-    return expert_demonstrations(tiny_tokenizer, DemonstrationConfig(seeds=SEEDS, protocol=PROTOCOL, budget=BUDGET))
+    return expert_demonstrations(tiny_tokenizer, DemonstrationSettings(seeds=SEEDS, protocol=PROTOCOL, budget=BUDGET))
 
 
 def test_every_seed_solved_within_the_budget_gives_one_demonstration(demos):
@@ -52,23 +52,23 @@ def test_every_seed_solved_within_the_budget_gives_one_demonstration(demos):
 
 
 @pytest.mark.parametrize(
-    "protocol_config",
-    [PROTOCOL, ProtocolConfig(max_actions_per_turn=2, think=False, prefill=True)],
+    "protocol_settings",
+    [PROTOCOL, ProtocolSettings(max_actions_per_turn=2, think=False, prefill=True)],
     ids=["think", "prefill"],
 )
-def test_responses_parse_back_to_the_solvers_plan(tiny_tokenizer, protocol_config):
+def test_responses_parse_back_to_the_solvers_plan(tiny_tokenizer, protocol_settings):
     demos = expert_demonstrations(
-        tiny_tokenizer, DemonstrationConfig(seeds=SEEDS[:4], protocol=protocol_config, budget=BUDGET)
+        tiny_tokenizer, DemonstrationSettings(seeds=SEEDS[:4], protocol=protocol_settings, budget=BUDGET)
     )
-    protocol = _protocol(tiny_tokenizer, protocol_config)
+    protocol = _protocol(tiny_tokenizer, protocol_settings)
     for episode in demos:
         trajectory = episode.agent_episodes["traj_0"]
         plan = _plan(trajectory.get_infos(0)["seed"])
         chunks = [protocol.parse(trajectory.get_actions(t)) for t in range(len(trajectory))]
         assert all(parsed.format_ok and not parsed.invalid_actions for _, parsed in chunks)
         assert [a for _, parsed in chunks for a in parsed.actions] == plan
-        assert all(len(parsed.actions) <= protocol_config.max_actions_per_turn for _, parsed in chunks)
-        assert len(trajectory) == -(-len(plan) // protocol_config.max_actions_per_turn)
+        assert all(len(parsed.actions) <= protocol_settings.max_actions_per_turn for _, parsed in chunks)
+        assert len(trajectory) == -(-len(plan) // protocol_settings.max_actions_per_turn)
         # One box: every move costs 0.1, the last push lands the box (+1) and solves the room (+10).
         expected = STEP_PENALTY * len(plan) + BOX_ON_TARGET_REWARD + SOLVED_REWARD
         assert sum(trajectory.get_rewards()) == pytest.approx(expected)
@@ -134,4 +134,4 @@ def test_answer_ends_with_the_end_of_turn_token(tiny_tokenizer):
 )
 def test_bad_demonstration_config_is_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        DemonstrationConfig(**kwargs)
+        DemonstrationSettings(**kwargs)

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from rllib_ragen.training.echo_trap import EchoTrapMonitor, EchoTrapRule
+from rllib_ragen.training.echo_trap import EchoTrapMonitor, EchoTrapSettings
 
 # In-group reward std per iteration of a 20-iteration default run as issue 15 measured it:
 # 0.215 at the start, 0.025 by iteration 11, 0.000 from iteration 15 (no warning was given).
@@ -56,7 +56,7 @@ HEALTHY_STD = [
 
 
 def replay(values, signal="reward_variance", rule=None):
-    monitor = EchoTrapMonitor(rule or EchoTrapRule())
+    monitor = EchoTrapMonitor(rule or EchoTrapSettings())
     return [
         (iteration, warnings)
         for iteration, warnings in enumerate((monitor.update({signal: v}) for v in values), start=1)
@@ -80,7 +80,7 @@ def test_a_noisy_healthy_run_does_not_warn():
 
 
 def test_a_recovery_resets_the_streak():
-    rule = EchoTrapRule(baseline_iters=2, patience=2, ratio=0.5)
+    rule = EchoTrapSettings(baseline_iters=2, patience=2, ratio=0.5)
     # Early level 1.0, low below 0.5: 0.1, then 0.9 recovers, then two lows in a row warn.
     assert [i for i, _ in replay([1.0, 1.0, 0.1, 0.9, 0.1, 0.1], rule=rule)] == [6]
 
@@ -104,14 +104,14 @@ def test_sparse_signals_name_their_collapse():
     assert list(warnings[15]) == ["mutual_information"]
     warning = warnings[15]["mutual_information"]
     assert warning.startswith("echo trap, template collapse: I(X;Z) 0.01") and "early level 0.4 " in warning
-    collapsing_entropy = EchoTrapMonitor(EchoTrapRule(patience=2))
+    collapsing_entropy = EchoTrapMonitor(EchoTrapSettings(patience=2))
     for value in (2.0, None, None, 0.3, 0.1):
         warning = collapsing_entropy.update({"conditional_entropy": value})
     assert warning["conditional_entropy"].startswith("echo trap, entropy collapse: H(Z|X) 0.1")
 
 
 def test_signals_without_a_positive_early_level_never_warn():
-    monitor = EchoTrapMonitor(EchoTrapRule(baseline_iters=1, patience=1))
+    monitor = EchoTrapMonitor(EchoTrapSettings(baseline_iters=1, patience=1))
     assert monitor.update({"mutual_information": -0.01}) == {}
     assert monitor.update({"mutual_information": -5.0}) == {}  # 0.2 x a negative level: no collapse to measure
     assert monitor.update({"reward_variance": math.nan}) == {}
@@ -129,7 +129,7 @@ def test_signals_without_a_positive_early_level_never_warn():
 )
 def test_bad_settings(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        EchoTrapRule(**kwargs)
+        EchoTrapSettings(**kwargs)
 
 
 def test_unknown_signals_are_named():

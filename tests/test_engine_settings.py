@@ -1,4 +1,4 @@
-"""Every EngineConfig field is reachable from StarPOConfig.inference(), with EngineConfig's default,
+"""Every EngineSettings field is reachable from StarPOConfig.inference(), with EngineSettings's default,
 and the settings reach vLLM as vLLM names them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import pytest
 
 from rllib_ragen.algorithm.starpo import StarPOConfig
-from rllib_ragen.inference.engine_config import EngineConfig
+from rllib_ragen.inference.engine_settings import EngineSettings
 from rllib_ragen.inference.kv_cache import kv_bytes_per_token
 from rllib_ragen.inference.vllm.actor import llm_kwargs
 from rllib_ragen.lora import LoraSettings
@@ -40,40 +40,40 @@ NON_DEFAULTS = {
 
 
 def test_starpo_defaults_are_engine_config_defaults():
-    assert StarPOConfig().engine_config == EngineConfig(seed=0)
+    assert StarPOConfig().engine_settings == EngineSettings(seed=0)
 
 
 def test_every_engine_field_is_settable_from_inference():
-    fields = {f.name for f in dataclasses.fields(EngineConfig)} - {"seed", "lora"}
+    fields = {f.name for f in dataclasses.fields(EngineSettings)} - {"seed", "lora"}
     assert {field for field, _ in NON_DEFAULTS.values()} == fields
     config = StarPOConfig().inference(**{attribute: value for attribute, (_, value) in NON_DEFAULTS.items()})
-    engine = config.engine_config
+    engine = config.engine_settings
     for attribute, (field, value) in NON_DEFAULTS.items():
-        assert getattr(engine, field) == value != getattr(EngineConfig(), field), attribute
-    assert StarPOConfig().debugging(seed=5).engine_config.seed == 5
-    assert StarPOConfig().llm(lora_rank=4).engine_config.lora == LoraSettings(rank=4)
+        assert getattr(engine, field) == value != getattr(EngineSettings(), field), attribute
+    assert StarPOConfig().debugging(seed=5).engine_settings.seed == 5
+    assert StarPOConfig().llm(lora_rank=4).engine_settings.lora == LoraSettings(rank=4)
 
 
 def test_settings_reach_vllm_under_its_names():
-    cpu = llm_kwargs(EngineConfig(kv_cache_gb=0.25, enforce_eager=False, seed=3), "/m", rank=1)
+    cpu = llm_kwargs(EngineSettings(kv_cache_gb=0.25, enforce_eager=False, seed=3), "/m", rank=1)
     assert (cpu["kv_cache_memory_bytes"], cpu["enforce_eager"], cpu["seed"]) == (2**28, False, 4)
     assert "gpu_memory_utilization" not in cpu
-    gpu = llm_kwargs(EngineConfig(num_gpus_per_engine=1, kv_cache_gb=None, gpu_memory_utilization=0.3), "/m", 0)
+    gpu = llm_kwargs(EngineSettings(num_gpus_per_engine=1, kv_cache_gb=None, gpu_memory_utilization=0.3), "/m", 0)
     assert gpu["gpu_memory_utilization"] == 0.3 and "kv_cache_memory_bytes" not in gpu
-    both = llm_kwargs(EngineConfig(num_gpus_per_engine=1, kv_cache_gb=2.0, gpu_memory_utilization=0.3), "/m", 0)
+    both = llm_kwargs(EngineSettings(num_gpus_per_engine=1, kv_cache_gb=2.0, gpu_memory_utilization=0.3), "/m", 0)
     assert (both["kv_cache_memory_bytes"], both["gpu_memory_utilization"]) == (2 * 2**30, 0.3)
 
 
 def test_kv_block_size_is_small_on_cpu_and_vllms_own_on_gpu():
     """Prefix caching shares whole blocks: on CPU the smallest block vLLM's kernel takes, unless set."""
-    assert llm_kwargs(EngineConfig(kv_cache_gb=1.0), "/m", 0)["block_size"] == 32
-    assert llm_kwargs(EngineConfig(kv_cache_gb=1.0, kv_block_size=64), "/m", 0)["block_size"] == 64
-    assert "block_size" not in llm_kwargs(EngineConfig(num_gpus_per_engine=1), "/m", 0)
-    assert llm_kwargs(EngineConfig(num_gpus_per_engine=1, kv_block_size=16), "/m", 0)["block_size"] == 16
+    assert llm_kwargs(EngineSettings(kv_cache_gb=1.0), "/m", 0)["block_size"] == 32
+    assert llm_kwargs(EngineSettings(kv_cache_gb=1.0, kv_block_size=64), "/m", 0)["block_size"] == 64
+    assert "block_size" not in llm_kwargs(EngineSettings(num_gpus_per_engine=1), "/m", 0)
+    assert llm_kwargs(EngineSettings(num_gpus_per_engine=1, kv_block_size=16), "/m", 0)["block_size"] == 16
     with pytest.raises(ValueError, match=r"kv_block_size=48 on a CPU engine: .* multiples of 32"):
-        EngineConfig(kv_block_size=48)
+        EngineSettings(kv_block_size=48)
     with pytest.raises(ValueError, match="kv_block_size"):
-        EngineConfig(kv_block_size=0)
+        EngineSettings(kv_block_size=0)
 
 
 # SmolLM2-135M's shape: 30 layers, 9 query heads over 3 key/value heads of 64 (576 hidden).
@@ -95,16 +95,16 @@ def test_kv_bytes_per_token_by_hand():
 
 def test_a_cpu_engine_without_kv_cache_gb_gets_a_cache_for_its_batch(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**SMOLLM2_SHAPE, "dtype": "bfloat16"}))
-    kwargs = llm_kwargs(EngineConfig(kv_cache_gb=None, max_batch_size=64, max_model_len=500), str(tmp_path), 0)
+    kwargs = llm_kwargs(EngineSettings(kv_cache_gb=None, max_batch_size=64, max_model_len=500), str(tmp_path), 0)
     # 500 tokens take 16 blocks of 32 (the CPU default): 512 token slots a sequence.
     assert kwargs["kv_cache_memory_bytes"] == 23040 * 64 * 512 and kwargs["max_num_seqs"] == 64
     assert kwargs["block_size"] == 32
     # 500 tokens in blocks of 128: 4 blocks, 512 slots; 520 tokens: 5 blocks, 640 slots.
     wide = llm_kwargs(
-        EngineConfig(kv_cache_gb=None, max_batch_size=2, max_model_len=520, kv_block_size=128), str(tmp_path), 0
+        EngineSettings(kv_cache_gb=None, max_batch_size=2, max_model_len=520, kv_block_size=128), str(tmp_path), 0
     )
     assert (wide["kv_cache_memory_bytes"], wide["block_size"]) == (23040 * 2 * 640, 128)
-    fixed = llm_kwargs(EngineConfig(kv_cache_gb=0.5), str(tmp_path), 0)
+    fixed = llm_kwargs(EngineSettings(kv_cache_gb=0.5), str(tmp_path), 0)
     assert fixed["kv_cache_memory_bytes"] == 2**29 and "max_num_seqs" not in fixed
 
 
@@ -112,12 +112,12 @@ def test_auto_dtype_reaches_vllm_as_the_checkpoints_own(tmp_path):
     """vLLM's own "auto" would serve a float32 checkpoint in bfloat16 on CPU (emulated without AMX)."""
     config_file = tmp_path / "config.json"
     config_file.write_text(json.dumps({"dtype": "float32"}))
-    assert llm_kwargs(EngineConfig(), str(tmp_path), 0)["dtype"] == "float32"
-    assert llm_kwargs(EngineConfig(dtype="bfloat16"), str(tmp_path), 0)["dtype"] == "bfloat16"
+    assert llm_kwargs(EngineSettings(), str(tmp_path), 0)["dtype"] == "float32"
+    assert llm_kwargs(EngineSettings(dtype="bfloat16"), str(tmp_path), 0)["dtype"] == "bfloat16"
     config_file.write_text(json.dumps({"torch_dtype": "bfloat16"}))  # the older transformers key
-    assert llm_kwargs(EngineConfig(), str(tmp_path), 0)["dtype"] == "bfloat16"
+    assert llm_kwargs(EngineSettings(), str(tmp_path), 0)["dtype"] == "bfloat16"
     config_file.write_text(json.dumps({}))
-    assert llm_kwargs(EngineConfig(), str(tmp_path), 0)["dtype"] == "auto"
+    assert llm_kwargs(EngineSettings(), str(tmp_path), 0)["dtype"] == "auto"
 
 
 @pytest.mark.parametrize(
@@ -138,25 +138,25 @@ def test_auto_dtype_reaches_vllm_as_the_checkpoints_own(tmp_path):
 )
 def test_engine_config_rejects_bad_settings(overrides, message):
     with pytest.raises(ValueError, match=message):
-        EngineConfig(**overrides)
+        EngineSettings(**overrides)
 
 
 def test_lora_sync_auto_sends_the_adapter_to_gpu_vllm_engines_only():
     lora, gpu = LoraSettings(rank=4), {"num_gpus_per_engine": 1, "kv_cache_gb": None}
-    assert EngineConfig(kind="vllm", lora=lora, **gpu).serves_adapter
-    assert not EngineConfig(kind="vllm", lora=lora).serves_adapter  # CPU: merged
-    assert not EngineConfig(kind="hf", lora=lora, **gpu).serves_adapter
-    assert not EngineConfig(kind="vllm", lora=lora, lora_sync="merged", **gpu).serves_adapter
-    assert not EngineConfig(kind="vllm", **gpu).serves_adapter  # full fine-tuning
-    assert EngineConfig(kind="vllm", lora=lora, lora_sync="adapter").serves_adapter
+    assert EngineSettings(kind="vllm", lora=lora, **gpu).serves_adapter
+    assert not EngineSettings(kind="vllm", lora=lora).serves_adapter  # CPU: merged
+    assert not EngineSettings(kind="hf", lora=lora, **gpu).serves_adapter
+    assert not EngineSettings(kind="vllm", lora=lora, lora_sync="merged", **gpu).serves_adapter
+    assert not EngineSettings(kind="vllm", **gpu).serves_adapter  # full fine-tuning
+    assert EngineSettings(kind="vllm", lora=lora, lora_sync="adapter").serves_adapter
 
 
 def test_an_adapter_serving_engine_gets_vllms_lora_settings():
     for rank, max_rank in ((4, 8), (16, 16), (17, 32)):
-        config = EngineConfig(kind="vllm", lora=LoraSettings(rank=rank), lora_sync="adapter")
+        config = EngineSettings(kind="vllm", lora=LoraSettings(rank=rank), lora_sync="adapter")
         kwargs = llm_kwargs(config, "/m", 0)
         assert (kwargs["enable_lora"], kwargs["max_lora_rank"], kwargs["max_loras"]) == (True, max_rank, 1)
-    assert "enable_lora" not in llm_kwargs(EngineConfig(kind="vllm", lora=LoraSettings(rank=4)), "/m", 0)
+    assert "enable_lora" not in llm_kwargs(EngineSettings(kind="vllm", lora=LoraSettings(rank=4)), "/m", 0)
 
 
 def test_adapter_sync_without_lora_is_refused_when_the_config_is_validated():

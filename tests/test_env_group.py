@@ -9,7 +9,7 @@ import pytest
 from rllib_ragen.rollout.env_group import (
     EnvFault,
     EnvGroup,
-    TurnBudget,
+    TurnBudgetSettings,
     call_with_timeout,
     check_reset_result,
     check_step_result,
@@ -17,7 +17,7 @@ from rllib_ragen.rollout.env_group import (
 
 
 def test_group_members_share_the_initial_state():
-    group = EnvGroup("sokoban", group_size=3, budget=TurnBudget())
+    group = EnvGroup("sokoban", group_size=3, budget=TurnBudgetSettings())
     observations, infos = group.reset(seed=10_003)
     assert len(set(observations.values())) == 1
     assert all(info["seed"] == 10_003 for info in infos.values())
@@ -26,7 +26,7 @@ def test_group_members_share_the_initial_state():
 
 
 def test_format_penalty_when_no_valid_action_and_budget_of_turns():
-    group = EnvGroup("sokoban", group_size=2, budget=TurnBudget(max_turns=2, max_actions_per_traj=10))
+    group = EnvGroup("sokoban", group_size=2, budget=TurnBudgetSettings(max_turns=2, max_actions_per_traj=10))
     observations, _ = group.reset(seed=1)
     obs, rewards, terminateds, truncateds, infos = group.step({"traj_0": [], "traj_1": ["Up"]})
     assert rewards["traj_0"] == pytest.approx(-0.1)  # no valid action: format penalty only
@@ -42,7 +42,7 @@ def test_format_penalty_when_no_valid_action_and_budget_of_turns():
 
 def test_action_budget_per_trajectory_cuts_the_action_list():
     # Unknown action names change nothing but still use the action budget.
-    group = EnvGroup("sokoban", group_size=1, budget=TurnBudget(max_turns=5, max_actions_per_traj=4))
+    group = EnvGroup("sokoban", group_size=1, budget=TurnBudgetSettings(max_turns=5, max_actions_per_traj=4))
     group.reset(seed=2)
     _, rewards, _, truncated, info = group.step({"traj_0": ["Jump", "Jump", "Jump"]})
     assert info["traj_0"]["num_actions_executed"] == 3 and not truncated["traj_0"]
@@ -54,7 +54,7 @@ def test_action_budget_per_trajectory_cuts_the_action_list():
 
 
 def test_bandit_group_ends_after_one_pick_with_success_flag():
-    group = EnvGroup("bandit_phoenix_dragon", {"high_prob": 1.0}, group_size=2, budget=TurnBudget(max_turns=1))
+    group = EnvGroup("bandit_phoenix_dragon", {"high_prob": 1.0}, group_size=2, budget=TurnBudgetSettings(max_turns=1))
     group.reset(seed=5)
     _, rewards, terminateds, _, infos = group.step({"traj_0": ["Dragon"], "traj_1": ["Phoenix"]})
     assert rewards == {"traj_0": pytest.approx(1.0), "traj_1": pytest.approx(0.15)}
@@ -64,14 +64,14 @@ def test_bandit_group_ends_after_one_pick_with_success_flag():
 
 def test_unknown_env_is_a_clear_error():
     with pytest.raises(KeyError, match="sokoban"):
-        EnvGroup("sokobann", group_size=1, budget=TurnBudget())
+        EnvGroup("sokobann", group_size=1, budget=TurnBudgetSettings())
 
 
 def test_budget_validation():
     with pytest.raises(ValueError, match="format_penalty"):
-        TurnBudget(format_penalty=0.5)
+        TurnBudgetSettings(format_penalty=0.5)
     with pytest.raises(ValueError, match="max_turns"):
-        TurnBudget(max_turns=0)
+        TurnBudgetSettings(max_turns=0)
 
 
 @pytest.mark.parametrize(
@@ -148,4 +148,4 @@ def test_call_with_timeout_returns_raises_or_abandons(monkeypatch):
 
 def test_step_timeout_must_be_positive():
     with pytest.raises(ValueError, match="step_timeout_s"):
-        EnvGroup("sokoban", group_size=1, budget=TurnBudget(), step_timeout_s=0)
+        EnvGroup("sokoban", group_size=1, budget=TurnBudgetSettings(), step_timeout_s=0)

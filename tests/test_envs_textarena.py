@@ -230,9 +230,9 @@ def test_answers_map_to_bracketed_moves():
 
 
 def test_an_invalid_turn_gets_the_format_penalty_in_an_env_group():
-    from rllib_ragen.rollout.env_group import EnvGroup, TurnBudget
+    from rllib_ragen.rollout.env_group import EnvGroup, TurnBudgetSettings
 
-    group = EnvGroup("textarena:GuessTheNumber-v0", group_size=2, budget=TurnBudget(format_penalty=-0.5))
+    group = EnvGroup("textarena:GuessTheNumber-v0", group_size=2, budget=TurnBudgetSettings(format_penalty=-0.5))
     observations, _ = group.reset(seed=3)
     assert observations["traj_0"] == observations["traj_1"]
     _, rewards, _, _, _ = group.step({"traj_0": ["abc"], "traj_1": ["10"]})

@@ -28,7 +28,7 @@ from rllib_ragen.rollout.prompt.answer_parser import (
     ParsedAnswer,
     parse_answer,
 )
-from rllib_ragen.rollout.prompt.protocol import PromptProtocol, ProtocolConfig
+from rllib_ragen.rollout.prompt.protocol import PromptProtocol, ProtocolSettings
 
 PARSER_CASES = 400
 PROTOCOL_CASES = 100
@@ -126,7 +126,7 @@ def _fuzz_prompt_protocol(chat_template, tiny_tokenizer) -> int:
         count += 1
         protocol = PromptProtocol(
             chat_template, instructions="Move.", action_vocabulary=("Up", "Down"),
-            config=ProtocolConfig(max_actions_per_turn=2, think=think, prefill=prefill),
+            config=ProtocolSettings(max_actions_per_turn=2, think=think, prefill=prefill),
         )
         response_ids = tiny_tokenizer.encode(text, add_special_tokens=False) + noise
         decoded, parsed = protocol.parse(response_ids)

@@ -11,7 +11,7 @@ from run_helpers import ForcedAnswerEngine
 from envs import make_env
 from envs.base import DYNAMICS_STREAM, dynamics_generator
 from rllib_ragen.algorithm.starpo import StarPOConfig
-from rllib_ragen.rollout.env_group import DEFAULT_GROUP_RANDOMNESS, EnvGroup, TurnBudget
+from rllib_ragen.rollout.env_group import DEFAULT_GROUP_RANDOMNESS, EnvGroup, TurnBudgetSettings
 from rllib_ragen.rollout.env_runner import LLMEnvRunner
 
 GROUP_SIZE = 8
@@ -19,7 +19,7 @@ LAKE_MOVES = ["Down", "Right", "Down", "Right", "Up", "Left", "Down", "Right"]
 
 
 def _group(env: str, randomness: str, **budget) -> EnvGroup:
-    return EnvGroup(env, group_size=GROUP_SIZE, budget=TurnBudget(**budget), group_randomness=randomness)
+    return EnvGroup(env, group_size=GROUP_SIZE, budget=TurnBudgetSettings(**budget), group_randomness=randomness)
 
 
 def _high_arm_payouts(randomness: str, seed: int, env: str = "bandit") -> list[float]:
@@ -120,7 +120,7 @@ def test_bad_stream_is_refused_by_name(stream):
 def test_setting_is_checked_and_defaults_once():
     assert StarPOConfig().group_randomness == DEFAULT_GROUP_RANDOMNESS == "independent"
     with pytest.raises(ValueError, match="group_randomness"):
-        EnvGroup("bandit", group_size=2, budget=TurnBudget(), group_randomness="per_member")
+        EnvGroup("bandit", group_size=2, budget=TurnBudgetSettings(), group_randomness="per_member")
     config = StarPOConfig().environment("bandit").rollouts(group_randomness="per_member")
     with pytest.raises(ValueError, match="group_randomness"):
         config.validate_starpo()

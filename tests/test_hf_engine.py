@@ -10,7 +10,7 @@ import torch
 
 from rllib_ragen.inference.batching import left_pad
 from rllib_ragen.inference.engine import SamplingParams
-from rllib_ragen.inference.engine_config import EngineConfig
+from rllib_ragen.inference.engine_settings import EngineSettings
 from rllib_ragen.inference.factory import make_engine
 from rllib_ragen.inference.hf_engine import HFEngine
 from rllib_ragen.inference.sampling import draw_by_inverse_cdf, mask_top_p, processed_logprobs
@@ -221,7 +221,7 @@ def test_left_pad_masks_the_padding():
     assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
 
 
-# ---------------------------------------------------------------- EngineConfig / make_engine
+# ---------------------------------------------------------------- EngineSettings / make_engine
 
 
 @pytest.mark.parametrize(
@@ -238,18 +238,18 @@ def test_left_pad_masks_the_padding():
 )
 def test_engine_config_rejects_bad_values(overrides, message):
     with pytest.raises(ValueError, match=message):
-        EngineConfig(**overrides)
+        EngineSettings(**overrides)
 
 
 def test_threads_per_engine_splits_the_cores_unless_given():
-    assert EngineConfig(num_threads=3, num_engines=2).threads_per_engine == 3
-    assert EngineConfig(num_engines=2).threads_per_engine == max(1, os.cpu_count() // 2)
-    assert EngineConfig(num_engines=10**4).threads_per_engine == 1
+    assert EngineSettings(num_threads=3, num_engines=2).threads_per_engine == 3
+    assert EngineSettings(num_engines=2).threads_per_engine == max(1, os.cpu_count() // 2)
+    assert EngineSettings(num_engines=10**4).threads_per_engine == 1
 
 
 def test_make_engine_builds_the_hf_engine(tiny_model_path, tmp_path):
-    engine = make_engine(EngineConfig(kind="hf", max_batch_size=4), tiny_model_path)
+    engine = make_engine(EngineSettings(kind="hf", max_batch_size=4), tiny_model_path)
     assert isinstance(engine, HFEngine) and engine.max_batch_size == 4
     assert engine.health()["healthy"] and engine.health()["dtype"] == "torch.float32"
     with pytest.raises(FileNotFoundError, match="no config.json"):
-        make_engine(EngineConfig(kind="hf"), tmp_path)
+        make_engine(EngineSettings(kind="hf"), tmp_path)

@@ -27,7 +27,7 @@ from rllib_ragen.columns import (
 )
 from rllib_ragen.training.learner import micro_batch_weights, token_budget_groups
 from rllib_ragen.training.losses import aggregate_loss, policy_loss
-from rllib_ragen.training.module import ScoringConfig
+from rllib_ragen.training.module import ScoringSettings
 
 SPACE = gym.spaces.Text(max_length=8)
 ENTROPY_COEFF = 0.01
@@ -133,7 +133,7 @@ def test_bf16_autocast_loss_is_within_tolerance_of_fp32(tiny_model_path):
 
 def test_chunked_scores_and_gradients_match_a_full_softmax(tiny_model_path):
     _, module = _learner(tiny_model_path)
-    module.scoring = ScoringConfig(logit_chunk_size=5)
+    module.scoring = ScoringSettings(logit_chunk_size=5)
     reference = copy.deepcopy(module.policy)
     batch = _batch()
     out = module.forward_train(batch)
@@ -161,9 +161,9 @@ def test_token_budget_groups_by_hand():
 
 def test_config_errors():
     with pytest.raises(ValueError, match="autocast_dtype"):
-        ScoringConfig(autocast_dtype="int8")
+        ScoringSettings(autocast_dtype="int8")
     with pytest.raises(ValueError, match="logit_chunk_size"):
-        ScoringConfig(logit_chunk_size=0)
+        ScoringSettings(logit_chunk_size=0)
     with pytest.raises(ValueError, match="micro_batch_tokens"):
         StarPOConfig().training(micro_batch_tokens=0).validate_starpo()
     with pytest.raises(ValueError, match="autocast_dtype"):

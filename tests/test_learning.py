@@ -16,9 +16,9 @@ import pytest
 import ray
 
 from rllib_ragen.algorithm.starpo import StarPOConfig
-from rllib_ragen.rollout.env_group import TurnBudget
-from rllib_ragen.rollout.prompt.protocol import ProtocolConfig
-from rllib_ragen.run.warm_start import WarmStartConfig, warm_start
+from rllib_ragen.rollout.env_group import TurnBudgetSettings
+from rllib_ragen.rollout.prompt.protocol import ProtocolSettings
+from rllib_ragen.run.warm_start import WarmStartSettings, warm_start
 from rllib_ragen.training.advantages import (
     ADVANTAGE_ESTIMATORS,
     register_advantage_estimator,
@@ -29,13 +29,13 @@ pytestmark = pytest.mark.learning
 ENV = "bandit_phoenix_dragon"
 ENV_CONFIG = {"high_prob": 1.0}  # the high arm (Dragon) always pays 1.0, the low arm 0.15
 MAX_ITERS = 20
-BUDGET = TurnBudget(max_turns=1, max_actions_per_traj=1)
-PROTOCOL = ProtocolConfig(max_actions_per_turn=1, think=False, prefill=True)
+BUDGET = TurnBudgetSettings(max_turns=1, max_actions_per_traj=1)
+PROTOCOL = ProtocolSettings(max_actions_per_turn=1, think=False, prefill=True)
 
 
 @pytest.fixture(scope="module")
 def warm_model(tmp_path_factory, tiny_model_path) -> str:
-    config = WarmStartConfig(
+    config = WarmStartSettings(
         env=ENV, env_config=ENV_CONFIG, protocol=PROTOCOL, budget=BUDGET,
         num_examples=64, answers_per_prompt=4, epochs=4, batch_size=8, lr=3e-3,
     )

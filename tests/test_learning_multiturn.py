@@ -17,9 +17,9 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.algorithm.update import update_learners
-from rllib_ragen.rollout.env_group import TurnBudget
-from rllib_ragen.rollout.prompt.protocol import ProtocolConfig
-from rllib_ragen.run.warm_start import WarmStartConfig, warm_start
+from rllib_ragen.rollout.env_group import TurnBudgetSettings
+from rllib_ragen.rollout.prompt.protocol import ProtocolSettings
+from rllib_ragen.run.warm_start import WarmStartSettings, warm_start
 from rllib_ragen.training.advantages import (
     ADVANTAGE_ESTIMATORS,
     CRITIC_ESTIMATORS,
@@ -39,14 +39,14 @@ MAX_ITERS = 25
 # Evaluated every 5 iterations (one run), LoRA's evaluation reached 0.92 by iteration 5 and stayed
 # within 0.92-0.98 to iteration 35: the frozen head's cap, reached early (see its test).
 LORA_ITERS = 15
-BUDGET = TurnBudget(max_turns=DISTANCE, max_actions_per_traj=DISTANCE)
-PROTOCOL = ProtocolConfig(max_actions_per_turn=1, think=False, prefill=True)
+BUDGET = TurnBudgetSettings(max_turns=DISTANCE, max_actions_per_traj=DISTANCE)
+PROTOCOL = ProtocolSettings(max_actions_per_turn=1, think=False, prefill=True)
 EVAL_SEED = 900_000  # far from the training seeds (10_000 on)
 
 
 @pytest.fixture(scope="module")
 def warm_model(tmp_path_factory, tiny_model_path) -> str:
-    config = WarmStartConfig(
+    config = WarmStartSettings(
         env="corridor", protocol=PROTOCOL, budget=BUDGET,
         num_examples=32, answers_per_prompt=4, epochs=6, batch_size=8, lr=3e-3,
     )

@@ -8,7 +8,7 @@ import torch
 from ray.rllib.core.columns import Columns
 
 from rllib_ragen.columns import ATTENTION_MASK, INPUT_IDS, TOKEN_ENTROPY, TOKEN_LOGP
-from rllib_ragen.training.module import LLMModuleConfig, LLMRLModule
+from rllib_ragen.training.module import LLMModuleSettings, LLMRLModule
 
 SPACE = gym.spaces.Text(max_length=8)
 
@@ -70,6 +70,6 @@ def test_no_critic_raises_a_clear_error(tiny_model_path):
 
 def test_config_errors():
     with pytest.raises(ValueError, match="critic"):
-        LLMModuleConfig(critic="big")
+        LLMModuleSettings(critic="big")
     with pytest.raises(ValueError, match="logit_temperature"):
-        LLMModuleConfig(logit_temperature=0)
+        LLMModuleSettings(logit_temperature=0)

@@ -26,9 +26,9 @@ from rllib_ragen.run.analysis import (
     read_text_artifact,
     trajectory_pages,
 )
-from rllib_ragen.run.experiment import run
 from rllib_ragen.run.tracking import MLflowTracker
-from rllib_ragen.training.echo_trap import EchoTrapRule
+from rllib_ragen.run.train_loop import run
+from rllib_ragen.training.echo_trap import EchoTrapSettings
 
 NOTEBOOK = ROOT / "notebooks" / "starpo_runs.ipynb"
 
@@ -59,7 +59,7 @@ def test_echo_trap_warnings_replay_the_monitor():
         {IN_GROUP_STD: [nan, 1.0, 1.0, 0.1, 0.1, 0.1], "collapse/mutual_information": [nan, 0.5, nan, 0.1, nan, 0.05]},
         index=pd.Index(range(6), name="iteration"),
     )
-    rule = EchoTrapRule(baseline_iters=2, patience=2, ratio=0.5)
+    rule = EchoTrapSettings(baseline_iters=2, patience=2, ratio=0.5)
     flagged = echo_trap_warnings(history, rule)
     assert [(iteration, text.split(":")[0]) for iteration, text in flagged] == [
         (4, "echo trap, reward-variance collapse"), (5, "echo trap, reward-variance collapse"),

@@ -9,7 +9,7 @@ import torch
 
 from rllib_ragen.training.losses import policy_loss
 from rllib_ragen.training.off_policy import (
-    OffPolicyCorrection,
+    OffPolicyCorrectionSettings,
     masked_importance_weights,
     truncated_importance_weights,
 )
@@ -51,7 +51,7 @@ def test_unknown_engine_logp_counts_as_on_policy():
 def test_weighted_policy_loss_and_its_gradient():
     """At ratio 1 with A = 1 the token-mean loss is -mean(w); d loss / d logp_t = -w_t / 5."""
     logp = OLD_LOGP.clone().requires_grad_(True)
-    weights, _ = OffPolicyCorrection(off_policy_correction="tis").weights(OLD_LOGP, SAMPLING_LOGP, MASK)
+    weights, _ = OffPolicyCorrectionSettings(off_policy_correction="tis").weights(OLD_LOGP, SAMPLING_LOGP, MASK)
     loss, _ = policy_loss(logp, OLD_LOGP, torch.ones(2, 3), MASK, weights=weights)
     assert loss.item() == pytest.approx(-(1 + 1.5 + 2 + 0.5 + 0.25) / 5)
     loss.backward()
@@ -61,13 +61,13 @@ def test_weighted_policy_loss_and_its_gradient():
 
 
 def test_none_gives_no_weights_and_bad_settings_are_named():
-    assert OffPolicyCorrection().weights(OLD_LOGP, SAMPLING_LOGP, MASK) == (None, {})
+    assert OffPolicyCorrectionSettings().weights(OLD_LOGP, SAMPLING_LOGP, MASK) == (None, {})
     with pytest.raises(ValueError, match="off_policy_correction"):
-        OffPolicyCorrection(off_policy_correction="vtrace")
+        OffPolicyCorrectionSettings(off_policy_correction="vtrace")
     with pytest.raises(ValueError, match="tis_cap"):
-        OffPolicyCorrection(tis_cap=0.0)
+        OffPolicyCorrectionSettings(tis_cap=0.0)
     with pytest.raises(ValueError, match="mis_low"):
-        OffPolicyCorrection(mis_low=1.5)
+        OffPolicyCorrectionSettings(mis_low=1.5)
 
 
 def test_the_learner_logs_the_correction(tiny_model_path, ray_session):

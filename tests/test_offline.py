@@ -18,7 +18,7 @@ from rllib_ragen.algorithm.offline import (
     response_token_nll,
 )
 from rllib_ragen.algorithm.starpo import StarPOConfig
-from rllib_ragen.data.demonstrations import DemonstrationConfig, expert_demonstrations
+from rllib_ragen.data.demonstrations import DemonstrationSettings, expert_demonstrations
 from rllib_ragen.data.parquet import write_trajectories
 from rllib_ragen.data.schema import TRAJECTORY_SCHEMA
 from rllib_ragen.models import load_causal_lm, load_tokenizer
@@ -46,7 +46,9 @@ def base_config(model_path, **rollouts) -> StarPOConfig:
 @pytest.fixture(scope="module")
 def demos(tiny_model_path):
     config = base_config(tiny_model_path)
-    demo_config = DemonstrationConfig(seeds=range(8), protocol=config.protocol_config, budget=config.turn_budget)
+    demo_config = DemonstrationSettings(
+        seeds=range(8), protocol=config.protocol_settings, budget=config.turn_budget_settings
+    )
     return expert_demonstrations(load_tokenizer(tiny_model_path), demo_config)
 
 

@@ -28,7 +28,7 @@ if importlib.util.find_spec("openenv") is None and not running_in_ci():
 
 from envs import openenv_server as server_command  # noqa: E402 (after the extra's check)
 from envs.openenv_client import OpenEnvServerError  # noqa: E402
-from rllib_ragen.rollout.env_group import EnvGroup, TurnBudget  # noqa: E402
+from rllib_ragen.rollout.env_group import EnvGroup, TurnBudgetSettings  # noqa: E402
 
 # A server env whose step never returns: a server that accepts a step and hangs.
 SLEEPY_ENV = """
@@ -191,7 +191,7 @@ def test_the_server_command_refuses_bad_arguments_naming_them(capsys, argv, mess
 
 
 def test_env_groups_release_their_server_sessions_when_closed(tmp_path):
-    budget = TurnBudget(max_turns=2)
+    budget = TurnBudgetSettings(max_turns=2)
     with openenv_server(tmp_path, "--env", "corridor", "--max-sessions", "2") as (url, _):
         for seed in range(3):  # three groups of two, one after the other, on a server of two sessions
             group = EnvGroup(f"openenv:{url}", group_size=2, budget=budget)
@@ -225,7 +225,7 @@ class _KillsTheServerOnTurn2(ForcedAnswerEngine):
 @pytest.mark.slow  # three driver runs and a training iteration against a server process
 def test_training_against_a_server_killed_mid_run_then_restarted_resumes(ray_session, tiny_model_path, tiny_tokenizer, tmp_path):
     from rllib_ragen.run.checkpoints import checkpoint_iteration, latest_checkpoint
-    from rllib_ragen.run.experiment import run
+    from rllib_ragen.run.train_loop import run
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -5,7 +5,7 @@ import pytest
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
 from rllib_ragen.rollout.prompt.protocol import (
     PromptProtocol,
-    ProtocolConfig,
+    ProtocolSettings,
     feedback_for,
 )
 from rllib_ragen.rollout.prompt.token_history import TokenHistory
@@ -100,7 +100,7 @@ def test_history_rejects_out_of_order_calls():
 
 
 def test_protocol_renders_instructions_and_parses_with_prefill(chat_template, tiny_tokenizer):
-    config = ProtocolConfig(max_actions_per_turn=2, think=False, prefill=True)
+    config = ProtocolSettings(max_actions_per_turn=2, think=False, prefill=True)
     protocol = PromptProtocol(chat_template, instructions="Push the box.", action_vocabulary=VOCAB, config=config)
     assert "Push the box." in protocol.system_text and "up to 2 action" in protocol.system_text
     prompt = tiny_tokenizer.decode(protocol.user_ids("#P_#", reward=-0.1, turns_left=3))
@@ -113,16 +113,16 @@ def test_protocol_renders_instructions_and_parses_with_prefill(chat_template, ti
 
 
 def test_feedback_names_the_problem(chat_template):
-    protocol = PromptProtocol(chat_template, instructions="x", action_vocabulary=VOCAB, config=ProtocolConfig())
+    protocol = PromptProtocol(chat_template, instructions="x", action_vocabulary=VOCAB, config=ProtocolSettings())
     _, parsed = protocol.parse(chat_template.encode("just words"))
     assert "malformed" in feedback_for(parsed)
 
 
 def test_protocol_config_validation():
     with pytest.raises(ValueError, match="max_actions_per_turn"):
-        ProtocolConfig(max_actions_per_turn=0)
+        ProtocolSettings(max_actions_per_turn=0)
     with pytest.raises(ValueError, match="history_window"):
-        ProtocolConfig(history_window=-1)
+        ProtocolSettings(history_window=-1)
 
 
 @pytest.mark.slow
@@ -140,7 +140,7 @@ def test_smollm2_answers_a_sokoban_prompt():
     observation, _ = env.reset(seed=10_000)
     protocol = PromptProtocol(
         ChatTemplate.from_tokenizer(load_tokenizer(path)), instructions=env.instructions,
-        action_vocabulary=env.action_vocabulary, config=ProtocolConfig(),
+        action_vocabulary=env.action_vocabulary, config=ProtocolSettings(),
     )
     prompt = protocol.system_ids + protocol.user_ids(observation, turns_left=5, actions_left=10)
     completion = HFEngine(path).generate(
@@ -158,7 +158,7 @@ def test_a_single_choice_env_gets_a_format_example_that_names_no_action(tiny_tok
     env = make_env("bandit")
     protocol = PromptProtocol(
         ChatTemplate.from_tokenizer(tiny_tokenizer), instructions=env.instructions,
-        action_vocabulary=env.action_vocabulary, config=ProtocolConfig(max_actions_per_turn=1, think=False),
+        action_vocabulary=env.action_vocabulary, config=ProtocolSettings(max_actions_per_turn=1, think=False),
     )
     format_line = protocol.system_text.splitlines()[-1]
     assert format_line == "Always answer in the format <answer>your action</answer>"

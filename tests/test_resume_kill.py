@@ -38,8 +38,8 @@ from rllib_ragen.run.checkpoints import (
     save_checkpoint,
     tracking_state,
 )
-from rllib_ragen.run.experiment import run
 from rllib_ragen.run.tracking import MLflowTracker, metrics_from_json
+from rllib_ragen.run.train_loop import run
 
 TRAIN_SEED_START = 10_000  # StarPOConfig's default
 

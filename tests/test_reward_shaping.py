@@ -7,7 +7,7 @@ import torch
 
 from rllib_ragen.rollout.prompt.answer_parser import ParsedAnswer
 from rllib_ragen.rollout.reward_shaping import (
-    RewardShaping,
+    RewardShapingSettings,
     shaping_statistics,
     think_length_in_band,
     thought_names_action,
@@ -37,7 +37,9 @@ def test_thought_names_action_share(think, actions, expected):
 
 
 def test_shaped_turn_reward_by_hand():
-    shaping = RewardShaping(think_length_coeff=0.2, think_min_words=2, think_max_words=4, think_names_action_coeff=0.5)
+    shaping = RewardShapingSettings(
+        think_length_coeff=0.2, think_min_words=2, think_max_words=4, think_names_action_coeff=0.5
+    )
     parsed = ParsedAnswer(actions=("Left", "Up"), think="I go left now")
     # 4 words: in the band (1); names Left, not Up (0.5); bonus 0.2 * 1 + 0.5 * 0.5 = 0.45 on top of -0.1.
     reward, info = shaping.shape(-0.1, parsed)
@@ -48,7 +50,7 @@ def test_shaped_turn_reward_by_hand():
 
 
 def test_shaping_is_off_by_default():
-    reward, info = RewardShaping().shape(1.0, ParsedAnswer(actions=("Left",), think="left"))
+    reward, info = RewardShapingSettings().shape(1.0, ParsedAnswer(actions=("Left",), think="left"))
     assert reward == 1.0 and info["shaping_bonus"] == 0.0
 
 
@@ -82,4 +84,4 @@ def test_shaping_statistics_average_the_turns_that_have_each_key():
 )
 def test_bad_shaping_settings_are_clear_errors(settings, message):
     with pytest.raises(ValueError, match=message):
-        RewardShaping(**settings)
+        RewardShapingSettings(**settings)

@@ -24,7 +24,7 @@ from run_helpers import ForcedAnswerEngine
 from envs import register_env
 from envs.base import TextEnv
 from rllib_ragen.algorithm.starpo import StarPOConfig
-from rllib_ragen.rollout.env_group import EnvGroup, TurnBudget
+from rllib_ragen.rollout.env_group import EnvGroup, TurnBudgetSettings
 from rllib_ragen.rollout.env_runner import LLMEnvRunner
 from rllib_ragen.training.token_batch import trajectories_from_episodes
 
@@ -169,7 +169,7 @@ def test_faulty_reset_leaves_its_group_out(tiny_model_path, tiny_tokenizer, capl
 
 def test_one_faulty_member_does_not_stop_its_group():
     group = EnvGroup(
-        "faulty", {"fault": "none"}, group_size=3, budget=TurnBudget(max_turns=3), step_timeout_s=TIMEOUT_S
+        "faulty", {"fault": "none"}, group_size=3, budget=TurnBudgetSettings(max_turns=3), step_timeout_s=TIMEOUT_S
     )
     group.envs[1] = FaultyEnv(fault="raise_step")
     group.reset(seed=FIRST_SEED)
@@ -215,7 +215,7 @@ def test_a_rollout_closes_every_env_it_made_even_when_no_group_starts(tiny_model
             runner.stop()
         # The runner's probe, then 2 groups x 2.
         assert len(ClosingEnv.made) == 5 and all(env.closed for env in ClosingEnv.made), fault
-    group = EnvGroup("closing", {"fault": "hang_step"}, group_size=2, budget=TurnBudget())
+    group = EnvGroup("closing", {"fault": "hang_step"}, group_size=2, budget=TurnBudgetSettings())
     with caplog.at_level(logging.WARNING):
         group.close()
     assert all(env.closed for env in group.envs)

@@ -11,14 +11,11 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from rllib_ragen.run import experiment
-from rllib_ragen.run.experiment import (
-    apply_setting,
-    build_parser,
-    choose_starting_model,
-    config_from_args,
-    training_budget_s,
-)
+from rllib_ragen.run import train_loop
+from rllib_ragen.run.flags import build_parser, config_from_args
+from rllib_ragen.run.settings_flag import apply_setting
+from rllib_ragen.run.starting_model import choose_starting_model
+from rllib_ragen.run.train_loop import training_budget_s
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "tuned_examples").glob("*.py")) + sorted((ROOT / "benchmarks").glob("*.py"))
@@ -69,7 +66,7 @@ def test_no_warm_start_keeps_the_base_model():
 
 def test_training_gets_what_the_job_budget_leaves_and_never_more_than_its_own(monkeypatch):
     now = 10_000.0  # the driver's clock, stopped: the figures do not depend on how fast this test runs
-    monkeypatch.setattr(experiment, "time", types.SimpleNamespace(perf_counter=lambda: now))
+    monkeypatch.setattr(train_loop, "time", types.SimpleNamespace(perf_counter=lambda: now))
     started = now - 300.0  # the warm start and the first evaluation took 5 minutes
     assert training_budget_s(_args(), started) is None
     assert training_budget_s(_args("--time-budget-min", "10"), started) == 600.0

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import ast
 import inspect
+import typing
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from ray.rllib.algorithms.algorithm_config import NotProvided
 
-from rllib_ragen.algorithm.settings import (
-    SETTINGS,
-    SETTINGS_GROUPS,
-    docstring_entries,
-    field_docs,
-)
+from rllib_ragen.algorithm import builder_keywords
+from rllib_ragen.algorithm.builder_keywords_codegen import GENERATED_FILE, builder_keywords_source, keywords_class_name
+from rllib_ragen.algorithm.settings import SETTINGS, SETTINGS_GROUPS
+from rllib_ragen.algorithm.settings_binding import docstring_entries, field_docs
 from rllib_ragen.algorithm.starpo import StarPOConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,14 +77,30 @@ def test_training_still_passes_rllibs_own_settings_on():
     assert inspect.signature(StarPOConfig.training).parameters["kwargs"].kind is inspect.Parameter.VAR_KEYWORD
 
 
+def test_the_typed_keywords_are_generated_from_the_groups_and_name_each_builders_settings():
+    assert GENERATED_FILE.read_text() == builder_keywords_source(), (
+        "stale: run python -m rllib_ragen.algorithm.builder_keywords_codegen"
+    )
+    for name in BUILDERS:
+        method = getattr(StarPOConfig, name).__wrapped__
+        (settings,) = [p for p in inspect.signature(method, eval_str=True).parameters.values()
+                       if p.kind is inspect.Parameter.VAR_KEYWORD]
+        keywords = getattr(builder_keywords, keywords_class_name(name))
+        assert settings.annotation == typing.Unpack[keywords], name
+        assert {s.keyword for s in SETTINGS if s.builder == name} <= set(keywords.__annotations__), name
+
+
 def test_every_group_is_a_property_of_the_config():
     config, names = StarPOConfig(), [binding.property_name for binding in SETTINGS_GROUPS]
     assert len(set(names)) == len(names) and not set(names) & (SETTING_NAMES | set(BUILDERS))
     for binding in SETTINGS_GROUPS:
         assert isinstance(getattr(config, binding.property_name), binding.group)
     # The names the code base uses.
-    assert {"engine_config", "llm_module_config", "turn_budget", "off_policy_correction_config",
-            "async_rollouts_config", "reward_shaping_config", "echo_trap_rule"} <= set(names)
+    assert {"engine_settings", "llm_module_settings", "turn_budget_settings", "off_policy_correction_settings",
+            "async_rollout_settings", "reward_shaping_settings", "echo_trap_settings"} <= set(names)
+    # One suffix: each group is named after what it sets, then "Settings", and its property after the group.
+    assert all(binding.group.__name__.endswith("Settings") for binding in SETTINGS_GROUPS)
+    assert all(name.endswith("_settings") for name in names)
 
 
 # ---------------------------------------------------------------- the source names each setting once

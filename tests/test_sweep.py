@@ -18,7 +18,7 @@ from rllib_ragen.algorithm.presets import PRESETS, preset
 from rllib_ragen.run.sweep import (
     DEFAULT_GRID,
     STOPPED_EARLY_TAG,
-    SweepConfig,
+    SweepSettings,
     check_grid,
     parse_grid,
 )
@@ -52,7 +52,7 @@ def test_bad_grid_is_named(tiny_model_path, assignments, message):
 
 
 def test_grid_values_take_the_settings_types(tiny_model_path):
-    with pytest.raises(ValueError, match="--grid group_size=4.5: group_size takes an integer"):
+    with pytest.raises(ValueError, match=r"--grid group_size=4.5: group_size takes int \(an integer\)"):
         parse_grid(tiny_config(tiny_model_path), ["group_size=4,4.5"])
 
 
@@ -81,7 +81,7 @@ def test_invalid_grid_point_fails_before_any_trial(tiny_model_path):
 )
 def test_bad_sweep_config_is_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        SweepConfig(**{"grid": {"group_size": [2, 4]}, "stop_iters": 2, **kwargs})
+        SweepSettings(**{"grid": {"group_size": [2, 4]}, "stop_iters": 2, **kwargs})
 
 
 def test_default_grid_is_valid_for_every_preset():
@@ -91,7 +91,7 @@ def test_default_grid_is_valid_for_every_preset():
 
 
 def test_num_trials_is_the_grid_product():
-    assert SweepConfig(grid={"a": [1, 2], "b": [3, 4, 5]}, stop_iters=1).num_trials == 6
+    assert SweepSettings(grid={"a": [1, 2], "b": [3, 4, 5]}, stop_iters=1).num_trials == 6
 
 
 @pytest.mark.slow

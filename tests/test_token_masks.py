@@ -9,7 +9,7 @@ from ray.rllib.core.columns import Columns
 
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.columns import ATTENTION_MASK, POLICY_MASK
-from rllib_ragen.rollout.prompt.protocol import ProtocolConfig, response_token_spans
+from rllib_ragen.rollout.prompt.protocol import ProtocolSettings, response_token_spans
 from rllib_ragen.training.advantages import (
     AdvantageInputs,
     compute_advantages,
@@ -144,14 +144,14 @@ def test_micro_batches_are_weighted_by_policy_mask_tokens():
 
 
 def test_response_token_spans_follow_the_parser():
-    think = ProtocolConfig()
+    think = ProtocolSettings()
     tokens = ["<think>", "go", " left", "</", "think><answer>", "Left", "</answer>", ""]
     # A token straddling the blocks belongs to the answer; the empty end-of-turn token to neither.
     assert response_token_spans(tokens, config=think) == [TH, TH, TH, TH, AN, AN, AN, O]
-    prefilled = ProtocolConfig(prefill=True)  # "<think>" is in the prompt, not among the tokens
+    prefilled = ProtocolSettings(prefill=True)  # "<think>" is in the prompt, not among the tokens
     assert response_token_spans(tokens[1:], config=prefilled) == [TH, TH, TH, AN, AN, AN, O]
     assert response_token_spans(["I", " think", " Left"], config=think) == [O, O, O]  # malformed
-    no_think = ProtocolConfig(think=False)
+    no_think = ProtocolSettings(think=False)
     assert response_token_spans(["<answer>", "Up", "</answer>", "\n"], config=no_think) == [AN, AN, AN, O]
 
 
@@ -168,7 +168,7 @@ def test_span_labeller_labels_each_turn_from_token_ids():
     ids = torch.tensor([[1, 2, 3, 4, 5, 6, 0, 2, 4, 5, 6, 0]])  # turn 2 has no <think>: malformed
     ends = torch.zeros(1, 12, dtype=torch.bool)
     ends[0, 6] = ends[0, 11] = True
-    spans = ResponseSpanLabeller(_CharTokenizer(), ProtocolConfig())(ids, torch.ones(1, 12, dtype=torch.bool), ends)
+    spans = ResponseSpanLabeller(_CharTokenizer(), ProtocolSettings())(ids, torch.ones(1, 12, dtype=torch.bool), ends)
     assert spans.labels.tolist() == [[TH, TH, TH, AN, AN, AN, O] + [O] * 5]
 
 

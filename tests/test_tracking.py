@@ -15,8 +15,8 @@ from run_helpers import driver_args, mlflow_server, tiny_config
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.run.callbacks import MLflowSettings, with_mlflow
 from rllib_ragen.run.checkpoints import latest_checkpoint, tracking_state
-from rllib_ragen.run.experiment import run
 from rllib_ragen.run.tracking import MLflowTracker, find_run, flatten_metrics
+from rllib_ragen.run.train_loop import run
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ import ray
 import torch
 import transformers
 
-from rllib_ragen.inference import engine_config
+from rllib_ragen.inference import engine_settings
 from rllib_ragen.inference.engine import SamplingParams
-from rllib_ragen.inference.engine_config import EngineConfig, resolve_kind
+from rllib_ragen.inference.engine_settings import EngineSettings, resolve_kind
 from rllib_ragen.inference.factory import make_engine
 from rllib_ragen.inference.hf_engine import HFEngine
 from rllib_ragen.inference.vllm.pool import VLLMEnginePool
@@ -59,7 +59,7 @@ def ray_cluster():
 
 @pytest.fixture(scope="module")
 def pool(model_dir, ray_cluster):
-    config = EngineConfig(
+    config = EngineSettings(
         kind="vllm", num_engines=2, kv_cache_gb=0.05, max_model_len=512, dtype="float32",
         num_threads=1, enable_prefix_caching=True,
     )
@@ -262,9 +262,11 @@ def test_a_model_vllm_cannot_run_fails_at_start_with_the_reason(tmp_path, ray_cl
     config = tiny_random_config()
     config.num_attention_heads, config.num_key_value_heads, config.head_dim = 4, 2, 16  # no CPU kernel for 16
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
-    engine_config = EngineConfig(kind="vllm", kv_cache_gb=0.05, max_model_len=256, num_threads=1, num_cpus_per_engine=0)
+    engine_settings = EngineSettings(
+        kind="vllm", kv_cache_gb=0.05, max_model_len=256, num_threads=1, num_cpus_per_engine=0
+    )
     with pytest.raises(RuntimeError, match="(?s)vLLM engine 0 failed to start.*head_dim=16"):
-        VLLMEnginePool(tmp_path, engine_config)
+        VLLMEnginePool(tmp_path, engine_settings)
 
 
 @pytest.mark.vllm
@@ -273,7 +275,7 @@ def test_auto_picks_vllm_when_importable():
 
 
 def test_vllm_kind_without_vllm_says_which_extra_to_install(monkeypatch):
-    monkeypatch.setattr(engine_config, "vllm_available", lambda: False)
+    monkeypatch.setattr(engine_settings, "vllm_available", lambda: False)
     assert resolve_kind("auto") == "hf"
     with pytest.raises(ImportError, match='"cpu" extra'):
         resolve_kind("vllm")

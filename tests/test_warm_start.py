@@ -10,26 +10,26 @@ import torch
 from envs import make_env
 from rllib_ragen.episode_keys import RESPONSE_TEXT, SYSTEM_IDS, USER_IDS
 from rllib_ragen.models import load_causal_lm, load_tokenizer
-from rllib_ragen.rollout.env_group import TurnBudget
+from rllib_ragen.rollout.env_group import TurnBudgetSettings
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
-from rllib_ragen.rollout.prompt.protocol import PromptProtocol, ProtocolConfig
-from rllib_ragen.run.warm_start import WarmStartConfig, demonstrations, warm_start
+from rllib_ragen.rollout.prompt.protocol import PromptProtocol, ProtocolSettings
+from rllib_ragen.run.warm_start import WarmStartSettings, demonstrations, warm_start
 
 AGENT = "traj_0"
-PROTOCOL = ProtocolConfig(max_actions_per_turn=3, think=True)
+PROTOCOL = ProtocolSettings(max_actions_per_turn=3, think=True)
 
 
-def _protocol(tokenizer, env_name, protocol_config):
+def _protocol(tokenizer, env_name, protocol_settings):
     env = make_env(env_name)
     return PromptProtocol(
         ChatTemplate.from_tokenizer(tokenizer), instructions=env.instructions,
-        action_vocabulary=env.action_vocabulary, config=protocol_config,
+        action_vocabulary=env.action_vocabulary, config=protocol_settings,
     )
 
 
 def test_demonstrations_is_multi_turn_well_formed_and_random(tiny_tokenizer):
-    budget = TurnBudget(max_turns=3, max_actions_per_traj=9)
-    config = WarmStartConfig(env="sokoban", protocol=PROTOCOL, budget=budget, num_examples=20, answers_per_prompt=2)
+    budget = TurnBudgetSettings(max_turns=3, max_actions_per_traj=9)
+    config = WarmStartSettings(env="sokoban", protocol=PROTOCOL, budget=budget, num_examples=20, answers_per_prompt=2)
     episodes = demonstrations(tiny_tokenizer, config)
     assert len(episodes) == 40
     protocol = _protocol(tiny_tokenizer, "sokoban", PROTOCOL)
@@ -74,10 +74,10 @@ def _valid_ratio(lm, prompts, protocol, *, samples=4):
 
 @pytest.mark.slow  # 4 epochs of behaviour cloning, then sampling from both models
 def test_warm_start_teaches_the_format_and_is_cached(tiny_model_path, tmp_path):
-    protocol = ProtocolConfig(max_actions_per_turn=1, think=False, prefill=True)
-    budget = TurnBudget(max_turns=1, max_actions_per_traj=1)
+    protocol = ProtocolSettings(max_actions_per_turn=1, think=False, prefill=True)
+    budget = TurnBudgetSettings(max_turns=1, max_actions_per_traj=1)
     # One pair of names (RAGEN v1's): a random tiny model learns the format, not 24 names.
-    config = WarmStartConfig(
+    config = WarmStartSettings(
         env="bandit_phoenix_dragon", protocol=protocol, budget=budget, num_examples=64, answers_per_prompt=4,
         epochs=4, batch_size=8, lr=3e-3,
     )
@@ -93,16 +93,17 @@ def test_warm_start_teaches_the_format_and_is_cached(tiny_model_path, tmp_path):
 
 
 def test_the_cache_key_depends_on_model_and_prompt_format():
-    config = WarmStartConfig(env="bandit")
+    config = WarmStartSettings(env="bandit")
     assert config.fingerprint("a") != config.fingerprint("b")
-    assert config.fingerprint("a") != WarmStartConfig(env="bandit", protocol=ProtocolConfig(think=False)).fingerprint("a")
-    assert config.fingerprint("a") == WarmStartConfig(env="bandit").fingerprint("a")
+    no_think = WarmStartSettings(env="bandit", protocol=ProtocolSettings(think=False))
+    assert config.fingerprint("a") != no_think.fingerprint("a")
+    assert config.fingerprint("a") == WarmStartSettings(env="bandit").fingerprint("a")
 
 
 @pytest.mark.parametrize("field", ["num_examples", "answers_per_prompt", "epochs", "batch_size"])
 def test_bad_sizes_are_refused_by_name(field):
     with pytest.raises(ValueError, match=field):
-        WarmStartConfig(**{field: 0})
+        WarmStartSettings(**{field: 0})
 
 
 def _bandit_pair(seed: int) -> tuple[str, str]:
@@ -112,9 +113,10 @@ def _bandit_pair(seed: int) -> tuple[str, str]:
 
 
 def test_each_state_opens_with_every_action_equally_often(tiny_tokenizer):
-    protocol = ProtocolConfig(max_actions_per_turn=1, think=False, prefill=True)
-    config = WarmStartConfig(env="bandit", protocol=protocol, budget=TurnBudget(max_turns=1, max_actions_per_traj=1),
-                             num_examples=16, answers_per_prompt=2)
+    protocol = ProtocolSettings(max_actions_per_turn=1, think=False, prefill=True)
+    budget = TurnBudgetSettings(max_turns=1, max_actions_per_traj=1)
+    config = WarmStartSettings(env="bandit", protocol=protocol, budget=budget,
+                               num_examples=16, answers_per_prompt=2)
     episodes = demonstrations(tiny_tokenizer, config)
     arms = [e.agent_episodes[AGENT].get_infos(1)["arm"] for e in episodes]
     pairs = [_bandit_pair(e.agent_episodes[AGENT].get_infos(0)["seed"]) for e in episodes[0::2]]

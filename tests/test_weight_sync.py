@@ -273,7 +273,7 @@ def _probe_on_engine(algo) -> list[float]:
 def test_lora_adapter_sync_sends_the_adapter_only_and_vllm_serves_it_like_the_learner(adapter_algo):
     learner = local_learner(adapter_algo.learner_group)
     module = learner.module[DEFAULT_MODULE_ID].unwrapped()
-    assert adapter_algo.config.engine_config.serves_adapter
+    assert adapter_algo.config.engine_settings.serves_adapter
     assert adapter_algo.weight_sync.check() < TOLERANCE  # B = 0 after the start sync: the base model
     base = _probe_on_engine(adapter_algo)
     perturb_adapters(learner)

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     from rllib_ragen.algorithm.offline import OfflineSettings, learner_nll, offline_config
     from rllib_ragen.data.demonstrations import (
-        DemonstrationConfig,
+        DemonstrationSettings,
         expert_demonstrations,
     )
     from rllib_ragen.data.parquet import write_trajectories
@@ -84,9 +84,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     from rllib_ragen.run.ray_session import init_ray
 
     config, demo_seeds = make_config(args)
-    demo_config = DemonstrationConfig(
+    demo_config = DemonstrationSettings(
         seeds=tuple(demo_seeds), env_config=dict(config.env_config),
-        protocol=config.protocol_config, budget=config.turn_budget,
+        protocol=config.protocol_settings, budget=config.turn_budget_settings,
     )
     demos = expert_demonstrations(load_tokenizer(resolve_model(config.llm_model, progress=True)), demo_config)
     if not demos:

@@ -11,7 +11,7 @@ CPU, so --max-concurrent should not exceed the cores you can spare.
     python tuned_examples/sweep_starpo.py --env bandit --stop-iters 10 \\
         --grid rollout_frequency=1,2 --grid group_size=4,8 --scheduler asha --max-concurrent 2
 
-From Python, the same sweep is `rllib_ragen.run.sweep.run_sweep(config, SweepConfig(grid=...), settings)`.
+From Python, the same sweep is `rllib_ragen.run.sweep.run_sweep(config, SweepSettings(grid=...), settings)`.
 """
 
 from rllib_ragen.run.sweep import main

@@ -48,7 +48,7 @@ class BatchDiagnostics:
     def __init__(self, config, metrics: MetricsLogger) -> None:
         self.config = config
         self.metrics = metrics
-        self.echo_trap = EchoTrapMonitor(config.echo_trap_rule)
+        self.echo_trap = EchoTrapMonitor(config.echo_trap_settings)
         self._echo_trap_active: set[str] = set()  # signals warned about: logged once per collapse
         self._collapse_measured = False  # this process's first iteration measures (the early level)
         self._chat_template: ChatTemplate | None = None
@@ -67,7 +67,7 @@ class BatchDiagnostics:
         if not settings.due(iteration, first=not self._collapse_measured):
             return {}
         self._collapse_measured = True
-        protocol = self.config.protocol_config
+        protocol = self.config.protocol_settings
         candidates = (
             first_turn_samples(episodes, encode=self.chat_template.encode, prefill_text=protocol.prefill_text)
             if protocol.think

@@ -68,13 +68,7 @@ def cpu_preset(env: str) -> StarPOConfig:
     from rllib_ragen.algorithm.starpo import StarPOConfig
     from rllib_ragen.hardware import fast_bf16
 
-    budget: dict[str, Any] = dict(ENV_BUDGETS.get(env, {}))
-    budget["max_turns"] = min(budget.get("max_turns", 3), 3)
-    # RAGEN's -0.1 format penalty equals one Sokoban step penalty, so a small
-    # model that cannot solve rooms yet earns more by answering badly (-0.1 a
-    # turn) than by moving (-0.1 a step, up to 5 a turn), and RL duly unlearns
-    # the format. A penalty worse than a full turn of moves keeps acting worth it.
-    budget["format_penalty"] = -1.0
+    budget = _cpu_turn_budget(env)
     # bfloat16 where the CPU has native bf16 matmuls (AMX / AVX-512 BF16): the
     # learner's trunk under autocast and the engine's weights. Measured in
     # benchmarks/iteration_breakdown.py together with the log-prob gap it costs.
@@ -122,6 +116,18 @@ def cpu_preset(env: str) -> StarPOConfig:
     )
     _kind_settings(config, env)
     return config
+
+
+def _cpu_turn_budget(env: str) -> dict[str, Any]:
+    """RAGEN's turn budget of `env`, at most 3 turns, with a format penalty worse than a turn of moves."""
+    budget: dict[str, Any] = dict(ENV_BUDGETS.get(env, {}))
+    budget["max_turns"] = min(budget.get("max_turns", 3), 3)
+    # RAGEN's -0.1 format penalty equals one Sokoban step penalty, so a small
+    # model that cannot solve rooms yet earns more by answering badly (-0.1 a
+    # turn) than by moving (-0.1 a step, up to 5 a turn), and RL duly unlearns
+    # the format. A penalty worse than a full turn of moves keeps acting worth it.
+    budget["format_penalty"] = -1.0
+    return budget
 
 
 def _kind_settings(config: StarPOConfig, env: str) -> None:

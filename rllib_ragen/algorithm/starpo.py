@@ -24,7 +24,7 @@ import inspect
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 from ray.rllib.algorithms.algorithm import Algorithm
@@ -37,16 +37,22 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.metrics import EVALUATION_RESULTS, LEARNER_RESULTS, TIMERS
 
 from rllib_ragen.algorithm import export
+from rllib_ragen.algorithm.builder_keywords import (
+    DiagnosticsKeywords,
+    InferenceKeywords,
+    LlmKeywords,
+    RewardShapingKeywords,
+    RolloutRecordingKeywords,
+    RolloutsKeywords,
+    StarpoEvaluationKeywords,
+    TrainingKeywords,
+)
+from rllib_ragen.algorithm.builders import SettingsGroups, settings_builder, unexpected_keyword
 from rllib_ragen.algorithm.diagnostics import BatchDiagnostics
+from rllib_ragen.algorithm.ignored_rllib_settings import refuse_ignored_rllib_settings
 from rllib_ragen.algorithm.sampling.factory import make_group_sampler
 from rllib_ragen.algorithm.sampling.remote import episodes_of, sample_on_remote_runners
-from rllib_ragen.algorithm.settings import (
-    SETTINGS_GROUPS,
-    refuse_ignored_rllib_settings,
-    settings_builder,
-    unexpected_keyword,
-    with_group_properties,
-)
+from rllib_ragen.algorithm.settings import SETTINGS_GROUPS
 from rllib_ragen.algorithm.update import update_learners
 from rllib_ragen.algorithm.validation import check_starpo_config
 from rllib_ragen.inference.weight_sync import PolicyWeightSync
@@ -68,8 +74,7 @@ WEIGHT_SYNC_RESULTS = "weight_sync"
 EVAL_TIMER = "evaluation"
 
 
-@with_group_properties
-class StarPOConfig(AlgorithmConfig):
+class StarPOConfig(SettingsGroups, AlgorithmConfig):
     """Configuration of StarPO; defaults are RAGEN's v1 base configuration.
 
     Every StarPO setting is a flat attribute (as RLlib and Ray Tune need), declared
@@ -77,9 +82,10 @@ class StarPOConfig(AlgorithmConfig):
     (`rllib_ragen.algorithm.settings.SETTINGS_GROUPS`), and set with the builder
     method its group names (`.llm()`, `.rollouts()`, `.inference()`, `.training()`,
     `.reward_shaping()`, `.diagnostics()`, `.starpo_evaluation()`,
-    `.rollout_recording()`; `help()` lists each one's settings). Each group is a
-    property (`config.engine_config`, `config.turn_budget`, ...) built from the
-    current settings.
+    `.rollout_recording()`; `help()` lists each one's settings, type checkers read
+    them from `rllib_ragen.algorithm.builder_keywords`). Each group is a property
+    (`config.engine_settings`, `config.turn_budget_settings`, ...) built, so checked,
+    once: at validation, or at first use after a setting changed.
 
     Example:
         config = (
@@ -110,20 +116,19 @@ class StarPOConfig(AlgorithmConfig):
     # ------------------------------------------------------------------ builders
     # Each builder's keywords, docs and defaults come from the settings groups (`settings_builder`).
     @settings_builder
-    def llm(self) -> StarPOConfig:
+    def llm(self, **settings: Unpack[LlmKeywords]) -> StarPOConfig:
         """The language model trained as the policy, and its critic."""
 
     @settings_builder
-    def rollouts(self) -> StarPOConfig:
+    def rollouts(self, **settings: Unpack[RolloutsKeywords]) -> StarPOConfig:
         """How trajectories are sampled each iteration."""
 
     @settings_builder
-    def inference(self) -> StarPOConfig:
+    def inference(self, **settings: Unpack[InferenceKeywords]) -> StarPOConfig:
         """The rollout engine, and how the learner's weights reach it."""
 
-    @override(AlgorithmConfig)
-    @settings_builder
-    def training(self, **kwargs) -> StarPOConfig:
+    @settings_builder  # overrides AlgorithmConfig.training (RLlib's @override applied there)
+    def training(self, **kwargs: Unpack[TrainingKeywords]) -> StarPOConfig:
         """The StarPO update.
 
         Args:
@@ -139,7 +144,7 @@ class StarPOConfig(AlgorithmConfig):
         return self
 
     @settings_builder
-    def diagnostics(self) -> StarPOConfig:
+    def diagnostics(self, **settings: Unpack[DiagnosticsKeywords]) -> StarPOConfig:
         """RAGEN-2's collapse diagnostics and the echo-trap monitor.
 
         The diagnostics (`rllib_ragen.training.collapse_metrics`) score the reasoning of
@@ -150,7 +155,7 @@ class StarPOConfig(AlgorithmConfig):
         """
 
     @settings_builder
-    def reward_shaping(self) -> StarPOConfig:
+    def reward_shaping(self, **settings: Unpack[RewardShapingKeywords]) -> StarPOConfig:
         """Reasoning-aware reward terms (`rllib_ragen.rollout.reward_shaping`), each off at 0.
 
         A turn's reward becomes the task reward plus each coefficient times its
@@ -159,11 +164,11 @@ class StarPOConfig(AlgorithmConfig):
         """
 
     @settings_builder
-    def starpo_evaluation(self) -> StarPOConfig:
+    def starpo_evaluation(self, **settings: Unpack[StarpoEvaluationKeywords]) -> StarPOConfig:
         """Periodic evaluation on fixed initial states (group size 1)."""
 
     @settings_builder
-    def rollout_recording(self) -> StarPOConfig:
+    def rollout_recording(self, **settings: Unpack[RolloutRecordingKeywords]) -> StarPOConfig:
         """Writing sampled rollouts to Parquet (layout: `rllib_ragen.data.schema`)."""
 
     @override(AlgorithmConfig)
@@ -180,14 +185,9 @@ class StarPOConfig(AlgorithmConfig):
         return self
 
     # ------------------------------------------------------------ derived parts
-    def settings_groups(self) -> list[Any]:
-        """Every settings group of this config; building them runs each group's checks (the groups
-        other settings feed last)."""
-        return [binding.build(self) for binding in sorted(SETTINGS_GROUPS, key=lambda b: bool(b.derived))]
-
     @override(AlgorithmConfig)
     def get_default_rl_module_spec(self) -> RLModuleSpec:
-        return RLModuleSpec(module_class=LLMRLModule, model_config=dict(vars(self.llm_module_config)))
+        return RLModuleSpec(module_class=LLMRLModule, model_config=dict(vars(self.llm_module_settings)))
 
     @override(AlgorithmConfig)
     def get_default_learner_class(self):
@@ -228,7 +228,7 @@ class StarPOConfig(AlgorithmConfig):
         ]
 
     def _span_labeller(self) -> ResponseSpanLabeller:
-        return ResponseSpanLabeller(load_tokenizer(resolve_model(self.llm_model)), self.protocol_config)
+        return ResponseSpanLabeller(load_tokenizer(resolve_model(self.llm_model)), self.protocol_settings)
 
     @override(AlgorithmConfig)
     def validate(self) -> None:
@@ -314,7 +314,7 @@ class StarPO(Algorithm):
         )
         self.diagnostics = BatchDiagnostics(self.config, self.metrics)
         self.weight_sync = PolicyWeightSync(
-            config=self.config.engine_config,
+            config=self.config.engine_settings,
             learner_group=self.learner_group,
             env_runner_group=self.env_runner_group,
         )

@@ -11,8 +11,8 @@ import logging
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 from envs import check_env, check_env_config
-from rllib_ragen.algorithm.settings import check_no_ignored_rllib_settings
-from rllib_ragen.inference.engine_config import resolve_kind
+from rllib_ragen.algorithm.ignored_rllib_settings import check_no_ignored_rllib_settings
+from rllib_ragen.inference.engine_settings import resolve_kind
 from rllib_ragen.training.advantages import critic_free_estimators
 from rllib_ragen.training.filtering import TOP_P
 

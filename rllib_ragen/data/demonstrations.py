@@ -44,12 +44,12 @@ from rllib_ragen.episode_keys import (
     SYSTEM_IDS,
     USER_IDS,
 )
-from rllib_ragen.rollout.env_group import EnvGroup, TurnBudget, agent_id
+from rllib_ragen.rollout.env_group import EnvGroup, TurnBudgetSettings, agent_id
 from rllib_ragen.rollout.prompt.answer_parser import ACTION_SEPARATOR
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
 from rllib_ragen.rollout.prompt.protocol import (
     PromptProtocol,
-    ProtocolConfig,
+    ProtocolSettings,
     feedback_for,
 )
 
@@ -57,7 +57,7 @@ AGENT = agent_id(0)
 
 
 @dataclasses.dataclass(frozen=True)
-class DemonstrationConfig:
+class DemonstrationSettings:
     """Which demonstrations to make; protocol and budget must match the run that trains on them.
 
     Args:
@@ -73,8 +73,8 @@ class DemonstrationConfig:
     seeds: tuple[int, ...]
     env: str = "sokoban"
     env_config: dict[str, Any] = dataclasses.field(default_factory=dict)
-    protocol: ProtocolConfig = ProtocolConfig()
-    budget: TurnBudget = TurnBudget()
+    protocol: ProtocolSettings = ProtocolSettings()
+    budget: TurnBudgetSettings = TurnBudgetSettings()
     max_states: int = DEFAULT_MAX_STATES
 
     def __post_init__(self) -> None:
@@ -87,7 +87,7 @@ class DemonstrationConfig:
             raise ValueError(f"max_states must be >= 1, got {self.max_states}")
 
 
-def expert_demonstrations(tokenizer: Any, config: DemonstrationConfig) -> list[MultiAgentEpisode]:
+def expert_demonstrations(tokenizer: Any, config: DemonstrationSettings) -> list[MultiAgentEpisode]:
     """One single-trajectory group episode per seed the expert can play within the budget, in seed order.
 
     Args:
@@ -112,7 +112,7 @@ def expert_demonstrations(tokenizer: Any, config: DemonstrationConfig) -> list[M
 
 
 @dataclasses.dataclass(frozen=True)
-class RandomPlayConfig:
+class RandomPlaySettings:
     """Random-play demonstrations; protocol and budget must match the run that trains on them.
 
     Args:
@@ -128,8 +128,8 @@ class RandomPlayConfig:
     seeds: tuple[int, ...]
     env: str = "bandit"
     env_config: dict[str, Any] = dataclasses.field(default_factory=dict)
-    protocol: ProtocolConfig = ProtocolConfig()
-    budget: TurnBudget = TurnBudget()
+    protocol: ProtocolSettings = ProtocolSettings()
+    budget: TurnBudgetSettings = TurnBudgetSettings()
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -138,7 +138,7 @@ class RandomPlayConfig:
             raise ValueError("seeds must name at least one env seed")
 
 
-def random_demonstrations(tokenizer: Any, config: RandomPlayConfig) -> list[MultiAgentEpisode]:
+def random_demonstrations(tokenizer: Any, config: RandomPlaySettings) -> list[MultiAgentEpisode]:
     """One single-trajectory group episode per seed, played with random valid actions to the end.
 
     Each turn takes 1..`max_actions_per_turn` actions and thinks "I will try
@@ -188,14 +188,18 @@ class _StratifiedFirstActions:
 
 
 def _group_and_protocol(
-    tokenizer: Any, env: str, env_config: dict[str, Any], protocol_config: ProtocolConfig, budget: TurnBudget
+    tokenizer: Any,
+    env: str,
+    env_config: dict[str, Any],
+    protocol_settings: ProtocolSettings,
+    budget: TurnBudgetSettings,
 ) -> tuple[EnvGroup, PromptProtocol]:
     group = EnvGroup(env, env_config, group_size=1, budget=budget)
     protocol = PromptProtocol(
         ChatTemplate.from_tokenizer(tokenizer),
         instructions=group.template_env.instructions,
         action_vocabulary=group.template_env.action_vocabulary,
-        config=protocol_config,
+        config=protocol_settings,
     )
     return group, protocol
 
@@ -237,21 +241,8 @@ def _play(
             "parsed_actions": list(parsed.actions),
             "finish_reason": "stop",
         }
-        episode.add_env_step(
-            observations=observations,
-            actions={AGENT: np.asarray(response_ids, dtype=np.int32)},
-            rewards=rewards,
-            infos={AGENT: info},
-            terminateds=terminateds,
-            truncateds=truncateds,
-            extra_model_outputs={
-                AGENT: {
-                    Columns.ACTION_LOGP: np.full(len(response_ids), np.nan, dtype=np.float32),
-                    USER_IDS: np.asarray(user_ids, dtype=np.int32),
-                    CLOSE_IDS: np.asarray(protocol.close_ids(response_ids), dtype=np.int32),
-                }
-            },
-        )
+        step = dict(observations=observations, rewards=rewards, terminateds=terminateds, truncateds=truncateds)
+        _add_turn(episode, protocol, response_ids, user_ids, info=info, **step)
         if terminateds[AGENT] or truncateds[AGENT]:
             return episode
         turns_left, actions_left = info["turns_left"], info["actions_left"]
@@ -262,6 +253,30 @@ def _play(
             turns_left=turns_left,
             actions_left=actions_left,
         )
+
+
+def _add_turn(
+    episode: MultiAgentEpisode,
+    protocol: PromptProtocol,
+    response_ids: list[int],
+    user_ids: list[int],
+    *,
+    info: dict[str, Any],
+    **step: Any,
+) -> None:
+    """Records one answered turn as the env runner does, but with no sampling log-probs (NaN)."""
+    episode.add_env_step(
+        actions={AGENT: np.asarray(response_ids, dtype=np.int32)},
+        infos={AGENT: info},
+        extra_model_outputs={
+            AGENT: {
+                Columns.ACTION_LOGP: np.full(len(response_ids), np.nan, dtype=np.float32),
+                USER_IDS: np.asarray(user_ids, dtype=np.int32),
+                CLOSE_IDS: np.asarray(protocol.close_ids(response_ids), dtype=np.int32),
+            }
+        },
+        **step,
+    )
 
 
 def demonstration_response(protocol: PromptProtocol, actions: list[str], thought: str) -> list[int]:

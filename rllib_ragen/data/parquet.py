@@ -15,6 +15,7 @@ and groups are assembled after it, without a shuffle.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,28 @@ import pyarrow.parquet as pq
 import ray.data
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
+from rllib_ragen.checks import check_at_least_one
 from rllib_ragen.data.convert import GroupAssembler, episodes_to_rows, row_to_trajectory
 from rllib_ragen.data.schema import TRAJECTORY_SCHEMA
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordingSettings:
+    """Writing sampled rollouts to Parquet (set with `StarPOConfig.rollout_recording()`).
+
+    Attributes:
+        rollout_parquet_dir: Directory receiving one `rollouts-iterNNNNNN.parquet`
+            file per written iteration, with every group sampled in it (before
+            the StarPO-S filter); None writes nothing.
+        write_rollouts_every: Write the rollouts of every this many iterations.
+    """
+
+    rollout_parquet_dir: str | None = None
+    write_rollouts_every: int = 1
+
+    def __post_init__(self) -> None:
+        check_at_least_one(self, "write_rollouts_every")
+
 
 TRAJECTORY = "trajectory"
 GROUP_SIZE = "group_size"

@@ -1,4 +1,4 @@
-"""`make_engine`: builds the rollout engine an `EngineConfig` asks for."""
+"""`make_engine`: builds the rollout engine an `EngineSettings` asks for."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from pathlib import Path
 import torch
 
 from rllib_ragen.inference.engine import InferenceEngine
-from rllib_ragen.inference.engine_config import EngineConfig, resolve_kind
+from rllib_ragen.inference.engine_settings import EngineSettings, resolve_kind
 from rllib_ragen.inference.hf_engine import HFEngine
 from rllib_ragen.inference.vllm.pool import VLLMEnginePool
 
 
-def make_engine(config: EngineConfig, model_path: str | Path) -> InferenceEngine:
+def make_engine(config: EngineSettings, model_path: str | Path) -> InferenceEngine:
     """Builds the engine `config` asks for around the model in `model_path` (a local dir)."""
     kind = resolve_kind(config.kind)
     model_path = Path(model_path)

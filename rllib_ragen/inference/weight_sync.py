@@ -5,7 +5,7 @@ each runner's `set_state`) is not used for this: its numpy conversion has no
 bfloat16 (and turns float16 into float32), it ships the whole module to every
 runner, and engine actors are not runners. `PolicyWeightSync` takes the learner's
 HF-named tensors (tied ones once, see `weights.unique_weights`) and moves them
-with the transport `EngineConfig.weight_sync` names:
+with the transport `EngineSettings.weight_sync` names:
 
 - "object_store": packed once (`pack_weights`: bfloat16 as int16 views, never
   through float32), one `ray.put`, and every engine of every env runner loads
@@ -15,14 +15,14 @@ with the transport `EngineConfig.weight_sync` names:
   CPU). The group is re-formed when an engine was replaced or a sync failed.
 
 A LoRA policy sends its merged weights, or, when the engines serve its adapter
-(`EngineConfig.serves_adapter`), the adapter tensors alone, over either transport.
+(`EngineSettings.serves_adapter`), the adapter tensors alone, over either transport.
 
 An engine in the learner's own process (engine="hf" on the local env runner with
 the local learner) takes the tensors directly under either transport. After a
 sync, `check` scores a fixed probe continuation on every engine and on the
 learner: their largest log-prob difference is the end-to-end test of the sync
 (stale weights, e.g. a tied LM head that missed the update, show up there).
-Every step has a deadline from `EngineConfig`; a miss raises `EngineTimeoutError`
+Every step has a deadline from `EngineSettings`; a miss raises `EngineTimeoutError`
 naming the engine (or env runner) and the step.
 """
 
@@ -43,7 +43,7 @@ from torch import Tensor
 
 from rllib_ragen.inference.collective import GroupHost, GroupSpec, TensorLayout, send
 from rllib_ragen.inference.engine import EngineTimeoutError
-from rllib_ragen.inference.engine_config import EngineConfig
+from rllib_ragen.inference.engine_settings import EngineSettings
 from rllib_ragen.inference.weights import pack_weights, unique_weights
 from rllib_ragen.logits import token_logprobs
 
@@ -77,7 +77,7 @@ class PolicyWeightSync:
             runner, or remote runners).
     """
 
-    def __init__(self, *, config: EngineConfig, learner_group, env_runner_group) -> None:
+    def __init__(self, *, config: EngineSettings, learner_group, env_runner_group) -> None:
         self.config = config
         self.learner_group, self.env_runner_group = learner_group, env_runner_group
         self._host = None

@@ -40,7 +40,7 @@ _SAMPLE_TAG = "rllib_ragen_async_sample"
 
 
 @dataclasses.dataclass(frozen=True)
-class AsyncRollouts:
+class AsyncRolloutSettings:
     """Whether and how far rollouts run ahead of the learner (set with `StarPOConfig.rollouts()`).
 
     Attributes:

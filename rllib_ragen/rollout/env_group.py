@@ -39,12 +39,13 @@ from ray.rllib.env.multi_agent_env import MultiAgentEnv
 
 from envs import make_env
 from envs.base import DYNAMICS_STREAM, TextEnv
+from rllib_ragen.checks import check_at_least_one, check_choice
 
 logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
-class TurnBudget:
+class TurnBudgetSettings:
     """Limits of one trajectory (set with `StarPOConfig.rollouts()`).
 
     Args:
@@ -71,6 +72,43 @@ GROUP_RANDOMNESS = ("shared", "independent")
 # GRPO's mean advantage favours the Bandit's worse arm (-0.43 for the better one; -0.09
 # when each member draws its own), while FrozenLake's first moves rank right either way.
 DEFAULT_GROUP_RANDOMNESS = "independent"
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSettings:
+    """How many trajectories an iteration samples, and how (set with `StarPOConfig.rollouts()`).
+
+    Attributes:
+        n_groups: Groups per iteration; each group shares one initial state (seed).
+        group_size: Trajectories per group (RAGEN: 8 groups x 16).
+        response_length: Most tokens generated per turn.
+        temperature: Rollout sampling temperature (> 0).
+        train_seed_start: First training seed; later groups take the next seeds.
+        env_step_timeout_s: Seconds one env reset or step may take; a call
+            that hangs longer is abandoned and ends its trajectory (logged,
+            counted in the `env_errors` metric). None = no limit.
+        group_randomness: What a group's members share beyond the initial
+            state: "independent" (each member draws its own transition and
+            payout randomness, reproducibly from (seed, member), as RAGEN-2)
+            or "shared" (every member replays the seed's draws: the Bandit's
+            payout is one draw per group, which biases GRPO; see README).
+    """
+
+    n_groups: int = 8
+    group_size: int = 16
+    response_length: int = 400
+    temperature: float = 1.0
+    train_seed_start: int = 10_000
+    env_step_timeout_s: float | None = 60.0
+    group_randomness: str = DEFAULT_GROUP_RANDOMNESS
+
+    def __post_init__(self) -> None:
+        check_at_least_one(self, "n_groups", "group_size", "response_length")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 for rollouts, got {self.temperature}")
+        if self.env_step_timeout_s is not None and not self.env_step_timeout_s > 0:
+            raise ValueError(f"env_step_timeout_s must be > 0 or None, got {self.env_step_timeout_s}")
+        check_choice("group_randomness", self.group_randomness, GROUP_RANDOMNESS)
 
 
 def agent_id(index: int) -> str:
@@ -166,7 +204,7 @@ class EnvGroup(MultiAgentEnv):
         env_config: dict[str, Any] | None = None,
         *,
         group_size: int,
-        budget: TurnBudget,
+        budget: TurnBudgetSettings,
         step_timeout_s: float | None = None,
         group_randomness: str = DEFAULT_GROUP_RANDOMNESS,
     ) -> None:

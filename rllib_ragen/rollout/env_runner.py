@@ -101,7 +101,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             config.env,
             config.env_config,
             group_size=1,
-            budget=config.turn_budget,
+            budget=config.turn_budget_settings,
             step_timeout_s=config.env_step_timeout_s,
         )
         self.template_env = probe.template_env
@@ -110,9 +110,9 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             template,
             instructions=self.template_env.instructions,
             action_vocabulary=self.template_env.action_vocabulary,
-            config=config.protocol_config,
+            config=config.protocol_settings,
         )
-        self.reward_shaping = config.reward_shaping_config
+        self.reward_shaping = config.reward_shaping_settings
         try:
             self._check_first_prompt_fits(probe)
         finally:
@@ -124,7 +124,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         observations, _ = probe.reset(seed=seed)
         if not observations:
             raise RuntimeError(f"env {config.env!r} cannot reset with seed {seed}: {probe.errors}")
-        budget = config.turn_budget
+        budget = config.turn_budget_settings
         user_ids = self.protocol.user_ids(
             next(iter(observations.values())), turns_left=budget.max_turns, actions_left=budget.max_actions_per_traj
         )
@@ -138,7 +138,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
     @override(EnvRunner)
     def make_module(self) -> None:
-        self.engine: InferenceEngine = make_engine(self.config.engine_config, self.model_path)
+        self.engine: InferenceEngine = make_engine(self.config.engine_settings, self.model_path)
 
     @override(EnvRunner)
     def assert_healthy(self) -> None:
@@ -254,7 +254,7 @@ class _GroupRollout:
                 config.env,
                 config.env_config,
                 group_size=group_size,
-                budget=config.turn_budget,
+                budget=config.turn_budget_settings,
                 step_timeout_s=config.env_step_timeout_s,
                 group_randomness=config.group_randomness,
             )
@@ -305,7 +305,7 @@ class _GroupRollout:
         with self._timed("prompt_build_s"):
             histories = {}
             for agent in observations:
-                history = TokenHistory(self.protocol.system_ids, runner.config.protocol_config.history_window)
+                history = TokenHistory(self.protocol.system_ids, runner.config.protocol_settings.history_window)
                 history.add_user(
                     self.protocol.user_ids(
                         observations[agent], turns_left=budget.max_turns, actions_left=budget.max_actions_per_traj

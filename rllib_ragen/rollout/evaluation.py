@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
+from rllib_ragen.checks import check_at_least_one
 from rllib_ragen.intervals import format_rate, wilson_interval
 from rllib_ragen.rollout.episode_readers import rollout_statistics, succeeded
 
@@ -20,6 +21,31 @@ TABLE_HEADER = (
     "| env | episodes | success [95% interval] | mean return | valid answers | mean turns | mean response tokens |\n"
     "|---|---|---|---|---|---|---|"
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """Periodic evaluation on fixed initial states, group size 1 (set with `StarPOConfig.starpo_evaluation()`).
+
+    Attributes:
+        eval_interval: Evaluate every this many iterations (0 = never).
+        eval_size: Evaluation instances (RAGEN: 256).
+        eval_temperature: Sampling temperature of evaluation (0 = greedy).
+        eval_seed: First evaluation seed; instances use seeds
+            eval_seed .. eval_seed + eval_size - 1.
+    """
+
+    eval_interval: int = 10
+    eval_size: int = 256
+    eval_temperature: float = 0.5
+    eval_seed: int = 123
+
+    def __post_init__(self) -> None:
+        check_at_least_one(self, "eval_size")
+        if self.eval_interval < 0 or self.eval_temperature < 0:
+            raise ValueError(
+                f"eval_interval and eval_temperature must be >= 0, got {self.eval_interval}, {self.eval_temperature}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,7 +38,7 @@ TURN_METRICS = (TASK_REWARD, THINK_WORDS, THINK_LENGTH, THINK_NAMES_ACTION, SHAP
 
 
 @dataclasses.dataclass(frozen=True)
-class RewardShaping:
+class RewardShapingSettings:
     """Coefficients of the shaping terms (see the module docstring); 0 turns a term off.
 
     Args:

@@ -28,7 +28,7 @@ from rllib_ragen.training.collapse_metrics import (
 from rllib_ragen.training.echo_trap import (
     REWARD_VARIANCE,
     EchoTrapMonitor,
-    EchoTrapRule,
+    EchoTrapSettings,
 )
 
 # Plot title -> MLflow metric key (as logged by MLflowCallback).
@@ -91,10 +91,10 @@ def metric_histories(client: MlflowClient, run_id: str, keys: Sequence[str]) -> 
     return frame.sort_index()
 
 
-def echo_trap_warnings(history: pd.DataFrame, rule: EchoTrapRule | None = None) -> list[tuple[int, str]]:
+def echo_trap_warnings(history: pd.DataFrame, rule: EchoTrapSettings | None = None) -> list[tuple[int, str]]:
     """(iteration, warning) for every warning `EchoTrapMonitor` gives, replayed over a run's
     logged curves (`metric_histories` with the `MONITORED_METRICS` columns; NaN = not measured)."""
-    monitor = EchoTrapMonitor(rule or EchoTrapRule())
+    monitor = EchoTrapMonitor(rule or EchoTrapSettings())
     columns = {signal: key for signal, key in MONITORED_METRICS.items() if key in history}
     flagged = []
     for iteration, row in history[history.index >= 1].iterrows():  # step 0: the evaluation before training

@@ -240,7 +240,7 @@ def env_config(
     with `settings` (config attribute -> value) and `assignments` (`--set KEY=VALUE`)
     applied, on one local runner."""
     from rllib_ragen.algorithm.presets import preset
-    from rllib_ragen.run.experiment import apply_setting
+    from rllib_ragen.run.settings_flag import apply_setting
 
     if policy.run_config is None:
         config = preset(preset_name, env)
@@ -258,7 +258,7 @@ def env_config(
 
 def evaluate_env(config: StarPOConfig, *, seeds: Sequence[int]) -> Evaluation:
     """One trajectory per seed on `config.env` at `config.eval_temperature`, on a runner of its own."""
-    from rllib_ragen.inference.engine_config import resolve_kind
+    from rllib_ragen.inference.engine_settings import resolve_kind
     from rllib_ragen.rollout.env_runner import LLMEnvRunner
     from rllib_ragen.rollout.evaluation import evaluate_on_seeds
     from rllib_ragen.run.ray_session import init_ray

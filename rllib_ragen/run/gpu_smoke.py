@@ -31,7 +31,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_ragen.algorithm.presets import ragen_preset
 from rllib_ragen.algorithm.starpo import StarPO, StarPOConfig
-from rllib_ragen.inference.engine_config import WEIGHT_SYNC_KINDS
+from rllib_ragen.inference.engine_settings import WEIGHT_SYNC_KINDS
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.rllib_private import local_learner
 from rllib_ragen.run.checkpoints import save_checkpoint

@@ -35,20 +35,15 @@ from envs import check_env
 from rllib_ragen.algorithm.starpo import StarPO, StarPOConfig
 from rllib_ragen.rllib_private import config_dict_value
 from rllib_ragen.run.callbacks import MLflowSettings, with_mlflow
-from rllib_ragen.run.experiment import (
-    add_config_flags,
-    add_tracking_flags,
-    choose_starting_model,
-    config_from_args,
-    mlflow_settings,
-    open_tracking_store,
-    progress_line,
-    setting_value,
-    split_assignment,
-)
+from rllib_ragen.run.experiment import open_tracking_store
+from rllib_ragen.run.flags import add_config_flags, add_tracking_flags, config_from_args
 from rllib_ragen.run.mlflow_store import TrackingStoreError, tracking_client
 from rllib_ragen.run.ray_session import init_ray
+from rllib_ragen.run.report import progress_line
+from rllib_ragen.run.settings_flag import setting_value, split_assignment
+from rllib_ragen.run.starting_model import choose_starting_model
 from rllib_ragen.run.tracking import TRIAL_TAG, experiment_id_of, find_run
+from rllib_ragen.run.train_loop import mlflow_settings
 
 SCHEDULERS = ("fifo", "asha")
 DEFAULT_GRID: dict[str, list[Any]] = {"rollout_frequency": [1, 2], "group_size": [4, 8], "max_turns": [3, 5]}
@@ -65,7 +60,7 @@ TABLE_METRICS = (
 
 
 @dataclasses.dataclass(frozen=True)
-class SweepConfig:
+class SweepSettings:
     """What a sweep tries and how trials are scheduled.
 
     Args:
@@ -152,7 +147,7 @@ def param_space(config: StarPOConfig, grid: Mapping[str, Sequence[Any]], setting
     return space
 
 
-def make_scheduler(sweep: SweepConfig) -> TrialScheduler:
+def make_scheduler(sweep: SweepSettings) -> TrialScheduler:
     if sweep.scheduler == "asha":
         return ASHAScheduler(
             time_attr="training_iteration", max_t=sweep.stop_iters, grace_period=sweep.grace_period, reduction_factor=2
@@ -198,7 +193,7 @@ class TrialProgress(tune.Callback):
 
 
 def run_sweep(
-    config: StarPOConfig, sweep: SweepConfig, settings: MLflowSettings
+    config: StarPOConfig, sweep: SweepSettings, settings: MLflowSettings
 ) -> tuple[tune.ResultGrid, pd.DataFrame]:
     """Runs the sweep; returns Tune's results and the results table (best first).
 
@@ -296,7 +291,7 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> pd.DataFr
     args = parser.parse_args(argv)
     config = config_from_args(args)
     grid = parse_grid(config, args.grid) if args.grid else dict(DEFAULT_GRID)
-    sweep = SweepConfig(
+    sweep = SweepSettings(
         grid=grid,
         stop_iters=args.stop_iters,
         scheduler=args.scheduler,

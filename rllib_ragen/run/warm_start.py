@@ -38,8 +38,8 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from envs import make_env
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.data.demonstrations import (
-    DemonstrationConfig,
-    RandomPlayConfig,
+    DemonstrationSettings,
+    RandomPlaySettings,
     expert_demonstrations,
     random_demonstrations,
 )
@@ -52,8 +52,8 @@ from rllib_ragen.models import (
     prepare_builtin,
     resolve_model,
 )
-from rllib_ragen.rollout.env_group import TurnBudget
-from rllib_ragen.rollout.prompt.protocol import ProtocolConfig
+from rllib_ragen.rollout.env_group import TurnBudgetSettings
+from rllib_ragen.rollout.prompt.protocol import ProtocolSettings
 from rllib_ragen.training.behaviour_cloning import SupervisedSettings, cloning_passes, supervised_step
 from rllib_ragen.training.host_memory import release_freed_memory
 from rllib_ragen.training.token_batch import trajectories_from_episodes
@@ -64,7 +64,7 @@ WARM_START_METHOD = "bc-7"
 
 
 @dataclasses.dataclass(frozen=True)
-class WarmStartConfig:
+class WarmStartSettings:
     """What the warm start trains on.
 
     Args:
@@ -89,8 +89,8 @@ class WarmStartConfig:
 
     env: str = "bandit"
     env_config: dict[str, Any] = dataclasses.field(default_factory=dict)
-    protocol: ProtocolConfig = ProtocolConfig()
-    budget: TurnBudget = TurnBudget()
+    protocol: ProtocolSettings = ProtocolSettings()
+    budget: TurnBudgetSettings = TurnBudgetSettings()
     num_examples: int = 256
     answers_per_prompt: int = 1
     epochs: int = 2
@@ -130,7 +130,7 @@ class WarmStartConfig:
 
 
 def warm_start(
-    model: str, config: WarmStartConfig, *, cache_dir: str | Path | None = None, progress: bool = False
+    model: str, config: WarmStartSettings, *, cache_dir: str | Path | None = None, progress: bool = False
 ) -> Path:
     """Returns the directory of `model` warm-started with `config` (built once, then cached).
 
@@ -151,7 +151,7 @@ def warm_start(
     return path
 
 
-def demonstrations(tokenizer: Any, config: WarmStartConfig) -> list[MultiAgentEpisode]:
+def demonstrations(tokenizer: Any, config: WarmStartSettings) -> list[MultiAgentEpisode]:
     """The warm start's data, played from `num_examples` states (seeds far from training and evaluation).
 
     Random play: `answers_per_prompt` trajectories from each state. The expert
@@ -163,10 +163,10 @@ def demonstrations(tokenizer: Any, config: WarmStartConfig) -> list[MultiAgentEp
         env=config.env, env_config=dict(config.env_config), protocol=config.protocol, budget=config.budget
     )
     if config.player == "expert":
-        return expert_demonstrations(tokenizer, DemonstrationConfig(seeds=tuple(seeds), **common))
+        return expert_demonstrations(tokenizer, DemonstrationSettings(seeds=tuple(seeds), **common))
     return random_demonstrations(
         tokenizer,
-        RandomPlayConfig(
+        RandomPlaySettings(
             seeds=tuple(seed for seed in seeds for _ in range(config.answers_per_prompt)),
             seed=config.seed,
             **common,
@@ -174,7 +174,7 @@ def demonstrations(tokenizer: Any, config: WarmStartConfig) -> list[MultiAgentEp
     )
 
 
-def _train(base_path: Path, config: WarmStartConfig, out_dir: Path, report: Callable[[str], None]) -> None:
+def _train(base_path: Path, config: WarmStartSettings, out_dir: Path, report: Callable[[str], None]) -> None:
     """Behaviour-clones the demonstrations into `base_path`'s model and writes it to `out_dir`.
 
     A plain supervised loop (`rllib_ragen.training.behaviour_cloning`): each of the
@@ -204,7 +204,7 @@ def _train(base_path: Path, config: WarmStartConfig, out_dir: Path, report: Call
 
 def warm_start_config(
     config: StarPOConfig, *, num_examples: int | None = None, player: str | None = None
-) -> WarmStartConfig:
+) -> WarmStartSettings:
     """The warm start a tuned example gives `config`: its env, prompt and turn budget, and this policy's
     player, states and learning rate.
 
@@ -214,11 +214,11 @@ def warm_start_config(
     """
     player = player or ("expert" if has_expert(config.env) else "random")
     tiny = config.llm_model == "tiny-random"
-    return WarmStartConfig(
+    return WarmStartSettings(
         env=config.env,
         env_config=dict(config.env_config),
-        protocol=config.protocol_config,
-        budget=config.turn_budget,
+        protocol=config.protocol_settings,
+        budget=config.turn_budget_settings,
         num_examples=num_examples or WARM_START_STATES[player],
         answers_per_prompt=2,
         epochs=2,

@@ -41,7 +41,7 @@ class SupervisedSettings:
         adam_betas: AdamW betas (the learner's default).
         grad_clip: Global gradient-norm clip (the learner's default).
         micro_batch_tokens: Padded tokens per forward/backward; bounds the activations' memory.
-        autocast_dtype: None, or "bfloat16"/"float16" for the trunk (`ScoringConfig`).
+        autocast_dtype: None, or "bfloat16"/"float16" for the trunk (`ScoringSettings`).
     """
 
     lr: float

@@ -9,7 +9,7 @@ tells its kinds apart. `EchoTrapMonitor` watches one signal per kind:
   (`rllib_ragen.training.collapse_metrics`, every few iterations);
 - template collapse: I(X;Z), how much the reasoning depends on the prompt.
 
-Rule (`EchoTrapRule`), per signal: its early level is the mean of what was
+Rule (`EchoTrapSettings`), per signal: its early level is the mean of what was
 measured in the monitor's first `baseline_iters` iterations; a later
 measurement below `ratio` x that level is low, and `patience` low
 measurements in a row raise the warning, repeated while the signal stays low.
@@ -54,7 +54,7 @@ COLLAPSE_SIGNALS: dict[str, tuple[str, str, str]] = {
 
 
 @dataclasses.dataclass(frozen=True)
-class EchoTrapRule:
+class EchoTrapSettings:
     """When a signal counts as collapsed (`StarPOConfig.diagnostics()` sets these as `echo_trap_<name>`).
 
     Args:
@@ -76,9 +76,9 @@ class EchoTrapRule:
 
 
 class EchoTrapMonitor:
-    """Applies an `EchoTrapRule` to every signal of `COLLAPSE_SIGNALS`, one `update` per iteration."""
+    """Applies an `EchoTrapSettings` to every signal of `COLLAPSE_SIGNALS`, one `update` per iteration."""
 
-    def __init__(self, rule: EchoTrapRule = EchoTrapRule()) -> None:
+    def __init__(self, rule: EchoTrapSettings = EchoTrapSettings()) -> None:
         self.rule = rule
         self._iterations = 0
         self._early: dict[str, list[float]] = defaultdict(list)

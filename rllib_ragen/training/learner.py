@@ -18,6 +18,7 @@ whatever the split (for the value loss only approximately when M_adv differs).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 from ray.rllib.utils.annotations import override
 
+from rllib_ragen.checks import check_at_least_one
 from rllib_ragen.columns import (
     ATTENTION_MASK,
     OLD_LOGP,
@@ -61,6 +63,69 @@ POLICY_OPTIMIZER = "policy"
 CRITIC_OPTIMIZER = "critic"
 
 
+@dataclasses.dataclass(frozen=True)
+class UpdateSettings:
+    """How one rollout batch is cut into optimiser steps (set with `StarPOConfig.training()`; the
+    threads with `.inference()`).
+
+    Attributes:
+        rollout_frequency: Optimiser passes over each rollout batch before
+            the next rollout (1 = always fresh data, RAGEN's advice).
+        mini_batch_size: Rows per optimiser step (a row is a trajectory,
+            or one turn when a history window is set). None = every row the
+            StarPO-S filter kept, in one step per pass. An update never
+            repeats rows to fill a mini-batch: a larger size than the rows it
+            gets is cut to those rows.
+        micro_batch_size: Rows per forward/backward; gradients accumulate.
+        micro_batch_tokens: Padded-token budget per forward/backward instead
+            of `micro_batch_size` rows: rows are sorted by length and packed
+            so that rows x longest row <= budget (less padding, bounded
+            memory; same gradient). None = `micro_batch_size` rows.
+        torch_threads: Threads of the learner and the in-process HF engine
+            (None = all cores; Ray would otherwise leave a trial actor one).
+    """
+
+    rollout_frequency: int = 1
+    mini_batch_size: int | None = None
+    micro_batch_size: int = 4
+    micro_batch_tokens: int | None = None
+    torch_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        check_at_least_one(self, "rollout_frequency", "micro_batch_size")
+        if self.mini_batch_size is not None and int(self.mini_batch_size) < 1:
+            raise ValueError(f"mini_batch_size must be >= 1 or None, got {self.mini_batch_size}")
+        if self.micro_batch_tokens is not None and int(self.micro_batch_tokens) < 1:
+            raise ValueError(f"micro_batch_tokens must be >= 1 or None, got {self.micro_batch_tokens}")
+        if self.torch_threads is not None and int(self.torch_threads) < 1:
+            raise ValueError(f"torch_threads must be >= 1 or None, got {self.torch_threads}")
+        if self.mini_batch_size is not None and self.micro_batch_size > self.mini_batch_size:
+            raise ValueError(
+                f"micro_batch_size={self.micro_batch_size} is larger than mini_batch_size={self.mini_batch_size}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings:
+    """AdamW for the policy and the critic (set with `StarPOConfig.training()`).
+
+    Attributes:
+        actor_lr: Policy learning rate.
+        critic_lr: Critic learning rate.
+        adam_betas: AdamW betas.
+        weight_decay: AdamW weight decay.
+    """
+
+    actor_lr: float = 1e-6
+    critic_lr: float = 1e-5
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.actor_lr < 0 or self.critic_lr < 0:
+            raise ValueError(f"actor_lr and critic_lr must be >= 0, got {self.actor_lr}, {self.critic_lr}")
+
+
 class StarPOTorchLearner(MiniBatchStepLearner):
     """PPO-style StarPO update for an `LLMRLModule`."""
 
@@ -69,7 +134,7 @@ class StarPOTorchLearner(MiniBatchStepLearner):
         super().build()
         # Set before any forward, so the connector's old log-probs and the
         # update's new ones are computed the same way (PPO ratio 1 at start).
-        self.module[DEFAULT_MODULE_ID].unwrapped().scoring = self.config.scoring_config
+        self.module[DEFAULT_MODULE_ID].unwrapped().scoring = self.config.scoring_settings
         self._reference = None
         if self.config.kl_coeff > 0:
             # A frozen copy of the initial policy, the anchor of the KL term.
@@ -155,7 +220,9 @@ class StarPOTorchLearner(MiniBatchStepLearner):
         agg = config.loss_agg_mode
         # No scored old log-probs: the update is one on-policy step, so the old policy is this one.
         old_logp = batch[OLD_LOGP] if OLD_LOGP in batch else fwd_out[TOKEN_LOGP].detach()
-        correction, correction_stats = config.off_policy_correction_config.weights(old_logp, batch[SAMPLING_LOGP], mask)
+        correction, correction_stats = config.off_policy_correction_settings.weights(
+            old_logp, batch[SAMPLING_LOGP], mask
+        )
         pg_loss, pg_stats = policy_loss(
             fwd_out[TOKEN_LOGP],
             old_logp,

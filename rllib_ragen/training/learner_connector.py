@@ -36,7 +36,7 @@ from rllib_ragen.columns import (
     VALUE_MASK,
 )
 from rllib_ragen.masked import masked_mean
-from rllib_ragen.rollout.reward_shaping import RewardShaping
+from rllib_ragen.rollout.reward_shaping import RewardShapingSettings
 from rllib_ragen.training.advantages import AdvantageInputs, AdvantageSettings, estimate_advantages
 from rllib_ragen.training.token_batch import TokenBatch, token_batch_of_episodes
 from rllib_ragen.training.token_masks import (
@@ -161,7 +161,7 @@ class GroupAdvantages(ConnectorV2):
         loss_token_mask: str = ALL_TOKENS,
         adv_token_mask: str = ALL_TOKENS,
         span_labeller: ResponseSpanLabeller | None = None,
-        advantage_length_weight: float = RewardShaping.advantage_length_weight,
+        advantage_length_weight: float = RewardShapingSettings.advantage_length_weight,
         **kwargs,
     ) -> None:
         super().__init__(input_observation_space, input_action_space, **kwargs)

@@ -9,14 +9,69 @@ so that the learner can log them without a device sync.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from rllib_ragen.checks import check_choice
 from rllib_ragen.masked import masked_mean, masked_sum, masked_var, to_bool_mask
+from rllib_ragen.training.token_masks import ALL_TOKENS, TOKEN_MASKS
 
 Tensor = torch.Tensor
 
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_KINDS = ("k1", "k3", "abs", "mse")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSettings:
+    """The terms of the StarPO loss and the tokens they cover (set with `StarPOConfig.training()`).
+
+    Attributes:
+        clip_ratio_low: PPO lower clip (ratio >= 1 - low).
+        clip_ratio_high: PPO upper clip (ratio <= 1 + high); decoupled from low.
+        clip_ratio_dual: Dual-clip bound for negative advantages (> 1), or None.
+        entropy_coeff: Weight of the entropy bonus.
+        kl_coeff: Weight of KL(policy || initial policy); 0 disables it and
+            no reference model is kept (StarPO-S).
+        kl_type: KL estimator: "k1", "k3", "abs" or "mse".
+        value_clip: Value-loss clip range, or None.
+        vf_loss_coeff: Weight of the value loss.
+        loss_agg_mode: "token-mean", "seq-mean-token-mean" or "seq-mean-token-sum".
+        loss_token_mask: Which generated tokens enter the policy loss (VAGEN's
+            M_loss), a token mask policy of `rllib_ragen.training.token_masks`: "all",
+            "think_and_answer" (no template tokens such as end-of-turn) or
+            "answer_only"; `register_token_mask` adds more.
+        adv_token_mask: Which generated tokens get values and advantages (VAGEN's
+            M_adv), a token mask policy as above: GAE runs over them only, credit
+            passing over the others; other estimators' advantages are zeroed off them.
+    """
+
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    clip_ratio_dual: float | None = 3.0
+    entropy_coeff: float = 0.001
+    kl_coeff: float = 0.0
+    kl_type: str = "k3"
+    value_clip: float | None = 0.5
+    vf_loss_coeff: float = 1.0
+    loss_agg_mode: str = "token-mean"
+    loss_token_mask: str = ALL_TOKENS
+    adv_token_mask: str = ALL_TOKENS
+
+    def __post_init__(self) -> None:
+        check_choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGGREGATIONS)
+        check_choice("kl_type", self.kl_type, KL_KINDS)
+        check_choice("loss_token_mask", self.loss_token_mask, sorted(TOKEN_MASKS))
+        check_choice("adv_token_mask", self.adv_token_mask, sorted(TOKEN_MASKS))
+        if self.kl_coeff < 0 or self.entropy_coeff < 0:
+            raise ValueError(f"kl_coeff and entropy_coeff must be >= 0, got {self.kl_coeff}, {self.entropy_coeff}")
+
+    @property
+    def needs_token_spans(self) -> bool:
+        """A token mask policy other than "all" is set: the learner labels tokens with protocol spans."""
+        return (self.loss_token_mask, self.adv_token_mask) != (ALL_TOKENS, ALL_TOKENS)
+
 
 # exp() of a log-ratio beyond this overflows float32 long before it is meaningful.
 _MAX_LOG_RATIO = 20.0

@@ -11,7 +11,7 @@ distribution, the critic's value of the prefix before it), and 0 where
 `loss_mask` is 0. Logits are only computed at generated positions, so a long
 prompt never materialises a [B, L, vocab] tensor, and only `logit_chunk_size`
 positions at a time: under autograd each chunk's logits are recomputed in
-backward rather than kept (`ScoringConfig`).
+backward rather than kept (`ScoringSettings`).
 """
 
 from __future__ import annotations
@@ -49,12 +49,12 @@ from rllib_ragen.training.shared_prompts import PromptTree, prompt_tree, shared_
 CRITIC_KINDS = ("none", "head", "separate")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 AUTOCAST_DTYPES = ("bfloat16", "float16")
-# Generated positions whose [chunk, vocab] logits exist at once (`ScoringConfig.logit_chunk_size`).
+# Generated positions whose [chunk, vocab] logits exist at once (`ScoringSettings.logit_chunk_size`).
 LOGIT_CHUNK_SIZE = 1024
 
 
 @dataclasses.dataclass(frozen=True)
-class LLMModuleConfig:
+class LLMModuleSettings:
     """What `LLMRLModule` builds (passed as the RLModuleSpec's `model_config`).
 
     Args:
@@ -96,7 +96,7 @@ class LLMModuleConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class ScoringConfig:
+class ScoringSettings:
     """How `forward_train` computes log-probs, entropies and values (set by the learner).
 
     Args:
@@ -132,10 +132,10 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
 
     @override(TorchRLModule)
     def setup(self) -> None:
-        self.llm_config = LLMModuleConfig(**(self.model_config or {}))
+        self.llm_config = LLMModuleSettings(**(self.model_config or {}))
         dtype = _DTYPES[self.llm_config.dtype]
         model_path = resolve_model(self.llm_config.model)
-        self.scoring = ScoringConfig()
+        self.scoring = ScoringSettings()
         self.policy = load_causal_lm(model_path, dtype=dtype)
         lora = self.llm_config.lora
         if self.llm_config.critic == "separate" and not self.inference_only:

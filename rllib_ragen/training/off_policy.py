@@ -36,7 +36,7 @@ _MAX_LOG_RATIO = 20.0
 
 
 @dataclasses.dataclass(frozen=True)
-class OffPolicyCorrection:
+class OffPolicyCorrectionSettings:
     """How the policy gradient is corrected for the engine's sampling distribution (set with
     `StarPOConfig.training()`).
 

@@ -28,7 +28,7 @@ from rllib_ragen.registry import add_to_registry
 from rllib_ragen.rollout.prompt.protocol import (
     SPAN_ANSWER,
     SPAN_THINK,
-    ProtocolConfig,
+    ProtocolSettings,
     response_token_spans,
 )
 
@@ -123,7 +123,7 @@ class ResponseSpanLabeller:
         protocol: The protocol the responses were sampled with (think mode, prefill).
     """
 
-    def __init__(self, tokenizer: Any, protocol: ProtocolConfig) -> None:
+    def __init__(self, tokenizer: Any, protocol: ProtocolSettings) -> None:
         self.tokenizer = tokenizer
         self.protocol = protocol
         self._texts: dict[int, str] = {}

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 from rllib_ragen.inference.collective import GroupSpec, TensorLayout, receive
 from rllib_ragen.inference.engine import Completion, SamplingParams
-from rllib_ragen.inference.engine_config import CPU_KV_BLOCK_TOKENS, EngineConfig
+from rllib_ragen.inference.engine_settings import CPU_KV_BLOCK_TOKENS, EngineSettings
 from rllib_ragen.inference.kv_cache import kv_cache_bytes
 from rllib_ragen.inference.vllm.adapter import ServedAdapter, lora_engine_kwargs
 from rllib_ragen.inference.vllm.reload import reload_in_worker
@@ -32,7 +32,7 @@ from rllib_ragen.inference.weights import PackedWeights, unpack_weights
 logger = logging.getLogger(__name__)
 
 
-def actor_env_vars(config: EngineConfig) -> dict[str, str]:
+def actor_env_vars(config: EngineSettings) -> dict[str, str]:
     """Environment of an engine actor's process, fixed before vLLM is imported."""
     return {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -44,7 +44,7 @@ def actor_env_vars(config: EngineConfig) -> dict[str, str]:
     }
 
 
-def llm_kwargs(config: EngineConfig, model_path: str, rank: int) -> dict[str, Any]:
+def llm_kwargs(config: EngineSettings, model_path: str, rank: int) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM` for engine number `rank` of a pool."""
     return {
         "model": model_path,
@@ -78,7 +78,7 @@ def checkpoint_dtype(model_path: str) -> str:
     return str(declared.get("dtype") or declared.get("torch_dtype") or "auto")
 
 
-def kv_cache_kwargs(config: EngineConfig, model_path: str) -> dict[str, object]:
+def kv_cache_kwargs(config: EngineSettings, model_path: str) -> dict[str, object]:
     """The KV cache's size in bytes and/or (GPU) vLLM's share of the GPU; what is unset stays vLLM's default.
 
     A CPU engine without `kv_cache_gb` gets a cache for `max_batch_size` sequences of `max_model_len`
@@ -136,7 +136,7 @@ class VLLMEngineActor:
         rank: This engine's index in the pool (offsets its sampler seed).
     """
 
-    def __init__(self, model_path: str, config: EngineConfig, rank: int) -> None:
+    def __init__(self, model_path: str, config: EngineSettings, rank: int) -> None:
         # Ray gives actors OMP_NUM_THREADS = their CPU reservation: set the thread count explicitly.
         torch.set_num_threads(config.threads_per_engine)
         # The legacy variable, if inherited, would override kv_cache_gb: the config is the one source.

@@ -1,4 +1,4 @@
-"""The policy's LoRA adapter, served by a vLLM engine as a LoRA request (`EngineConfig.serves_adapter`).
+"""The policy's LoRA adapter, served by a vLLM engine as a LoRA request (`EngineSettings.serves_adapter`).
 
 vLLM loads an adapter only from a directory (`LoRARequest.lora_path`), so each engine
 actor writes the adapter tensors it receives (either transport) into a PEFT adapter

@@ -3,7 +3,7 @@
 A batch is split into contiguous shards, one per actor, generated in parallel
 and put back in order. An actor that dies (`RayActorError`) is replaced by a new
 one, brought to the current weights, and its shard is sent again: no prompt is lost.
-Every wait on an actor has a deadline from `EngineConfig` (start, call, weight
+Every wait on an actor has a deadline from `EngineSettings` (start, call, weight
 sync): an actor that misses it is stopped, `EngineTimeoutError` names it and the
 step, and the next call replaces it.
 
@@ -34,7 +34,7 @@ from rllib_ragen.inference.engine import (
     InferenceEngine,
     SamplingParams,
 )
-from rllib_ragen.inference.engine_config import EngineConfig
+from rllib_ragen.inference.engine_settings import EngineSettings
 from rllib_ragen.inference.vllm.actor import VLLMEngineActor, actor_env_vars
 from rllib_ragen.inference.weights import (
     PackedWeights,
@@ -65,7 +65,7 @@ class VLLMEnginePool(InferenceEngine):
 
     in_process = False
 
-    def __init__(self, model_path: str | Path, config: EngineConfig) -> None:
+    def __init__(self, model_path: str | Path, config: EngineSettings) -> None:
         from transformers import AutoConfig
 
         self.model_path = str(Path(model_path).resolve())

@@ -21,7 +21,7 @@ from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
 
 
 @dataclasses.dataclass(frozen=True)
-class ProtocolConfig:
+class ProtocolSettings:
     """How prompts are written and answers read (set with `StarPOConfig.rollouts()`).
 
     Args:
@@ -66,7 +66,7 @@ class PromptProtocol:
         *,
         instructions: str,
         action_vocabulary: Sequence[str] | None,
-        config: ProtocolConfig,
+        config: ProtocolSettings,
     ) -> None:
         self.template = template
         self.config = config
@@ -137,7 +137,7 @@ SPAN_THINK = 1  # `<think>...</think>`, tags included
 SPAN_ANSWER = 2  # `<answer>...</answer>`, tags included
 
 
-def response_token_spans(token_texts: Sequence[str], *, config: ProtocolConfig) -> list[int]:
+def response_token_spans(token_texts: Sequence[str], *, config: ProtocolSettings) -> list[int]:
     """The span (`SPAN_*`) of each token of one sampled response.
 
     The tokens' texts are joined (after the prefill, which has no tokens) and

@@ -1,4 +1,4 @@
-"""`EngineConfig`: which rollout engine to build, and its settings (each default declared here)."""
+"""`EngineSettings`: which rollout engine to build, and its settings (each default declared here)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ CPU_KV_BLOCK_TOKENS = 32
 
 
 @dataclasses.dataclass(frozen=True)
-class EngineConfig:
+class EngineSettings:
     """The rollout engine's settings; `StarPOConfig.inference()` takes its defaults from here.
 
     Attributes:

@@ -1,0 +1,248 @@
+"""The tuned-example flags: the parser, and the `StarPOConfig` they build (`config_from_args`).
+
+Only light modules are imported at the top (`--help` must not wait for Ray or
+torch). Flag errors are one line, `error: ...`, and exit code 2 (`CLIParser`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from envs import check_env
+from rllib_ragen.algorithm.presets import PRESETS, preset
+from rllib_ragen.data.experts import WARM_START_PLAYERS, WARM_START_STATES
+from rllib_ragen.run.settings_flag import apply_setting
+from rllib_ragen.training.advantages import ADVANTAGE_ESTIMATORS, needs_critic
+
+if TYPE_CHECKING:
+    from rllib_ragen.algorithm.starpo import StarPOConfig
+
+
+class CLIParser(argparse.ArgumentParser):
+    """argparse with its errors on one line: `error: ...`, exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    value = int(text) if text.lstrip("-").isdigit() else None
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    value = int(text) if text.lstrip("-").isdigit() else None
+    if value is None or value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
+def build_parser(
+    *,
+    env: str,
+    description: str,
+    success_threshold: float,
+    stop_iters: int,
+    job_budget_min: float | None = None,
+    prog: str | None = None,
+) -> argparse.ArgumentParser:
+    """The flags every tuned example takes (RLlib's tuned-example style)."""
+    parser = CLIParser(prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_config_flags(parser, env=env, stop_iters=stop_iters)
+    add_tracking_flags(parser)
+    add_budget_flags(parser, job_budget_min=job_budget_min)
+    add_result_flags(parser, success_threshold=success_threshold)
+    add_checkpoint_flags(parser)
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show the libraries' logs and warnings (Ray, RLlib, vLLM, transformers) on the "
+        "console too; by default they go to the run's log file only",
+    )
+    return parser
+
+
+def add_budget_flags(parser: argparse.ArgumentParser, *, job_budget_min: float | None) -> None:
+    """The time budgets of training and of the whole job (read by `training_budget_s`)."""
+    parser.add_argument(
+        "--time-budget-min",
+        type=positive_float,
+        help="training time budget: the iteration expected to cross it is the last (it evaluates "
+        "and checkpoints); --stop-iters still applies",
+    )
+    parser.add_argument(
+        "--job-budget-min",
+        type=positive_float,
+        help="the whole job's time budget, from its start (warm start, evaluations, training): "
+        "training gets what the warm start and the first evaluation leave of it (default: "
+        f"{job_budget_min} unless --time-budget-min is given)",
+    )
+
+
+def add_result_flags(parser: argparse.ArgumentParser, *, success_threshold: float) -> None:
+    """What the run reports at its end: the summary file and the `--as-test` check."""
+    parser.add_argument(
+        "--summary-json",
+        metavar="PATH",
+        help="write the before/after evaluation (per-seed outcomes and intervals) as JSON",
+    )
+    parser.add_argument("--as-test", action="store_true", help="exit 1 unless the success threshold is reached")
+    parser.add_argument(
+        "--success-threshold",
+        type=float,
+        default=success_threshold,
+        help="success rate --as-test requires (evaluation's if evaluated, else training's)",
+    )
+
+
+def add_checkpoint_flags(parser: argparse.ArgumentParser) -> None:
+    """Where checkpoints go, how often, how many are kept, and resuming from them."""
+    parser.add_argument(
+        "--checkpoint-dir",
+        help="where checkpoints, the final policy and the run's log file go (default: ./checkpoints/<env>-starpo)",
+    )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=positive_int,
+        default=1,
+        help="save a local checkpoint every N iterations (and at the end, or on Ctrl-C); "
+        "metrics reach MLflow with the checkpoint",
+    )
+    parser.add_argument(
+        "--keep-checkpoints",
+        type=positive_int,
+        default=2,
+        help="local checkpoints kept: the newest N complete ones (older ones are removed)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the latest complete checkpoint in --checkpoint-dir, in its MLflow run",
+    )
+
+
+def add_config_flags(parser: argparse.ArgumentParser, *, env: str, stop_iters: int) -> None:
+    """Flags that build the `StarPOConfig` (read by `config_from_args`)."""
+    parser.add_argument(
+        "--env",
+        default=env,
+        help="registered env name, or an env class as an import path module:Class (module "
+        "importable from the working directory or PYTHONPATH, e.g. my_envs:GuessEnv)",
+    )
+    parser.add_argument(
+        "--preset", choices=PRESETS, default="cpu", help="cpu: SmolLM2-135M on CPU; gpu: RAGEN's defaults"
+    )
+    parser.add_argument("--stop-iters", type=positive_int, default=stop_iters, help="training iterations")
+    parser.add_argument("--model", help="model name, local HF dir or hub id (default: the preset's)")
+    parser.add_argument("--engine", choices=("auto", "vllm", "hf"), help="rollout engine (default: the preset's)")
+    parser.add_argument("--num-engines", type=positive_int, help="vLLM engine actors")
+    parser.add_argument("--n-groups", type=positive_int, help="groups per iteration")
+    parser.add_argument("--group-size", type=positive_int, help="trajectories per group")
+    parser.add_argument("--max-turns", type=positive_int, help="turns per trajectory")
+    parser.add_argument("--estimator", choices=sorted(ADVANTAGE_ESTIMATORS), help="advantage estimator")
+    parser.add_argument("--no-think", action="store_true", help="answer with <answer> only (no-think mode)")
+    parser.add_argument("--no-warm-start", action="store_true", help="skip the supervised format warm start")
+    parser.add_argument(
+        "--warm-start-model",
+        metavar="DIR",
+        help="use this warm-started model directory (a Hugging Face directory, e.g. an earlier "
+        "run's final_policy/ or a warm start's cache entry) instead of building the warm start",
+    )
+    parser.add_argument(
+        "--warm-start",
+        choices=WARM_START_PLAYERS,
+        dest="warm_start_player",
+        help="who plays the warm start's demonstrations: random (the answer format only) or "
+        "expert (the env's solver: RAGEN's SFT start); default: expert where the env has one",
+    )
+    parser.add_argument(
+        "--warm-start-examples",
+        type=positive_int,
+        help="initial states played in the warm start (random play: 2 trajectories each; "
+        f"default: {WARM_START_STATES['random']} for random play, "
+        f"{WARM_START_STATES['expert']} for the expert)",
+    )
+    parser.add_argument("--eval-size", type=positive_int, help="fixed evaluation seeds (default: the preset's)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set any StarPOConfig attribute, e.g. --set actor_lr=1e-5 (repeatable; the value is "
+        "converted through the type the setting declares)",
+    )
+    parser.add_argument("--seed", type=int, help="random seed")
+
+
+def add_tracking_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags of the MLflow tracking (read by `mlflow_settings`)."""
+    parser.add_argument(
+        "--tracking-uri", help="MLflow tracking URI, e.g. http://127.0.0.1:5000 (default: sqlite:///./mlflow.db)"
+    )
+    parser.add_argument("--experiment", help="MLflow experiment name (default: rllib-ragen)")
+    parser.add_argument(
+        "--log-checkpoint-every",
+        type=non_negative_int,
+        default=0,
+        help="also log a checkpoint to MLflow every N iterations and at the last one "
+        "(0: never; the final policy is logged either way)",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> StarPOConfig:
+    """The preset for the env, with the flags applied and validated.
+
+    Raises:
+        ValueError, TypeError: a flag or `--set` the config refuses (the message names it).
+    """
+    if ":" in args.env and os.getcwd() not in sys.path:
+        # `python tuned_examples/x.py` puts the script's folder on sys.path, not the working
+        # directory, which is where Ray's workers look (and where a user's my_envs.py is).
+        sys.path.insert(0, os.getcwd())
+    check_env(args.env)  # before the preset imports Ray and torch: a typo fails at once
+    config = preset(args.preset, args.env)
+    config.llm(model=_given(args.model, config.llm_model))
+    config.inference(
+        engine=_given(args.engine, config.engine), num_engines=_given(args.num_engines, config.num_engines)
+    )
+    config.rollouts(
+        n_groups=_given(args.n_groups, config.n_groups),
+        group_size=_given(args.group_size, config.group_size),
+        max_turns=_given(args.max_turns, config.max_turns),
+        think=False if args.no_think else config.think,
+        prefill=True if args.no_think else config.prefill,
+    )
+    if args.estimator:
+        config.training(advantage_estimator=args.estimator)
+        if not needs_critic(args.estimator):
+            config.llm(critic="none")
+    if args.seed is not None:
+        config.debugging(seed=args.seed)
+    if args.eval_size is not None:
+        config.starpo_evaluation(eval_size=args.eval_size)
+    for assignment in args.set:
+        apply_setting(config, assignment)
+    config.validate_starpo()
+    return config
+
+
+def _given(flag: Any, default: Any) -> Any:
+    return default if flag is None else flag

@@ -1,0 +1,106 @@
+"""What a tuned example reports: the starting policy's evaluation, a line per iteration,
+success before and after RL with intervals, and the `--as-test` verdict."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import TYPE_CHECKING, Any
+
+from rllib_ragen.intervals import format_rate, paired_difference_interval
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.algorithm import Algorithm
+
+    from rllib_ragen.run.callbacks import MLflowCallback
+
+
+def evaluate_before_training(algo: Algorithm, callback: MLflowCallback) -> tuple[dict[str, float], list[float]]:
+    """Evaluates the starting (e.g. warm-started) policy on the fixed evaluation seeds, logged as step 0.
+
+    Returns the evaluation's statistics and the 0/1 success of each evaluation seed.
+    """
+    from ray.rllib.utils.metrics import EVALUATION_RESULTS
+
+    # One batched rollout with no progress of its own: minutes on a CPU without bf16 units.
+    print(f"[0] evaluating the starting policy on the {algo.config.eval_size} evaluation seeds...", flush=True)
+    stats = algo.evaluate_fixed_seeds()
+    # Logged as step 0 here, so not also into iteration 1's result (as if iteration 1 had evaluated).
+    algo.metrics.delete(EVALUATION_RESULTS, key_error=False)
+    successes = list(algo.last_evaluation_successes)
+    callback.log_initial_evaluation(algo, stats)
+    print(
+        f"[0] before RL, on the {algo.config.eval_size} evaluation seeds: success {format_rate(successes)} | "
+        f"return {stats['episode_return_mean']:.3f} | valid {stats['valid_action_ratio']:.2f}",
+        flush=True,
+    )
+    return stats, successes
+
+
+def summarize(before: list[float], after: list[float], *, iterations: int, minutes: float) -> dict[str, Any]:
+    """Prints success before and after RL on the same seeds with 95% intervals; returns them."""
+    difference, low, high = paired_difference_interval(before, after)
+    verdict = "learned" if low > 0 else ("got worse" if high < 0 else "no change beyond chance")
+    print(
+        f"success on {len(before)} evaluation seeds (95% intervals): before RL {format_rate(before)} -> "
+        f"after {iterations} iterations ({minutes:.1f} min) {format_rate(after)}; "
+        f"change {difference:+.3f} [{low:+.3f}, {high:+.3f}]: {verdict}",
+        flush=True,
+    )
+    return {
+        "before": before,
+        "after": after,
+        "iterations": iterations,
+        "minutes": minutes,
+        "difference": difference,
+        "difference_interval": [low, high],
+    }
+
+
+def report_learning(
+    algo: Algorithm,
+    before: tuple[dict[str, float], list[float]],
+    result: dict[str, Any],
+    *,
+    minutes: float,
+    path: str | None,
+) -> None:
+    """Prints success before and after RL (`summarize`); with `path`, also writes it there as JSON,
+    with both evaluations' statistics and the starting model."""
+    from rllib_ragen.run.atomic_files import write_text_atomic
+
+    summary = summarize(before[1], algo.last_evaluation_successes, iterations=algo.iteration, minutes=minutes)
+    if path:
+        summary.update(stats_before=before[0], stats_after=result["evaluation"], starting_model=algo.config.llm_model)
+        write_text_atomic(path, json.dumps(summary, default=float))
+
+
+def progress_line(iteration: int, total: int, result: dict[str, Any], seconds: float) -> str:
+    runners = result.get("env_runners", {})
+    learner = result.get("learners", {}).get("default_policy", {})
+    evaluation = result.get("evaluation", {})
+    parts = [
+        f"[{iteration}/{total}]",
+        f"success {runners.get('success_rate', float('nan')):.3f}",
+        f"return {runners.get('episode_return_mean', float('nan')):.3f}",
+        f"in-group std {runners.get('in_group_reward_std', float('nan')):.3f}",
+        f"entropy {learner.get('entropy', float('nan')):.3f}",
+        f"valid {runners.get('valid_action_ratio', float('nan')):.2f}",
+    ]
+    eval_success = evaluation.get("success_rate", math.nan)
+    if not math.isnan(eval_success):  # NaN in an iteration that did not evaluate
+        parts.append(f"eval success {eval_success:.3f}")
+    parts.append(f"{seconds:.1f}s")
+    return " | ".join(parts)
+
+
+def check_success(result: dict[str, Any], threshold: float) -> None:
+    """`--as-test`: exits 1 unless the success rate reached the threshold."""
+    evaluation = result.get("evaluation", {})
+    source = evaluation if "success_rate" in evaluation else result.get("env_runners", {})
+    success = float(source.get("success_rate", 0.0))
+    if success < threshold:
+        print(f"--as-test FAILED: success {success:.3f} < {threshold}", file=sys.stderr)
+        sys.exit(1)
+    print(f"--as-test passed: success {success:.3f} >= {threshold}")

@@ -1,0 +1,37 @@
+"""The model RL starts from: a given warm-started one, the base model, or the (cached) warm start."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rllib_ragen.algorithm.starpo import StarPOConfig
+
+
+def check_starting_model(args: argparse.Namespace) -> None:
+    """Refuses contradicting warm-start flags and a `--warm-start-model` that is not a model directory."""
+    from rllib_ragen.models import resolve_model
+
+    if args.warm_start_model and args.no_warm_start:
+        raise ValueError("--warm-start-model and --no-warm-start contradict each other; pass one")
+    if args.warm_start_model:
+        resolve_model(args.warm_start_model)
+
+
+def choose_starting_model(config: StarPOConfig, args: argparse.Namespace) -> dict[str, str]:
+    """The model RL starts from: a given warm-started one, none, or the (cached) format warm start.
+
+    Returns:
+        The run's model tags: `base_model` and `warm_start_model` ("none" without a warm start).
+    """
+    from rllib_ragen.models import resolve_model
+    from rllib_ragen.run.warm_start import apply_warm_start
+
+    check_starting_model(args)
+    base = str(config.llm_model)
+    if args.warm_start_model:
+        config.llm(model=str(resolve_model(args.warm_start_model)))
+    elif not args.no_warm_start:  # cached: a resumed run gets the same warm-started model back
+        apply_warm_start(config, num_examples=args.warm_start_examples, player=args.warm_start_player)
+    return {"base_model": base, "warm_start_model": "none" if args.no_warm_start else str(config.llm_model)}
