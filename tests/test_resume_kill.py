@@ -227,7 +227,7 @@ def _module_state(checkpoint: Path) -> dict:
 
 def _next_train_seed(checkpoint: Path) -> int:
     # The algorithm's own state (its sampler's seed cursor), beside its components' directories.
-    return pickle.loads((checkpoint / "state.pkl").read_bytes())["next_train_seed"]
+    return pickle.loads((checkpoint / "algorithm_state.pkl").read_bytes())["next_train_seed"]
 
 
 @pytest.mark.slow
