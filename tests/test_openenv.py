@@ -7,7 +7,6 @@ mid-run and restarted."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import signal
 import socket
@@ -17,14 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import running_in_ci
+from conftest import require_extra
 from run_helpers import ROOT, ForcedAnswerEngine, driver_args, free_port, stop_group, tiny_config, wait_for_http
 
 from envs import check_env, make_env
 from envs.base import DYNAMICS_STREAM
 
-if importlib.util.find_spec("openenv") is None and not running_in_ci():
-    pytest.skip("needs the openenv extra: bash scripts/install.sh cpu,test,openenv", allow_module_level=True)
+require_extra("openenv", "cpu,test,openenv")
 
 from envs import openenv_server as server_command  # noqa: E402 (after the extra's check)
 from envs.openenv_client import OpenEnvServerError  # noqa: E402

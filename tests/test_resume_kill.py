@@ -168,16 +168,49 @@ def test_ctrl_c_stops_after_the_iteration_with_a_checkpoint_then_resume_finishes
 STOP_ITERS = 5
 N_GROUPS = 2
 CHECKPOINT_EVERY = 2
+KILLED_IN = 4  # the iteration whose rollout the killed driver is held in: checkpoint 2 is its last
+# Runs the tuned example as `python tuned_examples/bandit_starpo.py FLAGS` does, except that the first
+# reset of a Bandit from seed FIRST_HELD_SEED on (iteration KILLED_IN's rollout) writes MARKER and waits
+# there until the test kills it: the kill lands after iteration KILLED_IN - 1, before any later checkpoint.
+HELD_DRIVER = """
+import runpy, sys, time
+from pathlib import Path
+
+from envs.bandit import BanditEnv
+
+MARKER, FIRST_HELD_SEED, SCRIPT = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+reset = BanditEnv.reset
 
 
-def _driver_command(model_path: Path, checkpoint_dir: Path, store: str, *extra: str, lora_rank: int = 0) -> list[str]:
+def held_reset(self, *args, seed=None, **kwargs):
+    if seed is not None and seed >= FIRST_HELD_SEED and not MARKER.exists():
+        MARKER.write_text(str(seed))
+        while True:
+            time.sleep(1)
+    return reset(self, *args, seed=seed, **kwargs)
+
+
+BanditEnv.reset = held_reset
+sys.argv = [SCRIPT, *sys.argv[4:]]
+runpy.run_path(SCRIPT, run_name="__main__")
+"""
+
+
+def _driver_command(tmp_path: Path, model_path: Path, store: str, *extra: str, lora_rank: int = 0) -> list[str]:
+    """The tuned example, held in iteration KILLED_IN's rollout the first time (`tmp_path / "held"` says when)."""
+    driver = tmp_path / "held_driver.py"
+    driver.write_text(HELD_DRIVER)
+    first_held_seed = TRAIN_SEED_START + N_GROUPS * (KILLED_IN - 1)
     return [
-        sys.executable, str(ROOT / "tuned_examples" / "bandit_starpo.py"), "--model", str(model_path),
+        sys.executable, str(driver), str(tmp_path / "held"), str(first_held_seed),
+        str(ROOT / "tuned_examples" / "bandit_starpo.py"), "--model", str(model_path),
         "--engine", "hf", "--no-warm-start", "--n-groups", str(N_GROUPS), "--group-size", "2",
-        "--set", "response_length=8", "--set", "eval_interval=0", "--checkpoint-dir", str(checkpoint_dir),
+        "--set", "response_length=8", "--set", "eval_interval=0", "--checkpoint-dir", str(tmp_path / "ckpt"),
         "--tracking-uri", store, "--experiment", "kill", "--stop-iters", str(STOP_ITERS),
-        "--checkpoint-every", str(CHECKPOINT_EVERY), "--set", f"lora_rank={lora_rank}", *extra,
-    ]
+        "--checkpoint-every", str(CHECKPOINT_EVERY), "--set", f"lora_rank={lora_rank}",
+        # The held reset blocks the rollout itself, not a worker thread that a timeout would abandon.
+        "--set", "env_step_timeout_s=None", *extra,
+    ]  # fmt: skip
 
 
 def _session_pids(session_id: int) -> list[int]:
@@ -230,6 +263,16 @@ def _next_train_seed(checkpoint: Path) -> int:
     return pickle.loads((checkpoint / "algorithm_state.pkl").read_bytes())["next_train_seed"]
 
 
+METRICS = ("training_iteration", "env_runners/episode_return_mean", "learners/default_policy/entropy")
+
+
+def _logged(client: MlflowClient, run_id: str) -> dict[str, list[tuple[int, float, int]]]:
+    """Each of METRICS's MLflow records (step, value, timestamp), in step order."""
+    return {
+        key: sorted((m.step, m.value, m.timestamp) for m in client.get_metric_history(run_id, key)) for key in METRICS
+    }
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("lora_rank", [0, 8], ids=["full", "lora8"])
 def test_sigkill_mid_run_then_resume_continues_with_each_iteration_logged_once(tiny_model_path, tmp_path, lora_rank):
@@ -239,37 +282,39 @@ def test_sigkill_mid_run_then_resume_continues_with_each_iteration_logged_once(t
     ray_tmp = tempfile.mkdtemp(prefix="rk", dir="/tmp")
     env = dict(os.environ, HF_HUB_OFFLINE="1", RAY_ADDRESS="local", RAY_TMPDIR=ray_tmp, PYTHONUNBUFFERED="1")
     logs = {name: tmp_path / f"{name}.log" for name in ("killed", "resumed")}
+    command = _driver_command(tmp_path, tiny_model_path, store, lora_rank=lora_rank)
     try:
         with open(logs["killed"], "wb") as log:
             killed = subprocess.Popen(
-                _driver_command(tiny_model_path, checkpoints, store, lora_rank=lora_rank), stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, cwd=tmp_path, env=env,
+                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path, env=env
             )
             try:
-                # Killed after iteration 3, which no checkpoint covers: it is redone after the resume.
-                _wait(lambda: f"[3/{STOP_ITERS}]" in logs["killed"].read_text(), timeout_s=240,
-                      what="progress line of iteration 3", process=killed)
+                held = (tmp_path / "held").exists
+                _wait(held, timeout_s=240, what=f"rollout of iteration {KILLED_IN}", process=killed)
             finally:
-                killed_at_s = time.time()
                 _kill_session(killed)
         # Ray's processes share the driver's fate: none outlives the kill.
         _wait(lambda: not _session_pids(killed.pid), timeout_s=20, what="end of the killed driver's processes")
+        killed_output = logs["killed"].read_text()
+        progress = [line.split("]")[0] + "]" for line in killed_output.splitlines() if line.startswith("[")]
+        assert progress == [f"[{i}/{STOP_ITERS}]" for i in range(1, KILLED_IN)], killed_output[-3000:]
         last = latest_checkpoint(checkpoints)
         restored = checkpoint_iteration(last)
-        assert restored == CHECKPOINT_EVERY, logs["killed"].read_text()[-3000:]
+        assert restored == CHECKPOINT_EVERY  # iteration 3 is done, but no checkpoint covers it: it is redone
         adam_steps_per_iteration = _adam_steps(last) / restored
         # Under LoRA the checkpoint's module state is the adapters alone.
         assert all(is_adapter_weight(name) for name in _module_state(last)) == (lora_rank > 0)
         assert adam_steps_per_iteration >= 1 and _next_train_seed(last) == TRAIN_SEED_START + N_GROUPS * restored
         client = MlflowClient(store)
         run_id = tracking_state(last)["run_id"]
-        # Nothing past the last complete checkpoint was logged.
-        assert {m.step for m in client.get_metric_history(run_id, "training_iteration")} <= set(range(1, restored + 1))
+        # The metrics of the checkpointed iterations, and nothing past the checkpoint, were logged.
+        before_resume = _logged(client, run_id)
+        assert all([step for step, _, _ in before_resume[key]] == [1, 2] for key in METRICS), before_resume
 
         with open(logs["resumed"], "wb") as log:
             resumed = subprocess.Popen(
-                _driver_command(tiny_model_path, checkpoints, store, "--resume", lora_rank=lora_rank), stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path, env=env,
+                [*command, "--resume"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=tmp_path, env=env,
             )
             try:
                 resumed.wait(timeout=240)
@@ -287,11 +332,11 @@ def test_sigkill_mid_run_then_resume_continues_with_each_iteration_logged_once(t
     experiment = client.get_experiment_by_name("kill")
     (only_run,) = client.search_runs([experiment.experiment_id])
     assert only_run.info.run_id == run_id and only_run.info.status == "FINISHED"
-    for key in ("training_iteration", "env_runners/episode_return_mean", "learners/default_policy/entropy"):
-        history = client.get_metric_history(run_id, key)
-        assert sorted(m.step for m in history) == list(range(1, STOP_ITERS + 1)), key
-        # Steps up to the checkpoint come from the killed driver, the rest from the resumed one.
-        assert all((m.timestamp / 1000 < killed_at_s) == (m.step <= restored) for m in history), key
+    after_resume = _logged(client, run_id)
+    for key in METRICS:
+        assert [step for step, _, _ in after_resume[key]] == list(range(1, STOP_ITERS + 1)), key
+        # Steps up to the checkpoint are the killed driver's records, untouched; the resumed one logged the rest.
+        assert after_resume[key][:restored] == before_resume[key], key
     assert _history(client, run_id, "training_iteration") == [(i, float(i)) for i in range(1, STOP_ITERS + 1)]
 
     final = latest_checkpoint(checkpoints)

@@ -52,7 +52,9 @@ class TunedRun:
 TUNED_RUNS: dict[str, TunedRun] = {
     "bandit": TunedRun(
         "Train an LLM agent to prefer the better arm of a two-armed bandit with StarPO.",
-        success_threshold=0.9,
+        # Measured (docs/results/bandit.md, 128 seeds): 0.648 [0.562, 0.726] after 20 iterations, the
+        # random-play warm start alone 0.445 [0.362, 0.532]: the threshold sits between the intervals.
+        success_threshold=0.55,
         stop_iters=20,
     ),
     "countdown": TunedRun("Train an LLM agent on Countdown equations with StarPO.", stop_iters=20),
