@@ -49,6 +49,7 @@ class InferenceKeywords(TypedDict, total=False):
     engine_dtype: str
     max_model_len: int
     enable_prefix_caching: bool
+    kv_block_size: int | None
     num_gpus_per_engine: float
     tensor_parallel_size: int
     engine_threads: int | None

@@ -23,7 +23,7 @@ from torch import Tensor
 from rllib_ragen.lora import LoraSettings
 
 # vLLM's allowed `max_lora_rank` values (`vllm.config.lora.MaxLoRARanks`, vLLM 0.32). A copy, so that
-# config validation need not import vLLM (seconds); tests/test_weight_sync.py checks it against vLLM's.
+# config validation need not import vLLM (seconds); tests/inference/test_weight_sync.py checks it against vLLM's.
 VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _NAME, _ID = "policy", 1
 

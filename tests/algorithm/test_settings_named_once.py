@@ -18,7 +18,7 @@ from rllib_ragen.algorithm.settings import SETTINGS, SETTINGS_GROUPS
 from rllib_ragen.algorithm.settings_binding import docstring_entries, field_docs
 from rllib_ragen.algorithm.starpo import StarPOConfig
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("rllib_ragen", "envs")
 BUILDERS = sorted({setting.builder for setting in SETTINGS})
 SETTING_NAMES = {setting.attribute for setting in SETTINGS} | {setting.keyword for setting in SETTINGS}

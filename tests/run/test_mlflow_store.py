@@ -24,7 +24,7 @@ from mlflow.tracking import MlflowClient
 from rllib_ragen.run.mlflow_store import TrackingStoreError, ensure_store, sqlite_path
 from rllib_ragen.run.tracking import MLflowTracker
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Left by a SIGKILL while MLflow created a store (see the README beside it); outside the repository.
 FIXTURE = ROOT.parent / "shared" / "fixtures" / "mlflow_half_migrated.db"
 # The migration MLflow stopped after, and the index the next one (bd07f7e963c5) creates.

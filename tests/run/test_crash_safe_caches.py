@@ -22,7 +22,7 @@ from rllib_ragen.run.atomic_files import write_dir_atomic, write_text_atomic
 from rllib_ragen.run.checkpoints import COMPLETE_MARKER, latest_checkpoint, save_checkpoint, tracking_state
 from rllib_ragen.run.tracking import MLflowTracker
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 

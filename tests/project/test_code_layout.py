@@ -12,7 +12,7 @@ from pathlib import Path
 
 from conftest import require_extra
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("rllib_ragen", "envs")
 # Lines of a function's code: its statements after the docstring (a builder's signature and
 # per-argument docstring are long by RLlib's convention and are not counted).

@@ -6,7 +6,7 @@ are consistent with the text, and every env step returns a well-formed
 5-tuple with a finite reward, flagging actions it did not understand.
 
 Each test records how many cases it ran (`record_property("fuzz_cases", n)`,
-in JUnit XML) and prints it; `pytest -rA tests/test_fuzz.py` shows the
+in JUnit XML) and prints it; `pytest -rA tests/envs/test_fuzz.py` shows the
 counts and the total in the normal output. Each fuzz target runs once per
 session, by whichever test asks first: the total does not depend on which
 tests ran before it, or on whether they were selected at all.

@@ -10,7 +10,7 @@ import sys
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MYPY = Path(sys.executable).with_name("mypy")
 PLANTED = """from rllib_ragen.algorithm.starpo import StarPOConfig
 

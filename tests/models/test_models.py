@@ -35,7 +35,7 @@ from rllib_ragen.models import (
     resolve_model,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 IM_START, IM_END = 1, 2  # SmolLM2's ids, also checked against the real model in the slow test
 VOCAB_SIZE = 49152
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"

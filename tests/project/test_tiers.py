@@ -11,8 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFTEST = Path(__file__).with_name("conftest.py")
+ROOT = Path(__file__).resolve().parents[2]
+CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
 
 # Loaded into the collecting pytest (-p): every collected test id, before the tiers' selection
 # (tryfirst) and after it, with the tier markers of each.
@@ -72,18 +72,18 @@ def test_the_tiers_split_the_suite_and_the_learning_tests_are_slow(tmp_path):
     assert all(markers != [] for markers in slow.values())
     for tier, kept in (("fast", fast), ("slow", slow)):
         assert f"{len(kept)}/{len(suite)} tests collected ({len(suite) - len(kept)} deselected)" in runs[tier]["output"]
-    learning = {test for test in suite if test.startswith("tests/test_learning")}
+    learning = {test for test in suite if test.startswith("tests/learning/")}
     assert learning and learning <= set(slow)
-    assert "tests/test_tiers.py::test_the_tiers_split_the_suite_and_the_learning_tests_are_slow" in fast
+    assert "tests/project/test_tiers.py::test_the_tiers_split_the_suite_and_the_learning_tests_are_slow" in fast
 
 
 def test_no_test_skips_on_a_missing_package_by_itself():
     """conftest's `require_extra` is the only gate of an optional package (the `vllm` marker calls it):
     a skip of a test's own would pass in CI."""
-    for path in sorted(Path(__file__).parent.glob("test_*.py")):
+    for path in sorted(Path(__file__).resolve().parents[1].rglob("test_*.py")):
         text = path.read_text()
         for own_gate in ("importorskip(", "find_spec("):
-            assert own_gate not in text or path == Path(__file__), (path.name, own_gate)
+            assert own_gate not in text or path == Path(__file__).resolve(), (path.name, own_gate)
 
 
 def _run_marked_test(tmp_path: Path, ci: str | None, *args: str) -> subprocess.CompletedProcess:

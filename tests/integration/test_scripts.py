@@ -17,7 +17,7 @@ from rllib_ragen.run.settings_flag import apply_setting
 from rllib_ragen.run.starting_model import choose_starting_model
 from rllib_ragen.run.train_loop import training_budget_s
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((ROOT / "tuned_examples").glob("*.py")) + sorted((ROOT / "benchmarks").glob("*.py"))
 
 

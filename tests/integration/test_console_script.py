@@ -11,7 +11,7 @@ import pytest
 
 from rllib_ragen.cli import COMMANDS, main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _help(capsys, *argv: str) -> str:

@@ -11,7 +11,7 @@ import pytest
 from conftest import require_extra
 from packaging.requirements import Requirement
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import install_plan
 
 LEFT_OUT = {"torchvision", "torchaudio", "torchcodec"}
