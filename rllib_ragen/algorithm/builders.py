@@ -109,7 +109,7 @@ class SettingsGroups:
     """Mixin of `StarPOConfig`: each settings group as a property (`SettingsBinding.property_name`).
 
     A group is built, so checked, once from the current settings: by `settings_groups()`
-    (validation) or at its first use, and kept until a setting changes. It lives in a slot,
+    (validation) or at its first use, and kept until a setting is set again. It lives in a slot,
     not among the attributes (RLlib's `to_dict()`, Tune and checkpoints skip it), and
     travels with the config to the learners, which so read the validated groups.
     """
@@ -134,7 +134,9 @@ class SettingsGroups:
         return self._built_groups[binding.property_name]
 
     def settings_groups(self) -> list[Any]:
-        """Every settings group; building them runs each group's checks (the groups other settings feed last)."""
+        """Every settings group, built anew (so checked) from the current settings, as validation does:
+        a value changed in place (a dict's entry) counts too. The groups other settings feed come last."""
+        self._built_groups = {}
         return [self.settings_group(b) for b in sorted(SETTINGS_GROUPS, key=lambda b: bool(b.derived))]
 
 

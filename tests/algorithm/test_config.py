@@ -59,6 +59,11 @@ def test_a_changed_setting_rebuilds_its_group():
     config.kl_type = "k9"  # set as an attribute, e.g. by Tune: checked again at the next use
     with pytest.raises(ValueError, match="kl_type must be one of"):
         _ = config.loss_settings
+    config = StarPOConfig().training(advantage_estimator="grpo").llm(critic="none")
+    config.validate_starpo()
+    config.advantage_hparams["high_level_lam"] = 0.9  # changed in place: validation still sees it
+    with pytest.raises(ValueError, match=r"advantage_hparams \['high_level_lam'\] are not hyper-parameters"):
+        config.validate_starpo()
 
 
 def test_no_setting_belongs_to_two_groups():
