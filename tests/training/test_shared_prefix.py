@@ -3,10 +3,11 @@
 import pytest
 import torch
 from ray.rllib.core.columns import Columns
+from trunk_passes import assert_bf16_trunk_hidden_is_per_row, loss_and_grads, per_row_hidden
 
-from rllib_ragen.columns import ATTENTION_MASK, INPUT_IDS, TOKEN_LOGP
+from rllib_ragen.columns import ATTENTION_MASK, INPUT_IDS
 from rllib_ragen.models import load_causal_lm
-from rllib_ragen.training.module import score_generated_tokens, trunk_hidden
+from rllib_ragen.training.module import trunk_hidden
 from rllib_ragen.training.shared_prefix import (
     MIN_SHARED_PREFIX,
     common_prefix_length,
@@ -39,25 +40,12 @@ def _rows(prefix: int, total: int, rows: int = 4) -> dict[str, torch.Tensor]:
     return {INPUT_IDS: ids, ATTENTION_MASK: attention, Columns.LOSS_MASK: loss}
 
 
-def _loss_and_grads(model, batch, hidden_of):
-    model.zero_grad()
-    hidden = hidden_of(model.base_model, batch)
-    logp = score_generated_tokens(model.get_output_embeddings(), hidden, batch, 1.0, with_entropy=False)[TOKEN_LOGP]
-    loss = -(logp * batch[Columns.LOSS_MASK]).sum() / batch[Columns.LOSS_MASK].sum()
-    loss.backward()
-    return hidden.detach(), loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
-def _per_row(trunk, batch):
-    return trunk(input_ids=batch[INPUT_IDS], attention_mask=batch[ATTENTION_MASK]).last_hidden_state
-
-
-def test_shared_prefix_gives_the_per_row_hidden_states_loss_and_gradients(tiny_model_path):
+def test_shared_prefix_gives_theper_row_hidden_hidden_states_loss_and_gradients(tiny_model_path):
     model = load_causal_lm(tiny_model_path, dtype=torch.float32).train()
     batch = _rows(prefix=24, total=40)
     assert common_prefix_length(batch[INPUT_IDS], batch[ATTENTION_MASK]) == 24
-    hidden_rows, loss_rows, grads_rows = _loss_and_grads(model, batch, _per_row)
-    hidden_shared, loss_shared, grads_shared = _loss_and_grads(
+    hidden_rows, loss_rows, grads_rows = loss_and_grads(model, batch, per_row_hidden)
+    hidden_shared, loss_shared, grads_shared = loss_and_grads(
         model, batch, lambda trunk, b: shared_prefix_hidden(trunk, b, 24)
     )
     real = batch[ATTENTION_MASK].bool()
@@ -72,12 +60,7 @@ def test_shared_prefix_gives_the_per_row_hidden_states_loss_and_gradients(tiny_m
 
 def test_trunk_hidden_shares_the_prefix_under_bf16_autocast_within_bf16_tolerance(tiny_model_path):
     model = load_causal_lm(tiny_model_path, dtype=torch.float32).train()
-    batch = _rows(prefix=24, total=40)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        shared = trunk_hidden(model.base_model, batch).float()
-        rows = _per_row(model.base_model, batch).float()
-    real = batch[ATTENTION_MASK].bool()
-    torch.testing.assert_close(shared[real], rows[real], rtol=0.05, atol=0.05)
+    assert_bf16_trunk_hidden_is_per_row(model, _rows(prefix=24, total=40))
 
 
 def test_a_wrong_prefix_length_would_be_caught(tiny_model_path):
@@ -85,7 +68,10 @@ def test_a_wrong_prefix_length_would_be_caught(tiny_model_path):
     model = load_causal_lm(tiny_model_path, dtype=torch.float32).eval()
     batch = _rows(prefix=20, total=40)
     with torch.no_grad():
-        right, wrong = shared_prefix_hidden(model.base_model, batch, 20), shared_prefix_hidden(model.base_model, batch, 30)
+        right, wrong = (
+            shared_prefix_hidden(model.base_model, batch, 20),
+            shared_prefix_hidden(model.base_model, batch, 30),
+        )
     assert not torch.allclose(right[1:, 20:], wrong[1:, 20:], atol=1e-3)
 
 
@@ -100,10 +86,10 @@ def test_sharing_is_skipped_where_it_cannot_pay_or_work(tiny_model_path):
 
 
 @pytest.mark.parametrize("prefix", [0, 8, 24])
-def test_trunk_hidden_equals_the_per_row_pass_for_any_prefix(tiny_model_path, prefix):
+def test_trunk_hidden_equals_theper_row_hidden_pass_for_any_prefix(tiny_model_path, prefix):
     model = load_causal_lm(tiny_model_path, dtype=torch.float32).eval()
     batch = _rows(prefix=prefix, total=40)
     with torch.no_grad():
-        shared, rows = trunk_hidden(model.base_model, batch), _per_row(model.base_model, batch)
+        shared, rows = trunk_hidden(model.base_model, batch), per_row_hidden(model.base_model, batch)
     real = batch[ATTENTION_MASK].bool()
     torch.testing.assert_close(shared[real], rows[real], rtol=1e-5, atol=1e-5)

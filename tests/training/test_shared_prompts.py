@@ -6,11 +6,12 @@ import dataclasses
 import pytest
 import torch
 from ray.rllib.core.columns import Columns
+from trunk_passes import assert_bf16_trunk_hidden_is_per_row, loss_and_grads, per_row_hidden
 
-from rllib_ragen.columns import ATTENTION_MASK, INPUT_IDS, TOKEN_LOGP
+from rllib_ragen.columns import ATTENTION_MASK, INPUT_IDS
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.training.learner import micro_batch_weights, token_budget_groups
-from rllib_ragen.training.module import computed_positions, score_generated_tokens, sharing_plan, trunk_hidden
+from rllib_ragen.training.module import computed_positions, sharing_plan
 from rllib_ragen.training.shared_prompts import PromptTree, prompt_order, prompt_tree, shared_prompt_hidden
 
 
@@ -62,33 +63,14 @@ def test_prompt_tree_by_hand():
     assert prompt_order(batch).tolist() == [6, 3, 2, 0, 4, 5, 1]
 
 
-def _loss_and_grads(model, batch, hidden_of):
-    model.zero_grad()
-    hidden = hidden_of(model.base_model, batch)
-    logp = score_generated_tokens(model.get_output_embeddings(), hidden, batch, 1.0, with_entropy=False)[TOKEN_LOGP]
-    # Weights that differ by position, so a misplaced hidden state changes the loss.
-    weights = torch.linspace(0.5, 1.5, logp.shape[1])
-    loss = -(logp * batch[Columns.LOSS_MASK] * weights).sum() / batch[Columns.LOSS_MASK].sum()
-    loss.backward()
-    return (
-        hidden.detach(),
-        loss.detach(),
-        {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
-    )
-
-
-def _per_row(trunk, batch):
-    return trunk(input_ids=batch[INPUT_IDS], attention_mask=batch[ATTENTION_MASK]).last_hidden_state
-
-
-def test_shared_prompts_give_the_per_row_hidden_states_loss_and_gradients(tiny_model_path):
+def test_shared_prompts_give_theper_row_hidden_hidden_states_loss_and_gradients(tiny_model_path):
     model = load_causal_lm(tiny_model_path, dtype=torch.float32).train()
     batch = _batch(ROWS)
     tree = sharing_plan(model.base_model, batch)
     assert isinstance(tree, PromptTree) and tree.num_prompts == 3
-    hidden_rows, loss_rows, grads_rows = _loss_and_grads(model, batch, _per_row)
-    hidden_tree, loss_tree, grads_tree = _loss_and_grads(
-        model, batch, lambda trunk, b: shared_prompt_hidden(trunk, b[INPUT_IDS], tree)
+    hidden_rows, loss_rows, grads_rows = loss_and_grads(model, batch, per_row_hidden, position_weighted=True)
+    hidden_tree, loss_tree, grads_tree = loss_and_grads(
+        model, batch, lambda trunk, b: shared_prompt_hidden(trunk, b[INPUT_IDS], tree), position_weighted=True
     )
     real = batch[ATTENTION_MASK].bool()
     torch.testing.assert_close(hidden_tree[real], hidden_rows[real], rtol=1e-5, atol=1e-5)
@@ -105,7 +87,7 @@ def test_a_row_run_on_the_wrong_prompt_would_show(tiny_model_path):
     tree = prompt_tree(batch[INPUT_IDS], batch[ATTENTION_MASK], batch[Columns.LOSS_MASK])
     wrong = dataclasses.replace(tree, prompt_of_row=torch.tensor([0, 0, 0, 2, 0, 1, 2]))  # row 1 (B) on A
     with torch.no_grad():
-        rows = _per_row(model.base_model, batch)
+        rows = per_row_hidden(model.base_model, batch)
         right = shared_prompt_hidden(model.base_model, batch[INPUT_IDS], tree)
         misplaced = shared_prompt_hidden(model.base_model, batch[INPUT_IDS], wrong)
     answer = batch[Columns.LOSS_MASK][1].bool()
@@ -115,12 +97,7 @@ def test_a_row_run_on_the_wrong_prompt_would_show(tiny_model_path):
 
 def test_trunk_hidden_shares_prompts_under_bf16_autocast_within_bf16_tolerance(tiny_model_path):
     model = load_causal_lm(tiny_model_path, dtype=torch.float32).train()
-    batch = _batch(ROWS)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        shared = trunk_hidden(model.base_model, batch).float()
-        rows = _per_row(model.base_model, batch).float()
-    real = batch[ATTENTION_MASK].bool()
-    torch.testing.assert_close(shared[real], rows[real], rtol=0.05, atol=0.05)
+    assert_bf16_trunk_hidden_is_per_row(model, _batch(ROWS))
 
 
 def test_distinct_prompts_keep_the_common_prefix_path(tiny_model_path):
