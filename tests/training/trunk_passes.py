@@ -41,3 +41,19 @@ def assert_bf16_trunk_hidden_is_per_row(model, batch: dict[str, torch.Tensor]) -
         rows = per_row_hidden(model.base_model, batch).float()
     real = batch[ATTENTION_MASK].bool()
     torch.testing.assert_close(shared[real], rows[real], rtol=0.05, atol=0.05)
+
+
+def assert_equals_per_row_pass(model, batch: dict[str, torch.Tensor], hidden_of, *, position_weighted: bool = False):
+    """`hidden_of` gives the per-row pass's hidden states (1e-5), loss (1e-6) and every gradient (1e-4) in
+    float32; returns its gradients by parameter name."""
+    hidden_rows, loss_rows, grads_rows = loss_and_grads(
+        model, batch, per_row_hidden, position_weighted=position_weighted
+    )
+    hidden, loss, grads = loss_and_grads(model, batch, hidden_of, position_weighted=position_weighted)
+    real = batch[ATTENTION_MASK].bool()
+    torch.testing.assert_close(hidden[real], hidden_rows[real], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(loss, loss_rows, rtol=1e-6, atol=1e-6)
+    assert grads_rows.keys() == grads.keys() and len(grads_rows) > 10
+    for name, grad in grads_rows.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    return grads

@@ -8,6 +8,7 @@ Parquet when `rollout_parquet_dir` is set (`.rollout_recording()`).
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
@@ -17,7 +18,7 @@ from rllib_ragen.algorithm.sampling.seed_cursor import TRAIN_SEED_CURSOR, TrainS
 from rllib_ragen.data.parquet import write_rollouts
 
 
-class OnlineSampler:
+class OnlineSampler(abc.ABC):
     """A `GroupSampler` of fresh rollouts; subclasses say how one iteration's groups are sampled.
 
     Args:
@@ -30,9 +31,9 @@ class OnlineSampler:
         self.metrics = metrics
         self.seeds = TrainSeedCursor(start=config.train_seed_start, n_groups=config.n_groups)
 
+    @abc.abstractmethod
     def sample_groups(self) -> list[MultiAgentEpisode]:
         """One iteration's groups (taking their seeds from `self.seeds`), with their metrics logged."""
-        raise NotImplementedError
 
     def sample(self, *, iteration: int) -> list[MultiAgentEpisode]:
         episodes = self.sample_groups()
@@ -43,7 +44,7 @@ class OnlineSampler:
             )
         return episodes
 
-    def drain(self) -> None:
+    def drain(self) -> None:  # noqa: B027 (a no-op by default, not abstract: only the async sampler has work to drain)
         """Nothing is left running once `sample` returns (the async sampler overrides this)."""
 
     def get_state(self) -> dict[str, Any]:
@@ -52,5 +53,5 @@ class OnlineSampler:
     def set_state(self, state: dict[str, Any]) -> None:
         self.seeds.next_seed = state.get(TRAIN_SEED_CURSOR, self.seeds.next_seed)
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a no-op by default: the runners belong to the algorithm)
         """The runners belong to the algorithm, which stops them."""
