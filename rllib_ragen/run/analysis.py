@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from mlflow.tracking import MlflowClient
@@ -134,9 +135,17 @@ def plot_evaluation(histories: Mapping[str, pd.DataFrame], *, against_minutes: b
         against_minutes: x = minutes of training (RLlib's `time_total_s`; 0
             before RL) instead of the iteration.
     """
-    success, low, high = EVALUATION_SUCCESS
     figure = Figure(figsize=(8, 3.5), layout="constrained")
     ax = figure.subplots()
+    draw_evaluation(ax, histories, against_minutes=against_minutes)
+    if ax.get_lines():
+        ax.legend(fontsize="small")
+    return figure
+
+
+def draw_evaluation(ax: Axes, histories: Mapping[str, pd.DataFrame], *, against_minutes: bool) -> None:
+    """`plot_evaluation`'s panel, on `ax`."""
+    success, low, high = EVALUATION_SUCCESS
     for label, frame in histories.items():
         if success not in frame or not frame[success].notna().any():
             continue
@@ -145,16 +154,52 @@ def plot_evaluation(histories: Mapping[str, pd.DataFrame], *, against_minutes: b
         (line,) = ax.plot(x, evaluated[success], marker="o", markersize=3, label=label)
         ax.fill_between(x, evaluated[low], evaluated[high], color=line.get_color(), alpha=0.2)
     ax.set_title("evaluation success (95% interval)")
+    _label_x(ax, against_minutes=against_minutes)
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+
+
+# The echo-trap figure's panels after evaluation success: title -> MLflow metric key.
+ECHO_TRAP_PANELS: dict[str, str] = {
+    "policy entropy": ECHO_TRAP_SIGNALS["policy entropy"],
+    "in-group reward std (sampled groups)": IN_GROUP_STD,
+}
+
+
+def plot_echo_trap(runs: Mapping[str, Mapping[str, pd.DataFrame]]) -> Figure:
+    """RAGEN's echo-trap figure: per env a row of evaluation success, policy entropy and
+    in-group reward spread against minutes of training, one line per run (e.g. StarPO, StarPO-S).
+
+    Args:
+        runs: env -> run label -> `metric_histories` of `EVALUATION_SUCCESS`, `TRAINING_SECONDS`
+            and the `ECHO_TRAP_PANELS` keys.
+    """
+    if not runs:
+        raise ValueError("no envs to plot: runs is empty")
+    figure = Figure(figsize=(13, 3.4 * len(runs)), layout="constrained")
+    rows = figure.subplots(len(runs), 1 + len(ECHO_TRAP_PANELS), squeeze=False)
+    for axes, (env, histories) in zip(rows, runs.items()):
+        draw_evaluation(axes[0], histories, against_minutes=True)
+        axes[0].set_title(f"{env}: evaluation success (95% interval)")
+        for ax, (title, key) in zip(axes[1:], ECHO_TRAP_PANELS.items()):
+            for label, frame in histories.items():
+                curve = frame[key].dropna() if key in frame else pd.Series(dtype=float)
+                curve = curve[curve.index > 0]  # step 0 is the evaluation before RL: no training signal
+                if not curve.empty:
+                    ax.plot(training_minutes(frame).loc[curve.index], curve, marker="o", markersize=3, label=label)
+            ax.set_title(f"{env}: {title}")
+            _label_x(ax, against_minutes=True)
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize="small")
+    return figure
+
+
+def _label_x(ax: Axes, *, against_minutes: bool) -> None:
     if against_minutes:
         ax.set_xlabel("minutes of training (0: before RL)")
     else:
         ax.set_xlabel("iteration (0: before RL)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
-    if ax.get_lines():
-        ax.legend(fontsize="small")
-    return figure
 
 
 def training_minutes(frame: pd.DataFrame) -> pd.Series:

@@ -14,6 +14,7 @@ from nbclient import NotebookClient
 from run_helpers import ROOT, driver_args, tiny_config
 
 from rllib_ragen.run.analysis import (
+    ECHO_TRAP_PANELS,
     ECHO_TRAP_SIGNALS,
     EVALUATION_SUCCESS,
     IN_GROUP_STD,
@@ -21,6 +22,7 @@ from rllib_ragen.run.analysis import (
     echo_trap_warnings,
     list_runs,
     metric_histories,
+    plot_echo_trap,
     plot_evaluation,
     plot_signals,
     read_text_artifact,
@@ -103,9 +105,7 @@ def test_plot_evaluation_draws_success_and_its_interval_band(store):
 
 def test_learning_curve_puts_each_evaluation_at_its_minute_of_training(store, tmp_path):
     """Before RL sits at minute 0; later evaluations at RLlib's time_total_s of their iteration, in minutes."""
-    spec = importlib.util.spec_from_file_location("learning_curve", ROOT / "benchmarks" / "learning_curve.py")
-    learning_curve = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(learning_curve)
+    learning_curve = _load_benchmark("learning_curve")
     tracker = MLflowTracker(tracking_uri=store, experiment="curve")
     tracker.log_metrics(dict(zip(EVALUATION_SUCCESS, (0.1, 0.05, 0.2))), step=0)
     tracker.log_metrics({TRAINING_SECONDS: 90.0}, step=1)
@@ -120,6 +120,50 @@ def test_learning_curve_puts_each_evaluation_at_its_minute_of_training(store, tm
     assert output.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(KeyError, match="no MLflow experiment 'missing'"):
         learning_curve.main(["--tracking-uri", store, "--experiment", "missing", "--output", str(tmp_path / "d.png")])
+
+
+def _load_benchmark(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _log_method_run(store, experiment, *, entropy, spread, finished=True):
+    """Evaluation before RL (step 0) and after 2 iterations (4 minutes), entropy and spread at 1 and 2."""
+    tracker = MLflowTracker(tracking_uri=store, experiment=experiment)
+    tracker.log_metrics({**dict(zip(EVALUATION_SUCCESS, (0.2, 0.1, 0.3))), TRAINING_SECONDS: 0.0}, step=0)
+    tracker.log_metrics({TRAINING_SECONDS: 120.0, ECHO_TRAP_PANELS["policy entropy"]: entropy[0],
+                         IN_GROUP_STD: spread[0]}, step=1)
+    tracker.log_metrics({TRAINING_SECONDS: 240.0, ECHO_TRAP_PANELS["policy entropy"]: entropy[1],
+                         IN_GROUP_STD: spread[1], **dict(zip(EVALUATION_SUCCESS, (0.6, 0.5, 0.7)))}, step=2)
+    if finished:
+        tracker.end()
+
+
+def test_echo_trap_figure_puts_each_method_on_every_panel_at_its_minute(store, tmp_path, capsys):
+    figure_script = _load_benchmark("echo_trap_figure")
+    _log_method_run(store, "cpu-learning-frozenlake-expert-starpo-s", entropy=(0.5, 0.4), spread=(0.4, 0.3))
+    _log_method_run(store, "cpu-learning-frozenlake-expert-starpo", entropy=(0.5, 0.05), spread=(0.4, 0.0))
+    _log_method_run(store, "cpu-learning-frozenlake-expert-crashed", entropy=(1, 1), spread=(1, 1), finished=False)
+    output = figure_script.main(["--store", f"frozenlake={store}", "--output", str(tmp_path / "echo.png")])
+    assert output.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = capsys.readouterr().out
+    assert "| frozenlake | starpo | 2 | 4.0 | 0.200 -> 0.600 | 0.500 -> 0.050 | 0.400 -> 0.000 |" in table
+    assert "| frozenlake | starpo-s | 2 | 4.0 | 0.200 -> 0.600 | 0.500 -> 0.400 | 0.400 -> 0.300 |" in table
+    assert "crashed" not in table  # an unfinished run is not drawn
+
+    runs = {"frozenlake": figure_script.env_runs("frozenlake", store)}
+    success, entropy, spread = plot_echo_trap(runs).axes
+    assert [line.get_label() for line in entropy.get_lines()] == ["starpo", "starpo-s"]
+    starpo_entropy = entropy.get_lines()[0]
+    assert list(starpo_entropy.get_xdata()) == [2.0, 4.0] and list(starpo_entropy.get_ydata()) == [0.5, 0.05]
+    assert list(spread.get_lines()[1].get_ydata()) == [0.4, 0.3]
+    assert list(success.get_lines()[0].get_xdata()) == [0.0, 4.0]
+    with pytest.raises(ValueError, match="no envs"):
+        plot_echo_trap({})
+    with pytest.raises(SystemExit, match="ENV=URI"):
+        figure_script.main(["--store", store, "--output", str(tmp_path / "x.png")])
 
 
 @pytest.mark.slow
