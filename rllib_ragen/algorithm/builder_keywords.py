@@ -1,4 +1,5 @@
-"""The keywords of each `StarPOConfig` builder and their types, as a TypedDict for its `**settings`.
+"""The keywords of each `StarPOConfig` builder and their types, as a TypedDict for its `**settings`,
+and each settings group's property with its type (`SettingsGroupProperties`).
 
 Generated from the settings groups by `python -m rllib_ragen.algorithm.builder_keywords_codegen`:
 do not edit (a test fails when it is stale). Each builder also takes `NotProvided` (leave unchanged).
@@ -7,7 +8,7 @@ do not edit (a test fails when it is stale). Each builder also takes `NotProvide
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 
 class LlmKeywords(TypedDict, total=False):
@@ -144,3 +145,46 @@ class StarpoEvaluationKeywords(TypedDict, total=False):
 class RolloutRecordingKeywords(TypedDict, total=False):
     rollout_parquet_dir: str | None
     write_rollouts_every: int
+
+
+if TYPE_CHECKING:
+    from rllib_ragen.data.parquet import RecordingSettings
+    from rllib_ragen.inference.engine_settings import EngineSettings
+    from rllib_ragen.lora import LoraSettings
+    from rllib_ragen.rollout.async_rollouts import AsyncRolloutSettings
+    from rllib_ragen.rollout.env_group import RolloutSettings, TurnBudgetSettings
+    from rllib_ragen.rollout.evaluation import EvalSettings
+    from rllib_ragen.rollout.prompt.protocol import ProtocolSettings
+    from rllib_ragen.rollout.reward_shaping import RewardShapingSettings
+    from rllib_ragen.training.advantages.settings import AdvantageSettings
+    from rllib_ragen.training.collapse_metrics import CollapseMetricsSettings
+    from rllib_ragen.training.echo_trap import EchoTrapSettings
+    from rllib_ragen.training.filtering import FilterSettings
+    from rllib_ragen.training.learner import OptimizerSettings, UpdateSettings
+    from rllib_ragen.training.losses import LossSettings
+    from rllib_ragen.training.module import LLMModuleSettings, ScoringSettings
+    from rllib_ragen.training.off_policy import OffPolicyCorrectionSettings
+
+
+class SettingsGroupProperties:
+    """Each group property of `StarPOConfig` and its type (read-only: `SettingsGroups` makes them)."""
+
+    llm_module_settings: LLMModuleSettings
+    lora_settings: LoraSettings
+    rollout_settings: RolloutSettings
+    turn_budget_settings: TurnBudgetSettings
+    protocol_settings: ProtocolSettings
+    async_rollout_settings: AsyncRolloutSettings
+    engine_settings: EngineSettings
+    advantage_settings: AdvantageSettings
+    loss_settings: LossSettings
+    update_settings: UpdateSettings
+    scoring_settings: ScoringSettings
+    optimizer_settings: OptimizerSettings
+    filter_settings: FilterSettings
+    off_policy_correction_settings: OffPolicyCorrectionSettings
+    reward_shaping_settings: RewardShapingSettings
+    collapse_metrics_settings: CollapseMetricsSettings
+    echo_trap_settings: EchoTrapSettings
+    eval_settings: EvalSettings
+    recording_settings: RecordingSettings

@@ -18,11 +18,12 @@ from pathlib import Path
 
 from rllib_ragen.algorithm.builders import RLLIB_KEYWORDS
 from rllib_ragen.algorithm.ignored_rllib_settings import IGNORED_RLLIB_SETTINGS
-from rllib_ragen.algorithm.settings import SETTINGS
+from rllib_ragen.algorithm.settings import SETTINGS, SETTINGS_GROUPS
 
 GENERATED_FILE = Path(__file__).with_name("builder_keywords.py")
 
-_HEADER = '''"""The keywords of each `StarPOConfig` builder and their types, as a TypedDict for its `**settings`.
+_HEADER = '''"""The keywords of each `StarPOConfig` builder and their types, as a TypedDict for its `**settings`,
+and each settings group's property with its type (`SettingsGroupProperties`).
 
 Generated from the settings groups by `python -m rllib_ragen.algorithm.builder_keywords_codegen`:
 do not edit (a test fails when it is stale). Each builder also takes `NotProvided` (leave unchanged).
@@ -44,7 +45,7 @@ def builder_keywords_source() -> str:
     lines = [_HEADER]
     if needs_mapping:
         lines.append("from collections.abc import Mapping")
-    lines.append("from typing import Any, TypedDict" if RLLIB_KEYWORDS else "from typing import TypedDict")
+    lines.append(f"from typing import TYPE_CHECKING, {'Any, ' if RLLIB_KEYWORDS else ''}TypedDict")
     for builder in builders:
         lines += ["", "", f"class {keywords_class_name(builder)}(TypedDict, total=False):"]
         own = {s.keyword: s.annotation for s in SETTINGS if s.builder == builder}
@@ -53,7 +54,27 @@ def builder_keywords_source() -> str:
             lines.append(f"    # RLlib's own (AlgorithmConfig.{builder}), but those StarPO refuses or sets")
             rllib = inspect.signature(RLLIB_KEYWORDS[builder]).parameters
             lines += [f"    {name}: Any" for name in rllib if name not in {"self", *IGNORED_RLLIB_SETTINGS, *own}]
+    lines += group_properties_source()
     return "\n".join(lines) + "\n"
+
+
+def group_properties_source() -> list[str]:
+    """`SettingsGroupProperties`: each group's config property typed as its group (the properties
+    themselves are made at import time, which a type checker does not run)."""
+    by_module: dict[str, set[str]] = {}
+    for binding in SETTINGS_GROUPS:
+        by_module.setdefault(binding.group.__module__, set()).add(binding.group.__name__)
+    lines = ["", "", "if TYPE_CHECKING:"]
+    lines += [f"    from {module} import {', '.join(sorted(names))}" for module, names in sorted(by_module.items())]
+    lines += [
+        "",
+        "",
+        "class SettingsGroupProperties:",
+        '    """Each group property of `StarPOConfig` and its type (read-only: `SettingsGroups` makes them)."""',
+        "",
+    ]
+    lines += [f"    {binding.property_name}: {binding.group.__name__}" for binding in SETTINGS_GROUPS]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

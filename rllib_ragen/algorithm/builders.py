@@ -19,6 +19,7 @@ from typing import Any, TypeVar, cast
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.utils.annotations import override
 
+from rllib_ragen.algorithm.builder_keywords import SettingsGroupProperties
 from rllib_ragen.algorithm.settings import SETTINGS, SETTINGS_GROUPS
 from rllib_ragen.algorithm.settings_binding import Setting, SettingsBinding
 
@@ -105,8 +106,11 @@ def unexpected_keyword(owner: str, builder: str, keyword: str) -> TypeError:
     return TypeError(f"{owner}.{builder}() got an unexpected keyword argument {keyword!r}{hint}")
 
 
-class SettingsGroups:
+class SettingsGroups(SettingsGroupProperties):
     """Mixin of `StarPOConfig`: each settings group as a property (`SettingsBinding.property_name`).
+
+    The properties are made below from `SETTINGS_GROUPS`; `SettingsGroupProperties` (generated with
+    the builders' keywords) declares each with its group's type, for type checkers.
 
     A group is built, so checked, once from the current settings: by `settings_groups()`
     (validation) or at its first use, and kept until a setting is set again. It lives in a slot,

@@ -1,5 +1,6 @@
-"""The type checker sees every builder keyword: mypy flags a misspelled or mistyped one in a planted
-file, and passes the same calls spelled right (the negative control, in the same file)."""
+"""The type checker sees every builder keyword and settings group: mypy flags a misspelled or mistyped
+keyword, or a misspelled group field, in a planted file, and passes the same calls spelled right (the
+negative control, in the same file)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ StarPOConfig().training(actor_lrr=1e-5)
 StarPOConfig().rollouts(n_groups="8")
 StarPOConfig().training(actor_lr=1e-5, grad_clip=1.0).rollouts(n_groups=8, history_window=None)
 StarPOConfig().llm(model="tiny-random").inference(engine="hf").starpo_evaluation(eval_size=4).diagnostics()
+StarPOConfig().engine_settings.kv_blok_size
+block: int | None = StarPOConfig().engine_settings.kv_block_size
 """
 
 
@@ -40,4 +43,6 @@ def test_mypy_flags_a_misspelled_or_mistyped_builder_keyword(tmp_path):
             "[call-arg]"],
         5: ['Argument "n_groups" to "rollouts" of "StarPOConfig" has incompatible type "str"; expected "int"  '
             "[arg-type]"],
+        # A settings group's property is typed as its group: a misspelled field is flagged too.
+        8: ['"EngineSettings" has no attribute "kv_blok_size"; maybe "kv_block_size" or "block_size"?  [attr-defined]'],
     }, out.stdout
