@@ -36,13 +36,14 @@ class TunedRun:
 
     Args:
         description: The first line of `--help`.
-        success_threshold: Success rate `--as-test` requires.
+        success_threshold: Success rate `--as-test` requires, set from measured runs; None where
+            none was measured (`--as-test` then needs `--success-threshold`).
         stop_iters: Training iterations.
         job_budget_min: The whole job's time budget in minutes, or None for none.
     """
 
     description: str
-    success_threshold: float = 0.0
+    success_threshold: float | None = None
     stop_iters: int = 20
     job_budget_min: float | None = None
 
@@ -95,6 +96,8 @@ def main(*, env: str, argv: list[str] | None = None, prog: str | None = None, **
     tuned = dataclasses.replace(tuned_run(env), **settings)
     parser = build_parser(env=env, prog=prog, **dataclasses.asdict(tuned))
     args = parser.parse_args(argv)
+    if args.as_test and args.success_threshold is None:
+        parser.error(f"--as-test needs --success-threshold: no run of {args.env} has been measured to set one")
     if args.job_budget_min is None and args.time_budget_min is None:
         args.job_budget_min = tuned.job_budget_min
     if not args.verbose:

@@ -59,7 +59,7 @@ def build_parser(
     *,
     env: str,
     description: str,
-    success_threshold: float,
+    success_threshold: float | None,
     stop_iters: int,
     job_budget_min: float | None = None,
     prog: str | None = None,
@@ -97,7 +97,7 @@ def add_budget_flags(parser: argparse.ArgumentParser, *, job_budget_min: float |
     )
 
 
-def add_result_flags(parser: argparse.ArgumentParser, *, success_threshold: float) -> None:
+def add_result_flags(parser: argparse.ArgumentParser, *, success_threshold: float | None) -> None:
     """What the run reports at its end: the summary file and the `--as-test` check."""
     parser.add_argument(
         "--summary-json",
@@ -109,7 +109,8 @@ def add_result_flags(parser: argparse.ArgumentParser, *, success_threshold: floa
         "--success-threshold",
         type=float,
         default=success_threshold,
-        help="success rate --as-test requires (evaluation's if evaluated, else training's)",
+        help="success rate --as-test requires (evaluation's if evaluated, else training's); the env's "
+        "tuned threshold, set from measured runs, where it has one",
     )
 
 

@@ -199,3 +199,18 @@ def test_as_test_thresholds_pass_measured_runs_and_fail_below_them(env, learned,
     with pytest.raises(SystemExit) as exit_info:
         check_success({"evaluation": {"success_rate": not_learned}}, threshold)
     assert exit_info.value.code == 1 and "--as-test FAILED" in capsys.readouterr().err
+
+
+def test_as_test_without_a_measured_threshold_is_a_flag_error(capsys):
+    """Countdown has no measured run to set a threshold from: `--as-test` asks for one rather than
+    passing on any success (a 0.0 threshold could never fail); given one, the flags parse."""
+    from rllib_ragen.run.experiment import main, tuned_run
+    from rllib_ragen.run.flags import build_parser
+
+    assert tuned_run("countdown").success_threshold is None
+    with pytest.raises(SystemExit) as exit_info:
+        main(env="countdown", argv=["--as-test"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "error: --as-test needs --success-threshold" in err and "countdown" in err
+    parser = build_parser(env="countdown", description="t", success_threshold=None, stop_iters=1)
+    assert parser.parse_args(["--as-test", "--success-threshold", "0.3"]).success_threshold == 0.3
