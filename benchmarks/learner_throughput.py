@@ -73,8 +73,9 @@ from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model  # 
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate  # noqa: E402
 from rllib_ragen.rollout.prompt.protocol import PromptProtocol, ProtocolSettings  # noqa: E402
 from rllib_ragen.rollout.prompt.token_history import TokenHistory  # noqa: E402
+from rllib_ragen.rollout.trajectory_record import Trajectory  # noqa: E402
 from rllib_ragen.training.losses import aggregate_loss, policy_loss  # noqa: E402
-from rllib_ragen.training.token_batch import Trajectory, build_token_batch  # noqa: E402
+from rllib_ragen.training.token_batch import build_token_batch  # noqa: E402
 
 VARIANTS = ("naive", "fast-fp32", "fast", "lora8", "lora64")
 LORA_RANKS = {"lora8": 8, "lora64": 64}

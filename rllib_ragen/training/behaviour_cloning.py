@@ -23,10 +23,11 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 from rllib_ragen.columns import TOKEN_LOGP
+from rllib_ragen.rollout.trajectory_record import Trajectory
 from rllib_ragen.training.learner import micro_batch_weights
 from rllib_ragen.training.learner_connector import token_columns
 from rllib_ragen.training.module import AUTOCAST_DTYPES, score_generated_tokens, trunk_hidden
-from rllib_ragen.training.token_batch import PAD_TOKEN_ID, Trajectory, build_token_batch
+from rllib_ragen.training.token_batch import PAD_TOKEN_ID, build_token_batch
 
 
 @dataclasses.dataclass(frozen=True)

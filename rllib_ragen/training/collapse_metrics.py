@@ -35,8 +35,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from rllib_ragen.episode_keys import GROUP_ID, RESPONSE_TEXT, SYSTEM_IDS, USER_IDS
 from rllib_ragen.rollout.episode_readers import think_text
+from rllib_ragen.rollout.trajectory_record import response_text, trajectory_start, turn_record
 from rllib_ragen.training.learner_connector import score_rows
 
 Tensor = torch.Tensor
@@ -105,12 +105,12 @@ def first_turn_samples(
         for agent in episode.agent_episodes.values():
             if len(agent) == 0:
                 continue
-            thought = think_text(str(agent.get_infos(1).get(RESPONSE_TEXT, "")))
+            thought = think_text(response_text(agent.get_infos(1)))
             if not thought:
                 continue
-            reset = agent.get_infos(0)
-            prompt = (*reset[SYSTEM_IDS], *agent.get_extra_model_outputs(USER_IDS, 0), *think_tag)
-            samples.append(ReasoningSample(tuple(int(i) for i in prompt), tuple(encode(thought)), int(reset[GROUP_ID])))
+            start = trajectory_start(agent)
+            prompt = (*start.system_ids, *turn_record(agent, 0).user_ids, *think_tag)
+            samples.append(ReasoningSample(tuple(int(i) for i in prompt), tuple(encode(thought)), start.group_id))
     return samples
 
 

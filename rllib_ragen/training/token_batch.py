@@ -14,52 +14,13 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 
 import torch
-from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
-from rllib_ragen.episode_keys import CLOSE_IDS, GROUP_ID, SYSTEM_IDS, USER_IDS
-from rllib_ragen.rollout.prompt.token_history import TokenHistory
+from rllib_ragen.rollout.trajectory_record import Trajectory, trajectories_from_episodes
 
 # Padding is masked out by the attention mask, so any id in the vocabulary does.
 PAD_TOKEN_ID = 0
-
-
-@dataclasses.dataclass
-class Trajectory:
-    """One trajectory's token history and per-turn rewards."""
-
-    history: TokenHistory
-    turn_rewards: list[float]
-    group_id: int
-
-
-def trajectory_from_episode(episode: SingleAgentEpisode, *, history_window: int | None) -> Trajectory:
-    """Rebuilds the exact token history an `LLMEnvRunner` episode was sampled with."""
-    reset_info = episode.get_infos(0)
-    for key in (SYSTEM_IDS, GROUP_ID):
-        if key not in reset_info:
-            raise ValueError(f"episode {episode.id_} was not made by LLMEnvRunner: no {key!r} in its reset info")
-    history = TokenHistory(list(reset_info[SYSTEM_IDS]), history_window)
-    for t in range(len(episode)):
-        history.add_user(list(episode.get_extra_model_outputs(USER_IDS, t)))
-        history.add_response(
-            list(episode.get_actions(t)),
-            list(episode.get_extra_model_outputs(Columns.ACTION_LOGP, t)),
-            list(episode.get_extra_model_outputs(CLOSE_IDS, t)),
-        )
-    return Trajectory(history, [float(r) for r in episode.get_rewards()], int(reset_info[GROUP_ID]))
-
-
-def trajectories_from_episodes(
-    episodes: Iterable[MultiAgentEpisode | SingleAgentEpisode], *, history_window: int | None
-) -> list[Trajectory]:
-    """All agent trajectories of group episodes, in a stable order."""
-    out: list[Trajectory] = []
-    for episode in episodes:
-        agents = episode.agent_episodes.values() if isinstance(episode, MultiAgentEpisode) else [episode]
-        out.extend(trajectory_from_episode(a, history_window=history_window) for a in agents if len(a) > 0)
-    return out
 
 
 @dataclasses.dataclass

@@ -16,7 +16,7 @@ from rllib_ragen.columns import TOKEN_LOGP
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.rllib_private import learner_connector, local_learner
 from rllib_ragen.rollout.env_runner import policy_weights
-from rllib_ragen.training.token_batch import trajectories_from_episodes
+from rllib_ragen.rollout.trajectory_record import trajectories_from_episodes
 
 
 def sokoban_config(model_path, **training) -> StarPOConfig:

@@ -19,11 +19,8 @@ from rllib_ragen.data.convert import (
     turn_spans,
 )
 from rllib_ragen.data.schema import FIELD_NAMES, TRAJECTORY_SCHEMA
-from rllib_ragen.episode_keys import RESPONSE_TEXT
-from rllib_ragen.training.token_batch import (
-    build_token_batch,
-    trajectories_from_episodes,
-)
+from rllib_ragen.rollout.trajectory_record import response_text, trajectories_from_episodes
+from rllib_ragen.training.token_batch import build_token_batch
 
 pytestmark = pytest.mark.usefixtures("ray_session")  # conftest's: a local Ray for this module
 
@@ -185,5 +182,5 @@ def test_unknown_logprobs_are_stored_as_null_and_come_back_as_nan(rollouts):
 def test_response_text_of_every_turn_is_kept(rollouts):
     rows = episodes_to_rows(rollouts, env="sokoban")
     infos = rollouts[0].agent_episodes["traj_0"].get_infos()[1:]
-    assert rows[0]["response_texts"] == [info[RESPONSE_TEXT] for info in infos]
+    assert rows[0]["response_texts"] == [response_text(info) for info in infos]
     assert [json.loads(i)["parsed_actions"] for i in rows[0]["turn_infos"]] == [i["parsed_actions"] for i in infos]

@@ -19,6 +19,7 @@ from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.algorithm.update import update_learners
 from rllib_ragen.rollout.env_group import TurnBudgetSettings
 from rllib_ragen.rollout.prompt.protocol import ProtocolSettings
+from rllib_ragen.rollout.trajectory_record import trajectories_from_episodes
 from rllib_ragen.run.warm_start import WarmStartSettings, warm_start
 from rllib_ragen.training.advantages import (
     ADVANTAGE_ESTIMATORS,
@@ -27,10 +28,7 @@ from rllib_ragen.training.advantages import (
     unregister_advantage_estimator,
 )
 from rllib_ragen.training.learner_connector import score_rows
-from rllib_ragen.training.token_batch import (
-    build_token_batch,
-    trajectories_from_episodes,
-)
+from rllib_ragen.training.token_batch import build_token_batch
 
 pytestmark = pytest.mark.learning
 

@@ -10,6 +10,7 @@ from rllib_ragen.columns import ATTENTION_MASK, INPUT_IDS
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.rollout.env_group import TurnBudgetSettings
 from rllib_ragen.rollout.prompt.protocol import ProtocolSettings
+from rllib_ragen.rollout.trajectory_record import trajectories_from_episodes
 from rllib_ragen.run.warm_start import WarmStartSettings, demonstrations
 from rllib_ragen.training.behaviour_cloning import (
     SupervisedSettings,
@@ -17,7 +18,6 @@ from rllib_ragen.training.behaviour_cloning import (
     cloning_passes,
     supervised_step,
 )
-from rllib_ragen.training.token_batch import trajectories_from_episodes
 
 EXPERT = WarmStartSettings(
     env="frozenlake",

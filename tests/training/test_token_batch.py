@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from rllib_ragen.rollout.prompt.token_history import TokenHistory
-from rllib_ragen.training.token_batch import Trajectory, build_token_batch
+from rllib_ragen.rollout.trajectory_record import Trajectory
+from rllib_ragen.training.token_batch import build_token_batch
 
 
 def _trajectory(turns, rewards, group_id, window=None):
