@@ -23,6 +23,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from rllib_ragen.rollout.prompt.token_history import rows_per_trajectory
 from rllib_ragen.sharding import split_contiguous
 
 T = TypeVar("T")
@@ -111,12 +112,10 @@ def all_reduce_gradients(params: Iterable[torch.nn.Parameter]) -> None:
 
 
 def count_training_rows(episodes: Iterable, *, history_window: int | None) -> int:
-    """Rows the learner connector makes of group episodes: one per trajectory, or per turn with a history window.
-
-    Mirrors `TokenHistory.training_rows` (trajectories without a turn make no row).
-    """
+    """Rows the learner connector makes of group episodes (`rows_per_trajectory`; trajectories
+    without a turn make no row)."""
     return sum(
-        1 if history_window is None else len(agent)
+        rows_per_trajectory(len(agent), history_window)
         for episode in episodes
         for agent in episode.agent_episodes.values()
         if len(agent) > 0

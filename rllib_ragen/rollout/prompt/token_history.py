@@ -9,11 +9,31 @@ header (plus any answer prefill); `response_i` holds the sampled ids exactly as
 the engine returned them; `close_i` ends the assistant message. The prompt of
 turn t is the concatenation above (or only the last k turns of it), so a prompt
 is always a concatenation of earlier token pieces: nothing is re-tokenised.
+
+The learner's row layout follows from the history window (`one_row_per_turn`):
+with the full history a trajectory is one row, with a window each turn saw its
+own prompt and is its own row.
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+
+def check_history_window(history_window: int | None) -> None:
+    """Raises unless `history_window` is None (the full history) or a number of past turns >= 0."""
+    if history_window is not None and history_window < 0:
+        raise ValueError(f"history_window must be >= 0 or None, got {history_window}")
+
+
+def one_row_per_turn(history_window: int | None) -> bool:
+    """Whether the learner trains a trajectory as one row per turn (a history window) or one row."""
+    return history_window is not None
+
+
+def rows_per_trajectory(num_turns: int, history_window: int | None) -> int:
+    """Training rows of a trajectory with `num_turns` answered turns (`TokenHistory.training_rows`)."""
+    return num_turns if one_row_per_turn(history_window) else 1
 
 
 @dataclasses.dataclass
@@ -46,8 +66,7 @@ class TokenHistory:
     turns: list[TokenTurn] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.history_window is not None and self.history_window < 0:
-            raise ValueError(f"history_window must be >= 0 or None, got {self.history_window}")
+        check_history_window(self.history_window)
 
     def add_user(self, user_ids: list[int]) -> None:
         """Starts a new turn with the user message the model must answer."""
@@ -108,7 +127,7 @@ class TokenHistory:
         window, turns saw different prompts, so each turn is its own row.
         Responses appear in turn order either way.
         """
-        if self.history_window is None:
+        if not one_row_per_turn(self.history_window):
             return [self.full_sequence()]
         rows = []
         for index, turn in enumerate(self.answered_turns()):
