@@ -222,7 +222,7 @@ class StarPOConfig(SettingsGroups, AlgorithmConfig):
             GroupAdvantages(
                 advantages=advantages,
                 loss_token_mask=self.loss_token_mask,
-                adv_token_mask=self.adv_token_mask,
+                advantage_token_mask=self.advantage_token_mask,
                 span_labeller=self._span_labeller() if self.loss_settings.needs_token_spans else None,
                 advantage_length_weight=self.advantage_length_weight,
             ),

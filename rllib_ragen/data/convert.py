@@ -313,7 +313,7 @@ def _trajectory_episode(fields: dict[str, Any], label: str) -> SingleAgentEpisod
     start = TrajectoryStart(ids[: spans[0][0]].tolist(), int(fields["group_id"]))
     reset_info = {**start_info(start), SEED: fields["seed"]}
     turns = [
-        TurnRecord(ids[start:rs], ids[re:end], logp[rs:re], text)
+        TurnRecord(ids[start:rs].tolist(), ids[re:end].tolist(), logp[rs:re].tolist(), str(text))
         for (start, rs, re), end, text in zip(spans, ends, fields["response_texts"])
     ]
     step_infos = [{**json.loads(info), **turn_info(turn)} for info, turn in zip(fields["turn_infos"], turns)]

@@ -127,7 +127,7 @@ class _Rows:
 
     input_ids: Tensor
     attention_mask: Tensor
-    loss_mask: Tensor
+    generated_mask: Tensor
 
 
 @torch.no_grad()
@@ -146,12 +146,12 @@ def cross_log_probs(
     width = max(len(x) + len(z) for x, z in rows)
     input_ids = torch.zeros(len(rows), width, dtype=torch.long)
     attention_mask = torch.zeros(len(rows), width, dtype=torch.long)
-    loss_mask = torch.zeros(len(rows), width, dtype=torch.long)
+    generated_mask = torch.zeros(len(rows), width, dtype=torch.long)
     for r, (x, z) in enumerate(rows):
         input_ids[r, : len(x) + len(z)] = torch.tensor(x + z)
         attention_mask[r, : len(x) + len(z)] = 1
-        loss_mask[r, len(x) : len(x) + len(z)] = 1
-    logp, _ = score_rows(module, _Rows(input_ids, attention_mask, loss_mask), micro_batch_size, with_values=False)
+        generated_mask[r, len(x) : len(x) + len(z)] = 1
+    logp, _ = score_rows(module, _Rows(input_ids, attention_mask, generated_mask), micro_batch_size, with_values=False)
     assert logp is not None, "score_rows returns log-probs when with_logp (the default)"
     return logp.sum(dim=1).view(len(reasonings), len(prompts))
 

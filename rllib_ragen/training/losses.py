@@ -3,8 +3,9 @@
 Per-token log-probs and entropies of logits are in `rllib_ragen.logits` (engines score with them too).
 
 All per-token tensors are [B, T] with a 0/1 ``mask`` of the tokens that count
-(the loss mask: generated response tokens only). Stats are detached 0-d tensors
-so that the learner can log them without a device sync.
+(the learner passes the loss mask M_loss, or the advantage mask M_adv for the
+value loss). Stats are detached 0-d tensors so that the learner can log them
+without a device sync.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class LossSettings:
             M_loss), a token mask policy of `rllib_ragen.training.token_masks`: "all",
             "think_and_answer" (no template tokens such as end-of-turn) or
             "answer_only"; `register_token_mask` adds more.
-        adv_token_mask: Which generated tokens get values and advantages (VAGEN's
+        advantage_token_mask: Which generated tokens get values and advantages (VAGEN's
             M_adv), a token mask policy as above: GAE runs over them only, credit
             passing over the others; other estimators' advantages are zeroed off them.
     """
@@ -57,20 +58,20 @@ class LossSettings:
     vf_loss_coeff: float = 1.0
     loss_agg_mode: str = "token-mean"
     loss_token_mask: str = ALL_TOKENS
-    adv_token_mask: str = ALL_TOKENS
+    advantage_token_mask: str = ALL_TOKENS
 
     def __post_init__(self) -> None:
         check_choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGGREGATIONS)
         check_choice("kl_type", self.kl_type, KL_KINDS)
         check_choice("loss_token_mask", self.loss_token_mask, sorted(TOKEN_MASKS))
-        check_choice("adv_token_mask", self.adv_token_mask, sorted(TOKEN_MASKS))
+        check_choice("advantage_token_mask", self.advantage_token_mask, sorted(TOKEN_MASKS))
         if self.kl_coeff < 0 or self.entropy_coeff < 0:
             raise ValueError(f"kl_coeff and entropy_coeff must be >= 0, got {self.kl_coeff}, {self.entropy_coeff}")
 
     @property
     def needs_token_spans(self) -> bool:
         """A token mask policy other than "all" is set: the learner labels tokens with protocol spans."""
-        return (self.loss_token_mask, self.adv_token_mask) != (ALL_TOKENS, ALL_TOKENS)
+        return (self.loss_token_mask, self.advantage_token_mask) != (ALL_TOKENS, ALL_TOKENS)
 
 
 # exp() of a log-ratio beyond this overflows float32 long before it is meaningful.

@@ -91,7 +91,7 @@ def test_advantage_hparams_reach_the_estimator():
     settings = dataclasses.replace(AdvantageSettings(), advantage_estimator="grpo", advantage_hparams={"eps": 1.0})
     assert settings.hparams() == {"norm_by_std": True, "eps": 1.0}
     inputs = AdvantageInputs(
-        rewards=torch.tensor([[0.0, 3.0], [0.0, 1.0]]), mask=torch.ones(2, 2), group_ids=torch.tensor([0, 0])
+        rewards=torch.tensor([[0.0, 3.0], [0.0, 1.0]]), generated_mask=torch.ones(2, 2), group_ids=torch.tensor([0, 0])
     )
     advantages, _ = compute_advantages("grpo", inputs, **settings.hparams())
     expected = 1 / (2**0.5 + 1)

@@ -80,9 +80,11 @@ def test_round_trip_keeps_tokens_masks_logprobs_rewards_and_layout(rollouts):
         assert _trajectory_view(restored, window) == _trajectory_view(rollouts, window)
     original_batch = build_token_batch(trajectories_from_episodes(rollouts, history_window=None), pad_token_id=0)
     restored_batch = build_token_batch(trajectories_from_episodes(restored, history_window=None), pad_token_id=0)
-    for name in ("input_ids", "loss_mask", "sampling_logp", "turn_rewards", "turn_ends", "group_ids"):
+    for name in ("input_ids", "generated_mask", "sampling_logp"):
         assert torch.equal(getattr(restored_batch, name), getattr(original_batch, name)), name
-    assert original_batch.loss_mask.sum() > 0
+    for name in ("generated_mask", "turn_rewards", "turn_ends", "group_ids"):
+        assert torch.equal(getattr(restored_batch.trajectories, name), getattr(original_batch.trajectories, name)), name
+    assert original_batch.generated_mask.sum() > 0
     for original, back in zip(rollouts, restored):
         assert list(back.agent_episodes) == list(original.agent_episodes)
         assert back.env_t_to_agent_t == original.env_t_to_agent_t

@@ -168,8 +168,8 @@ def _turn_one_logp(learner, episodes) -> torch.Tensor:
     logp, _ = score_rows(module, tokens, micro_batch_size=16, with_values=False)
     logp = tokens.to_trajectories(logp)
     # Tokens up to and including the first turn's last one.
-    first_turn = torch.cumsum(tokens.turn_ends.long(), dim=1) - tokens.turn_ends.long() == 0
-    return (logp * (first_turn & tokens.traj_mask)).sum(dim=1)
+    first_turn = torch.cumsum(tokens.trajectories.turn_ends.long(), dim=1) - tokens.trajectories.turn_ends.long() == 0
+    return (logp * (first_turn & tokens.trajectories.generated_mask)).sum(dim=1)
 
 
 def _success_and_left_opening(algo, *, seeds) -> tuple[list, list[bool], list[str]]:

@@ -1,4 +1,4 @@
-"""Prompt building by appending tokens, the loss mask, and answer parsing with a real tokenizer."""
+"""Prompt building by appending tokens, the generated-token mask, and answer parsing with a real tokenizer."""
 
 import pytest
 
@@ -70,7 +70,7 @@ def test_prompt_is_the_concatenation_of_earlier_turn_tokens():
     assert expected[: len(history.prompt_ids(1))] == history.prompt_ids(1)
 
 
-def test_loss_mask_covers_exactly_the_generated_tokens():
+def test_generated_mask_covers_exactly_the_generated_tokens():
     history, turns = _three_turn_history()
     ids, mask, logprobs = history.full_sequence()
     generated = [t for _, resp, _ in turns for t in resp]

@@ -231,10 +231,10 @@ def test_registry_names_and_unknown_name():
 
 
 def test_compute_advantages_uniform_calls():
-    inputs = AdvantageInputs(rewards=BI_REWARDS, mask=BI_MASK, values=BI_VALUES, turn_ends=BI_ENDS)
+    inputs = AdvantageInputs(rewards=BI_REWARDS, generated_mask=BI_MASK, values=BI_VALUES, turn_ends=BI_ENDS)
     adv, ret = compute_advantages("gae", inputs, gamma=1.0, lam=1.0)
     assert_close(adv, t([2, 1, -1, -2]))
-    critic_out = AdvantageInputs(rewards=BI_REWARDS, mask=BI_MASK, values=BI_VALUES.clone().requires_grad_())
+    critic_out = AdvantageInputs(rewards=BI_REWARDS, generated_mask=BI_MASK, values=BI_VALUES.clone().requires_grad_())
     adv, ret = compute_advantages("gae", critic_out, gamma=1.0, lam=1.0)
     assert not adv.requires_grad and not ret.requires_grad
     adv, _ = compute_advantages("bi_level_gae", inputs, gamma=0.5, lam=0.5, high_level_gamma=0.5)
@@ -248,13 +248,13 @@ def test_compute_advantages_grpo_sums_turn_rewards():
     # Trajectory scores 1 + 2 = 3 and 0 + 1 = 1 in one group: mean 2, std sqrt(2).
     rewards = t([0, 1, 0, 2], [1, 0, 0, 1])
     ends = t([0, 1, 0, 1], [1, 0, 0, 1])
-    inputs = AdvantageInputs(rewards=rewards, mask=torch.ones(2, 4), turn_ends=ends, group_ids=torch.tensor([0, 0]))
+    inputs = AdvantageInputs(rewards=rewards, generated_mask=torch.ones(2, 4), turn_ends=ends, group_ids=torch.tensor([0, 0]))
     adv, _ = compute_advantages("grpo", inputs, eps=0.0)
     assert_close(adv[:, 0], torch.tensor([1 / math.sqrt(2), -1 / math.sqrt(2)]))
 
 
 def test_compute_advantages_reports_missing_inputs_and_hparams():
-    no_critic = AdvantageInputs(rewards=BI_REWARDS, mask=BI_MASK)
+    no_critic = AdvantageInputs(rewards=BI_REWARDS, generated_mask=BI_MASK)
     with pytest.raises(ValueError, match="'gae' needs AdvantageInputs.values"):
         compute_advantages("gae", no_critic, gamma=1.0, lam=1.0)
     with pytest.raises(ValueError, match="'grpo' needs AdvantageInputs.group_ids"):
@@ -267,6 +267,6 @@ def test_compute_advantages_reports_missing_inputs_and_hparams():
 
 def test_advantage_inputs_validates_shapes():
     with pytest.raises(ValueError, match="values must have shape"):
-        AdvantageInputs(rewards=BI_REWARDS, mask=BI_MASK, values=torch.zeros(1, 3))
+        AdvantageInputs(rewards=BI_REWARDS, generated_mask=BI_MASK, values=torch.zeros(1, 3))
     with pytest.raises(ValueError, match="group_ids must have shape"):
-        AdvantageInputs(rewards=BI_REWARDS, mask=BI_MASK, group_ids=torch.tensor([0, 1]))
+        AdvantageInputs(rewards=BI_REWARDS, generated_mask=BI_MASK, group_ids=torch.tensor([0, 1]))

@@ -102,9 +102,9 @@ class TokenHistory:
         return [t for t in self.turns if t.is_answered]
 
     def full_sequence(self) -> tuple[list[int], list[int], list[float]]:
-        """All answered turns as one sequence: (token ids, loss mask, sampling log-probs).
+        """All answered turns as one sequence: (token ids, generated mask, sampling log-probs).
 
-        The loss mask is 1 exactly on sampled response tokens; log-probs are 0
+        The generated mask is 1 exactly on sampled response tokens; log-probs are 0
         elsewhere. The unanswered trailing user message is not included.
         """
         ids, mask, logprobs = list(self.system_ids), [0] * len(self.system_ids), [0.0] * len(self.system_ids)
@@ -120,7 +120,7 @@ class TokenHistory:
         return ids, mask, logprobs
 
     def training_rows(self) -> list[tuple[list[int], list[int], list[float]]]:
-        """Sequences the learner trains on: (token ids, loss mask, sampling log-probs).
+        """Sequences the learner trains on: (token ids, generated mask, sampling log-probs).
 
         With the full history, one row holds the whole trajectory (each
         response is trained in the context it was sampled in). With a history

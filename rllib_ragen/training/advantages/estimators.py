@@ -3,7 +3,9 @@
 Data layout (one row per trajectory): the response tokens of all turns of a
 trajectory are concatenated in order and right-padded to ``T``.
 
-- ``mask``      [B, T] 0/1: real response tokens.
+- ``mask``      [B, T] 0/1: the tokens an estimator runs over: the generated
+  tokens (`AdvantageInputs.generated_mask`), or those of the advantage mask
+  after `restrict_to_advantage_mask`.
 - ``rewards``   [B, T]: each turn's reward on that turn's last response token
   (a trajectory-level reward sits on the trajectory's last token).
 - ``turn_ends`` [B, T] 0/1: the last response token of each turn.
@@ -175,30 +177,32 @@ def arpo(scores: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return advantages, advantages
 
 
-def restrict_to_selected(
-    rewards: Tensor, mask: Tensor, selected: Tensor, turn_ends: Tensor | None = None
+def restrict_to_advantage_mask(
+    rewards: Tensor, mask: Tensor, advantage_mask: Tensor, turn_ends: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """The token MDP seen only at ``selected`` positions (VAGEN's advantage mask M_adv).
+    """The token MDP seen only at the tokens of ``advantage_mask`` (VAGEN's M_adv).
 
-    GAE on the result has values and advantages at the selected tokens only,
-    and credit passes over the others: the "next" token of a selected token is
-    the next selected one of its row. So that no reward is skipped with them,
-    each reward moves to the last selected token at or before it (it follows
-    that token's action); a reward before a row's first selected token has no
-    state to follow and is dropped. A turn's last selected token becomes its
-    end; a turn with none selected merges into the turn before it.
+    GAE on the result has values and advantages at those tokens only, and
+    credit passes over the others: the "next" token of a kept token is the
+    next kept one of its row. So that no reward is skipped with them, each
+    reward moves to the last kept token at or before it (it follows that
+    token's action); a reward before a row's first kept token has no state to
+    follow and is dropped. A turn's last kept token becomes its end; a turn
+    with none kept merges into the turn before it.
 
     Args:
         rewards: [B, T], zero on padding.
         mask: [B, T] 0/1, the response tokens.
-        selected: [B, T] 0/1, the tokens that take part in advantage estimation.
+        advantage_mask: [B, T] 0/1, the tokens that take part in advantage estimation.
         turn_ends: [B, T] 0/1, inside ``mask``, or None.
 
     Returns:
-        rewards [B, T] (on selected tokens only), mask & selected [B, T] bool,
-        turn ends [B, T] bool of the selected tokens (None if not given).
+        rewards [B, T] (on kept tokens only), mask & advantage_mask [B, T] bool,
+        turn ends [B, T] bool of the kept tokens (None if not given).
     """
-    kept = to_bool_mask(mask, shape=rewards.shape) & to_bool_mask(selected, shape=rewards.shape, name="selected")
+    kept = to_bool_mask(mask, shape=rewards.shape) & to_bool_mask(
+        advantage_mask, shape=rewards.shape, name="advantage_mask"
+    )
     positions = torch.arange(rewards.shape[1], device=rewards.device).expand_as(kept)
     last_kept = torch.where(kept, positions, -1).cummax(dim=1).values
     credited = torch.where(last_kept >= 0, rewards, torch.zeros_like(rewards))
