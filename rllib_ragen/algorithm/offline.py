@@ -203,8 +203,8 @@ class BCTorchLearner(StarPOTorchLearner):
     @override(StarPOTorchLearner)
     def compute_loss_for_module(self, *, module_id, config, batch: dict[str, Any], fwd_out: dict[str, Any]):
         mask = batch[GENERATED_MASK]  # a likelihood loss trains on every generated token
-        nll = aggregate_loss(-fwd_out[TOKEN_LOGP], mask, agg=config.loss_agg_mode)
-        entropy = aggregate_loss(fwd_out[TOKEN_ENTROPY], mask, agg=config.loss_agg_mode)
+        nll = aggregate_loss(-fwd_out[TOKEN_LOGP], mask, loss_agg_mode=config.loss_agg_mode)
+        entropy = aggregate_loss(fwd_out[TOKEN_ENTROPY], mask, loss_agg_mode=config.loss_agg_mode)
         self.metrics.log_value((module_id, "bc_nll"), float(nll.detach()), reduce="mean")
         self.metrics.log_value((module_id, "entropy"), float(entropy.detach()), reduce="mean")
         return nll

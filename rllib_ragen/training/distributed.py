@@ -77,7 +77,7 @@ def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
     return total
 
 
-def global_share(mask: torch.Tensor, agg: str) -> torch.Tensor:
+def global_share(mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
     """This learner's share of the mini-batch over all learners, in the loss's unit.
 
     Tokens for "token-mean", rows with a token otherwise (the seq-mean
@@ -86,13 +86,13 @@ def global_share(mask: torch.Tensor, agg: str) -> torch.Tensor:
 
     Args:
         mask: [R, L] this learner's loss mask.
-        agg: The loss aggregation (`rllib_ragen.training.losses.LOSS_AGGREGATIONS`).
+        loss_agg_mode: The loss aggregation (`rllib_ragen.training.losses.LOSS_AGGREGATIONS`).
 
     Returns:
         0-d float tensor; 1 when not distributed.
     """
     mask = mask.bool()
-    local = (mask.sum() if agg == "token-mean" else mask.any(dim=1).sum()).float()
+    local = (mask.sum() if loss_agg_mode == "token-mean" else mask.any(dim=1).sum()).float()
     return local / all_reduce_sum(local).clamp(min=1)
 
 

@@ -218,7 +218,7 @@ class StarPOTorchLearner(MiniBatchStepLearner):
     @override(MiniBatchStepLearner)
     def compute_loss_for_module(self, *, module_id, config, batch: dict[str, Any], fwd_out: dict[str, Any]):
         mask = mask_or_generated(batch, Columns.LOSS_MASK)
-        agg = config.loss_agg_mode
+        loss_agg_mode = config.loss_agg_mode
         # No scored old log-probs: the update is one on-policy step, so the old policy is this one.
         old_logp = batch[OLD_LOGP] if OLD_LOGP in batch else fwd_out[TOKEN_LOGP].detach()
         correction, correction_stats = config.off_policy_correction_settings.weights(
@@ -229,13 +229,13 @@ class StarPOTorchLearner(MiniBatchStepLearner):
             old_logp,
             batch[Columns.ADVANTAGES],
             mask,
-            clip_low=config.clip_ratio_low,
-            clip_high=config.clip_ratio_high,
-            clip_c=config.clip_ratio_dual,
-            agg=agg,
+            clip_ratio_low=config.clip_ratio_low,
+            clip_ratio_high=config.clip_ratio_high,
+            clip_ratio_dual=config.clip_ratio_dual,
+            loss_agg_mode=loss_agg_mode,
             weights=correction,
         )
-        entropy = aggregate_loss(fwd_out[TOKEN_ENTROPY], mask, agg=agg)
+        entropy = aggregate_loss(fwd_out[TOKEN_ENTROPY], mask, loss_agg_mode=loss_agg_mode)
         total = pg_loss - config.entropy_coeff * entropy
         ratio_max = correction_stats.pop("is_ratio_max", None)
         stats = {"policy_loss": pg_loss, "entropy": entropy, **pg_stats, **correction_stats}
@@ -245,14 +245,16 @@ class StarPOTorchLearner(MiniBatchStepLearner):
                 batch[Columns.VF_PREDS],
                 batch[Columns.VALUE_TARGETS],
                 mask_or_generated(batch, ADVANTAGE_MASK),
-                clip=config.value_clip,
-                agg=agg,
+                value_clip=config.value_clip,
+                loss_agg_mode=loss_agg_mode,
             )
             total = total + config.vf_loss_coeff * vf_loss
             stats.update(vf_loss=vf_loss, **vf_stats)
         if self._reference is not None:
             kl = aggregate_loss(
-                kl_penalty(fwd_out[TOKEN_LOGP], self._reference_logp(batch), kind=config.kl_type), mask, agg=agg
+                kl_penalty(fwd_out[TOKEN_LOGP], self._reference_logp(batch), kl_type=config.kl_type),
+                mask,
+                loss_agg_mode=loss_agg_mode,
             )
             total = total + config.kl_coeff * kl
             stats["kl"] = kl
@@ -283,7 +285,7 @@ def mask_or_generated(batch: dict[str, torch.Tensor], column: str) -> torch.Tens
 
 
 def micro_batch_weights(
-    batch: dict[str, torch.Tensor], micro_batch_size: int, agg: str, *, token_budget: int | None = None
+    batch: dict[str, torch.Tensor], micro_batch_size: int, loss_agg_mode: str, *, token_budget: int | None = None
 ) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
     """Splits a mini-batch into micro-batches with the weight of each one's loss.
 
@@ -309,7 +311,11 @@ def micro_batch_weights(
         length = int(lengths[rows].max())
         micro = {k: v[rows, :length] if v.dim() == 2 else v[rows] for k, v in batch.items()}
         micro_mask = mask_or_generated(micro, Columns.LOSS_MASK)
-        weight = micro_mask.sum() / total_tokens if agg == "token-mean" else micro_mask.any(dim=1).sum() / total_rows
+        weight = (
+            micro_mask.sum() / total_tokens
+            if loss_agg_mode == "token-mean"
+            else micro_mask.any(dim=1).sum() / total_rows
+        )
         out.append((micro, weight))
     return out
 

@@ -56,7 +56,7 @@ def flipped_estimators(ray_session):
     """The negative control: GAE with the advantage sign flipped (critic kept, registered as needing it)."""
     gae = ADVANTAGE_ESTIMATORS["gae"]
     register_advantage_estimator(
-        "flipped_gae", lambda inputs, *, gamma, lam: _flip(gae(inputs, gamma=gamma, lam=lam)), needs_critic=True
+        "flipped_gae", lambda inputs, *, gamma, lambda_: _flip(gae(inputs, gamma=gamma, lambda_=lambda_)), needs_critic=True
     )
     yield
     unregister_advantage_estimator("flipped_gae")

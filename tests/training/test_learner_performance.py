@@ -76,8 +76,8 @@ def _naive_loss(policy, batch: dict[str, torch.Tensor], agg: str) -> torch.Tenso
     logp = torch.cat([pad, logp_all.gather(-1, batch[INPUT_IDS][:, 1:, None]).squeeze(-1)], dim=1)
     entropy = torch.cat([pad, -(logp_all.exp() * logp_all).sum(-1)], dim=1)
     mask = batch[GENERATED_MASK]
-    pg, _ = policy_loss(logp, batch[OLD_LOGP], batch[Columns.ADVANTAGES], mask, agg=agg)
-    return pg - ENTROPY_COEFF * aggregate_loss(entropy, mask, agg=agg)
+    pg, _ = policy_loss(logp, batch[OLD_LOGP], batch[Columns.ADVANTAGES], mask, loss_agg_mode=agg)
+    return pg - ENTROPY_COEFF * aggregate_loss(entropy, mask, loss_agg_mode=agg)
 
 
 def _update(learner, batch) -> tuple[float, dict[str, torch.Tensor]]:

@@ -59,7 +59,7 @@ def _advantages(policy: str, estimator: str, **hparams):
     return compute_advantages(estimator, inputs, **hparams)
 
 
-# GAE, gamma = 1, lam = 0.5: A_i = r_i + v_next - v_i + 0.5 * A_next over the selected tokens only;
+# GAE, gamma = 1, lambda_ = 0.5: A_i = r_i + v_next - v_i + 0.5 * A_next over the selected tokens only;
 # a reward on an unselected token moves to the last selected token before it.
 # "all":              t7: 1 - 8 = -7; t6: 8 - 7 - 3.5 = -2.5; t5: 7 - 6 - 1.25 = -0.25; t4: 6 - 5 - 0.125 = 0.875;
 #                     t3: 0.5 + 5 - 4 + 0.4375 = 1.9375; t2: 1 + 0.96875; t1: 1 + 0.984375; t0: 1 + 0.9921875
@@ -77,12 +77,12 @@ GAE_BY_HAND = {
 
 @pytest.mark.parametrize("policy", sorted(GAE_BY_HAND))
 def test_gae_honours_the_advantage_mask_by_hand(policy):
-    advantages, returns = _advantages(policy, "gae", gamma=1.0, lam=0.5)
+    advantages, returns = _advantages(policy, "gae", gamma=1.0, lambda_=0.5)
     assert_close(advantages, GAE_BY_HAND[policy][0])
     assert_close(returns, GAE_BY_HAND[policy][1])
 
 
-# Bi-level GAE, turn level gh = 0.5 with lambda 0, token level gamma = lam = 1 (a token's
+# Bi-level GAE, turn level gh = 0.5 with lambda 0, token level gamma = lambda_ = 1 (a token's
 # advantage is its turn's return G_k minus its value); a turn ends at its last selected token.
 # "all":              ends 3, 7: G_2 = 1; G_1 = 0.5 + 0.5 * v_7 = 4.5 -> 4.5 - v | 1 - v
 # "think_and_answer": ends 2, 6: G_2 = 1; G_1 = 0.5 + 0.5 * v_6 = 4   -> 4 - v on 0..2 | 1 - v on 4..6
@@ -97,7 +97,7 @@ BI_LEVEL_BY_HAND = {
 @pytest.mark.parametrize("policy", sorted(BI_LEVEL_BY_HAND))
 def test_bi_level_gae_honours_the_advantage_mask_by_hand(policy):
     advantages, returns = _advantages(
-        policy, "bi_level_gae", gamma=1.0, lam=1.0, high_level_gamma=0.5, high_level_lam=0.0
+        policy, "bi_level_gae", gamma=1.0, lambda_=1.0, high_level_gamma=0.5, high_level_lambda=0.0
     )
     assert_close(advantages, BI_LEVEL_BY_HAND[policy][0])
     assert_close(returns, BI_LEVEL_BY_HAND[policy][1])

@@ -85,13 +85,18 @@ class AdvantageInputs:
         return tensor
 
 
-def _gae_estimator(inputs: AdvantageInputs, *, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+def _gae_estimator(inputs: AdvantageInputs, *, gamma: float, lambda_: float) -> tuple[Tensor, Tensor]:
     inputs = inputs.restricted_to_advantage_mask()
-    return gae(inputs.rewards, inputs.require("values", "gae"), inputs.generated_mask, gamma=gamma, lam=lam)
+    return gae(inputs.rewards, inputs.require("values", "gae"), inputs.generated_mask, gamma=gamma, lambda_=lambda_)
 
 
 def _bi_level_gae_estimator(
-    inputs: AdvantageInputs, *, gamma: float, lam: float, high_level_gamma: float, high_level_lam: float | None = None
+    inputs: AdvantageInputs,
+    *,
+    gamma: float,
+    lambda_: float,
+    high_level_gamma: float,
+    high_level_lambda: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     inputs = inputs.restricted_to_advantage_mask()
     return bi_level_gae(
@@ -100,19 +105,23 @@ def _bi_level_gae_estimator(
         inputs.generated_mask,
         inputs.require("turn_ends", "bi_level_gae"),
         gamma=gamma,
-        lam=lam,
+        lambda_=lambda_,
         high_level_gamma=high_level_gamma,
-        high_level_lam=high_level_lam,
+        high_level_lambda=high_level_lambda,
     )
 
 
-def _grpo_estimator(inputs: AdvantageInputs, *, eps: float = 1e-6, norm_by_std: bool = True) -> tuple[Tensor, Tensor]:
+def _grpo_estimator(
+    inputs: AdvantageInputs, *, eps: float = 1e-6, grpo_norm_by_std: bool = True
+) -> tuple[Tensor, Tensor]:
     group_ids = inputs.require("group_ids", "grpo")
-    return grpo(inputs.scores, group_ids, inputs.generated_mask, eps=eps, norm_by_std=norm_by_std)
+    return grpo(inputs.scores, group_ids, inputs.generated_mask, eps=eps, grpo_norm_by_std=grpo_norm_by_std)
 
 
-def _brpo_estimator(inputs: AdvantageInputs, *, eps: float = 1e-6, norm_by_std: bool = True) -> tuple[Tensor, Tensor]:
-    return brpo(inputs.scores, inputs.generated_mask, eps=eps, norm_by_std=norm_by_std)
+def _brpo_estimator(
+    inputs: AdvantageInputs, *, eps: float = 1e-6, grpo_norm_by_std: bool = True
+) -> tuple[Tensor, Tensor]:
+    return brpo(inputs.scores, inputs.generated_mask, eps=eps, grpo_norm_by_std=grpo_norm_by_std)
 
 
 def _arpo_estimator(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
@@ -138,7 +147,7 @@ def register_advantage_estimator(
     """Adds an estimator ``fn(inputs: AdvantageInputs, **hparams) -> (advantages, returns)``.
 
     Its hyper-parameters are the keyword parameters it declares; the learner
-    passes the configured value of each (e.g. ``gamma``, ``lam``). The
+    passes the configured value of each (e.g. ``gamma``, ``lambda_``). The
     registry is per process: register in a module every learner process imports.
 
     Args:
@@ -188,7 +197,7 @@ def compute_advantages(name: str, inputs: AdvantageInputs, **hparams: float | bo
     Args:
         name: A key of :data:`ADVANTAGE_ESTIMATORS`.
         inputs: The batch tensors.
-        **hparams: The estimator's keyword arguments, e.g. ``gamma=1.0, lam=1.0``.
+        **hparams: The estimator's keyword arguments, e.g. ``gamma=1.0, lambda_=1.0``.
 
     Returns:
         advantages [B, T], returns [B, T], both without gradient and 0 outside
