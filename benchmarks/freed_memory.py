@@ -28,9 +28,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _rows(generator, prefix, *, rows: int, prompts: int, middle: int, answer: int = 12) -> dict:
     import torch
-    from ray.rllib.core.columns import Columns
 
-    from rllib_ragen.columns import ATTENTION_MASK, INPUT_IDS
+    from rllib_ragen.columns import ATTENTION_MASK, GENERATED_MASK, INPUT_IDS
 
     distinct = [torch.cat([prefix, torch.randint(100, 40000, (middle,), generator=generator)]) for _ in range(prompts)]
     ids = torch.stack(
@@ -38,14 +37,13 @@ def _rows(generator, prefix, *, rows: int, prompts: int, middle: int, answer: in
     )
     generated = torch.zeros_like(ids)
     generated[:, -answer:] = 1
-    return {INPUT_IDS: ids, ATTENTION_MASK: torch.ones_like(ids), Columns.LOSS_MASK: generated}
+    return {INPUT_IDS: ids, ATTENTION_MASK: torch.ones_like(ids), GENERATED_MASK: generated}
 
 
 def measure(side: str, steps: int) -> dict:
     import torch
-    from ray.rllib.core.columns import Columns
 
-    from rllib_ragen.columns import TOKEN_LOGP
+    from rllib_ragen.columns import GENERATED_MASK, TOKEN_LOGP
     from rllib_ragen.models import load_causal_lm, resolve_model
     from rllib_ragen.training.host_memory import release_freed_memory
     from rllib_ragen.training.module import score_generated_tokens, trunk_hidden
@@ -61,7 +59,7 @@ def measure(side: str, steps: int) -> dict:
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 hidden = trunk_hidden(model.base_model, batch)
             logp = score_generated_tokens(model.get_output_embeddings(), hidden, batch, 1.0)[TOKEN_LOGP]
-            (-(logp * batch[Columns.LOSS_MASK]).sum()).backward()
+            (-(logp * batch[GENERATED_MASK]).sum()).backward()
         optimizer.step()
         if side == "release":
             release_freed_memory()

@@ -63,6 +63,7 @@ from envs import make_env  # noqa: E402
 from rllib_ragen.algorithm.starpo import StarPOConfig  # noqa: E402
 from rllib_ragen.columns import (  # noqa: E402
     ATTENTION_MASK,
+    GENERATED_MASK,
     INPUT_IDS,
     OLD_LOGP,
     SAMPLING_LOGP,
@@ -73,8 +74,9 @@ from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model  # 
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate  # noqa: E402
 from rllib_ragen.rollout.prompt.protocol import PromptProtocol, ProtocolSettings  # noqa: E402
 from rllib_ragen.rollout.prompt.token_history import TokenHistory  # noqa: E402
+from rllib_ragen.rollout.trajectory_record import Trajectory  # noqa: E402
 from rllib_ragen.training.losses import aggregate_loss, policy_loss  # noqa: E402
-from rllib_ragen.training.token_batch import Trajectory, build_token_batch  # noqa: E402
+from rllib_ragen.training.token_batch import build_token_batch  # noqa: E402
 
 VARIANTS = ("naive", "fast-fp32", "fast", "lora8", "lora64")
 LORA_RANKS = {"lora8": 8, "lora64": 64}
@@ -177,11 +179,11 @@ def sokoban_batch(model_path, args: argparse.Namespace) -> dict[str, torch.Tenso
     ]
     tokens = build_token_batch(trajectories, pad_token_id=0)
     generator = torch.Generator().manual_seed(args.seed)
-    advantages = torch.randn(tokens.loss_mask.shape, generator=generator) * tokens.loss_mask
+    advantages = torch.randn(tokens.generated_mask.shape, generator=generator) * tokens.generated_mask
     return {
         INPUT_IDS: tokens.input_ids,
         ATTENTION_MASK: tokens.attention_mask,
-        Columns.LOSS_MASK: tokens.loss_mask,
+        GENERATED_MASK: tokens.generated_mask,
         Columns.ADVANTAGES: advantages,
     }
 
@@ -200,7 +202,7 @@ def naive_token_scores(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Ten
 def naive_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The StarPO loss (PPO clip + entropy bonus, token-mean) on the naive scores."""
     logp, entropy = naive_token_scores(model, batch)
-    mask = batch[Columns.LOSS_MASK]
+    mask = batch[GENERATED_MASK]
     pg, _ = policy_loss(logp, batch[OLD_LOGP], batch[Columns.ADVANTAGES], mask)
     return pg - ENTROPY_COEFF * aggregate_loss(entropy, mask)
 
@@ -214,7 +216,7 @@ class NaiveUpdater:
 
     def old_logp(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         with torch.no_grad():
-            return naive_token_scores(self.model, batch)[0] * batch[Columns.LOSS_MASK]
+            return naive_token_scores(self.model, batch)[0] * batch[GENERATED_MASK]
 
     def parameters(self):
         return self.model.parameters()
@@ -305,7 +307,7 @@ def run_variant(args: argparse.Namespace) -> Result:
     trainable = sum(p.numel() for p in updater.parameters() if p.requires_grad)
     return Result(
         variant=args.run_variant, seconds=seconds, tokens=int(batch[ATTENTION_MASK].sum()),
-        generated_tokens=int(batch[Columns.LOSS_MASK].sum()), loss=loss, rss_before_mb=rss_before,
+        generated_tokens=int(batch[GENERATED_MASK].sum()), loss=loss, rss_before_mb=rss_before,
         peak_rss_mb=peak_rss, trainable_params=trainable,
         sync_seconds=sync_seconds, sync_mb=packed.nbytes / 2**20, **adapter_sync,
     )

@@ -84,7 +84,7 @@ class TrainingKeywords(TypedDict, total=False):
     vf_loss_coeff: float
     loss_agg_mode: str
     loss_token_mask: str
-    adv_token_mask: str
+    advantage_token_mask: str
     rollout_frequency: int
     mini_batch_size: int | None
     micro_batch_size: int

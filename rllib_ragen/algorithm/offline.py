@@ -48,7 +48,6 @@ from ray.rllib.connectors.learner.learner_connector_pipeline import (
     LearnerConnectorPipeline,
 )
 from ray.rllib.core import DEFAULT_MODULE_ID
-from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.offline.offline_data import OfflineData
 from ray.rllib.utils.annotations import override
@@ -57,7 +56,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 from rllib_ragen.algorithm.starpo import StarPO, StarPOConfig
-from rllib_ragen.columns import TOKEN_ENTROPY, TOKEN_LOGP
+from rllib_ragen.columns import GENERATED_MASK, TOKEN_ENTROPY, TOKEN_LOGP
 from rllib_ragen.data.parquet import iter_group_episodes, map_to_trajectories
 from rllib_ragen.masked import masked_mean
 from rllib_ragen.rllib_private import set_learner_connector
@@ -203,9 +202,9 @@ class BCTorchLearner(StarPOTorchLearner):
 
     @override(StarPOTorchLearner)
     def compute_loss_for_module(self, *, module_id, config, batch: dict[str, Any], fwd_out: dict[str, Any]):
-        mask = batch[Columns.LOSS_MASK]
-        nll = aggregate_loss(-fwd_out[TOKEN_LOGP], mask, agg=config.loss_agg_mode)
-        entropy = aggregate_loss(fwd_out[TOKEN_ENTROPY], mask, agg=config.loss_agg_mode)
+        mask = batch[GENERATED_MASK]  # a likelihood loss trains on every generated token
+        nll = aggregate_loss(-fwd_out[TOKEN_LOGP], mask, loss_agg_mode=config.loss_agg_mode)
+        entropy = aggregate_loss(fwd_out[TOKEN_ENTROPY], mask, loss_agg_mode=config.loss_agg_mode)
         self.metrics.log_value((module_id, "bc_nll"), float(nll.detach()), reduce="mean")
         self.metrics.log_value((module_id, "entropy"), float(entropy.detach()), reduce="mean")
         return nll
@@ -240,7 +239,7 @@ def response_token_nll(
     tokens = token_batch_of_episodes(episodes, history_window=history_window)
     total, count = 0.0, 0
     for micro in micro_batches(tokens, micro_batch_size, policy.device):
-        n = int(micro[Columns.LOSS_MASK].sum())
+        n = int(micro[GENERATED_MASK].sum())
         total += float(response_nll(policy, micro)) * n
         count += n
     return total / max(count, 1)
@@ -250,4 +249,4 @@ def response_nll(model: PreTrainedModel, batch: dict[str, torch.Tensor]) -> torc
     """Mean negative log-likelihood of the response tokens of `batch` (rows [R, L]) under an HF causal LM."""
     hidden = trunk_hidden(model.base_model, batch)
     logp = score_generated_tokens(model.get_output_embeddings(), hidden, batch, 1.0, with_entropy=False)[TOKEN_LOGP]
-    return -masked_mean(logp, batch[Columns.LOSS_MASK])
+    return -masked_mean(logp, batch[GENERATED_MASK])

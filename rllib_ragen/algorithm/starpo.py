@@ -59,6 +59,7 @@ from rllib_ragen.inference.weight_sync import PolicyWeightSync
 from rllib_ragen.models import load_tokenizer, resolve_model, resolves_locally
 from rllib_ragen.rollout.env_runner import LLMEnvRunner
 from rllib_ragen.rollout.evaluation import evaluate_on_seeds
+from rllib_ragen.rollout.prompt.token_history import rows_per_trajectory
 from rllib_ragen.training.filtering import filter_groups
 from rllib_ragen.training.learner import StarPOTorchLearner
 from rllib_ragen.training.learner_connector import GroupAdvantages, OldLogProbsAndValues, TokenRows
@@ -221,7 +222,7 @@ class StarPOConfig(SettingsGroups, AlgorithmConfig):
             GroupAdvantages(
                 advantages=advantages,
                 loss_token_mask=self.loss_token_mask,
-                adv_token_mask=self.adv_token_mask,
+                advantage_token_mask=self.advantage_token_mask,
                 span_labeller=self._span_labeller() if self.loss_settings.needs_token_spans else None,
                 advantage_length_weight=self.advantage_length_weight,
             ),
@@ -258,8 +259,8 @@ class StarPOConfig(SettingsGroups, AlgorithmConfig):
     def max_rows_per_update(self) -> int:
         """Most token rows one update trains on: the most groups the filter keeps x group size
         (a row is a trajectory, or one turn with a history window)."""
-        rows_per_trajectory = 1 if self.history_window is None else self.max_turns
-        return self.filter_settings.max_kept_groups(self.n_groups) * self.group_size * rows_per_trajectory
+        rows = rows_per_trajectory(self.max_turns, self.history_window)
+        return self.filter_settings.max_kept_groups(self.n_groups) * self.group_size * rows
 
     @property
     def update_is_one_on_policy_step(self) -> bool:

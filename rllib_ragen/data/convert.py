@@ -25,26 +25,27 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 from ray.rllib.core import DEFAULT_MODULE_ID
-from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
 from rllib_ragen.data.schema import FIELD_NAMES, FIELDS, FieldSpec
-from rllib_ragen.episode_keys import (
-    CLOSE_IDS,
-    GROUP_ID,
-    RESPONSE_TEXT,
-    SYSTEM_IDS,
-    USER_IDS,
-)
 from rllib_ragen.rollout.prompt.token_history import TokenHistory
-from rllib_ragen.training.token_batch import trajectory_from_episode
+from rllib_ragen.rollout.trajectory_record import (
+    TrajectoryStart,
+    TurnRecord,
+    episode_model_outputs,
+    is_record_info_key,
+    start_info,
+    trajectory_from_episode,
+    turn_info,
+    turn_model_outputs,
+    turn_record,
+)
 
-# Info keys written by LLMEnvRunner / EnvGroup.
+# The reset-info key `EnvGroup` writes.
 SEED = "seed"
 # Added by `ray.data.read_parquet(..., include_paths=True)`; named in row errors.
 PATH_COLUMN = "path"
-_PIECES = (Columns.ACTION_LOGP, USER_IDS, CLOSE_IDS)
 
 
 class TrajectoryRowError(ValueError):
@@ -99,13 +100,9 @@ def _trajectory_row(
     episode: SingleAgentEpisode, *, episode_id: str, agent_id: str, group_size: int, env: str, env_config: str
 ) -> dict[str, Any]:
     trajectory = trajectory_from_episode(episode, history_window=None)
-    token_ids, loss_mask, logp = trajectory.history.full_sequence()
+    token_ids, generated_mask, logp = trajectory.history.full_sequence()
     step_infos = episode.get_infos()[1:]
-    for t, info in enumerate(step_infos):
-        if RESPONSE_TEXT not in info:
-            raise ValueError(
-                f"episode {episode.id_} turn {t}: step info has no {RESPONSE_TEXT!r} (not made by LLMEnvRunner)"
-            )
+    texts = [turn_record(episode, t).response_text for t in range(len(step_infos))]
     seed = episode.get_infos(0).get(SEED)
     return {
         "trajectory_id": episode.id_,
@@ -117,20 +114,24 @@ def _trajectory_row(
         "env_config": env_config,
         "seed": None if seed is None else int(seed),
         "token_ids": [int(i) for i in token_ids],
-        "loss_mask": loss_mask,
-        "sampling_logp": _stored_logp(np.asarray(logp, np.float32), np.asarray(loss_mask, bool), episode.id_),
+        # The stored field keeps its schema name; it holds the generated-token mask.
+        "loss_mask": generated_mask,
+        "sampling_logp": _stored_logp(np.asarray(logp, np.float32), np.asarray(generated_mask, bool), episode.id_),
         "turn_spans": turn_spans(trajectory.history),
         "turn_rewards": trajectory.turn_rewards,
         "observations": [str(o) for o in episode.get_observations()],
-        "response_texts": [str(info[RESPONSE_TEXT]) for info in step_infos],
-        "turn_infos": [
-            json.dumps({k: v for k, v in info.items() if k != RESPONSE_TEXT}, sort_keys=True, default=_json_default)
-            for info in step_infos
-        ],
+        "response_texts": texts,
+        "turn_infos": [_env_info_json(info) for info in step_infos],
         "terminated": bool(episode.is_terminated),
         "truncated": bool(episode.is_truncated),
         "success": bool(step_infos[-1].get("success", False)),
     }
+
+
+def _env_info_json(step_info: Mapping[str, Any]) -> str:
+    """A step info without the record's entries (stored in their own fields), as JSON."""
+    env_info = {k: v for k, v in step_info.items() if not is_record_info_key(k)}
+    return json.dumps(env_info, sort_keys=True, default=_json_default)
 
 
 def turn_spans(history: TokenHistory) -> list[list[int]]:
@@ -309,10 +310,13 @@ def _trajectory_episode(fields: dict[str, Any], label: str) -> SingleAgentEpisod
     logp = fields["sampling_logp"]
     # Unknown log-probs (demonstrations) become NaN: never mistaken for real values.
     logp = np.full(len(ids), np.nan, dtype=np.float32) if logp is None else logp.astype(np.float32)
-    reset_info = {SYSTEM_IDS: ids[: spans[0][0]].tolist(), GROUP_ID: int(fields["group_id"]), SEED: fields["seed"]}
-    step_infos = [
-        {**json.loads(info), RESPONSE_TEXT: text} for info, text in zip(fields["turn_infos"], fields["response_texts"])
+    start = TrajectoryStart(ids[: spans[0][0]].tolist(), int(fields["group_id"]))
+    reset_info = {**start_info(start), SEED: fields["seed"]}
+    turns = [
+        TurnRecord(ids[start:rs].tolist(), ids[re:end].tolist(), logp[rs:re].tolist(), str(text))
+        for (start, rs, re), end, text in zip(spans, ends, fields["response_texts"])
     ]
+    step_infos = [{**json.loads(info), **turn_info(turn)} for info, turn in zip(fields["turn_infos"], turns)]
     return SingleAgentEpisode(
         id_=fields["trajectory_id"],
         agent_id=fields["agent_id"],
@@ -322,11 +326,7 @@ def _trajectory_episode(fields: dict[str, Any], label: str) -> SingleAgentEpisod
         infos=[reset_info, *step_infos],
         actions=[ids[rs:re] for _, rs, re in spans],
         rewards=[float(r) for r in fields["turn_rewards"]],
-        extra_model_outputs={
-            Columns.ACTION_LOGP: [logp[rs:re] for _, rs, re in spans],
-            USER_IDS: [ids[start:rs] for start, rs, _ in spans],
-            CLOSE_IDS: [ids[re:end] for (_, _, re), end in zip(spans, ends)],
-        },
+        extra_model_outputs=episode_model_outputs(turns),
         terminated=bool(fields["terminated"]),
         truncated=bool(fields["truncated"]),
         len_lookback_buffer=0,
@@ -390,7 +390,7 @@ def group_episode(members: Sequence[SingleAgentEpisode]) -> MultiAgentEpisode:
             infos={m.agent_id: m.get_infos(t + 1) for m in acting},
             terminateds={**{m.agent_id: m.is_terminated and last[m.agent_id] for m in acting}, "__all__": group_done},
             truncateds={**{m.agent_id: m.is_truncated and last[m.agent_id] for m in acting}, "__all__": group_done},
-            extra_model_outputs={m.agent_id: {k: m.get_extra_model_outputs(k, t) for k in _PIECES} for m in acting},
+            extra_model_outputs={m.agent_id: turn_model_outputs(turn_record(m, t)) for m in acting},
         )
     for m in members:
         episode.agent_episodes[m.agent_id].id_ = m.id_

@@ -32,18 +32,10 @@ from typing import Any
 
 import numpy as np
 from ray.rllib.core import DEFAULT_MODULE_ID
-from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
 from envs.sokoban_solver import DEFAULT_MAX_STATES
 from rllib_ragen.data.experts import Turn, TurnBudgetLeft, expert_for
-from rllib_ragen.episode_keys import (
-    CLOSE_IDS,
-    GROUP_ID,
-    RESPONSE_TEXT,
-    SYSTEM_IDS,
-    USER_IDS,
-)
 from rllib_ragen.rollout.env_group import EnvGroup, TurnBudgetSettings, agent_id
 from rllib_ragen.rollout.prompt.answer_parser import ACTION_SEPARATOR
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
@@ -51,6 +43,13 @@ from rllib_ragen.rollout.prompt.protocol import (
     PromptProtocol,
     ProtocolSettings,
     feedback_for,
+)
+from rllib_ragen.rollout.trajectory_record import (
+    TrajectoryStart,
+    TurnRecord,
+    start_info,
+    turn_info,
+    turn_model_outputs,
 )
 
 AGENT = agent_id(0)
@@ -219,7 +218,7 @@ def _play(
     observations, infos = reset
     budget = group.budget
     episode = MultiAgentEpisode(agent_module_ids={AGENT: DEFAULT_MODULE_ID})
-    reset_info = {**infos[AGENT], SYSTEM_IDS: protocol.system_ids, GROUP_ID: group_id}
+    reset_info = {**infos[AGENT], **start_info(TrajectoryStart(protocol.system_ids, group_id))}
     episode.add_env_reset(observations=observations, infos={AGENT: reset_info})
     turns_left, actions_left = budget.max_turns, budget.max_actions_per_traj
     user_ids = protocol.user_ids(observations[AGENT], turns_left=turns_left, actions_left=actions_left)
@@ -234,15 +233,24 @@ def _play(
         if list(parsed.actions) != turn.actions:
             raise RuntimeError(f"the tokenised answer {text!r} parses to {list(parsed.actions)}, not {turn.actions}")
         observations, rewards, terminateds, truncateds, infos = group.step({AGENT: turn.actions})
+        # Nobody sampled these tokens: their sampling log-probs are unknown (NaN).
+        record = TurnRecord(user_ids, protocol.close_ids(response_ids), [np.nan] * len(response_ids), text)
         info = {
             **infos[AGENT],
-            RESPONSE_TEXT: text,
+            **turn_info(record),
             "format_ok": parsed.format_ok,
             "parsed_actions": list(parsed.actions),
             "finish_reason": "stop",
         }
-        step = dict(observations=observations, rewards=rewards, terminateds=terminateds, truncateds=truncateds)
-        _add_turn(episode, protocol, response_ids, user_ids, info=info, **step)
+        episode.add_env_step(
+            actions={AGENT: np.asarray(response_ids, dtype=np.int32)},
+            infos={AGENT: info},
+            extra_model_outputs={AGENT: turn_model_outputs(record)},
+            observations=observations,
+            rewards=rewards,
+            terminateds=terminateds,
+            truncateds=truncateds,
+        )
         if terminateds[AGENT] or truncateds[AGENT]:
             return episode
         turns_left, actions_left = info["turns_left"], info["actions_left"]
@@ -253,30 +261,6 @@ def _play(
             turns_left=turns_left,
             actions_left=actions_left,
         )
-
-
-def _add_turn(
-    episode: MultiAgentEpisode,
-    protocol: PromptProtocol,
-    response_ids: list[int],
-    user_ids: list[int],
-    *,
-    info: dict[str, Any],
-    **step: Any,
-) -> None:
-    """Records one answered turn as the env runner does, but with no sampling log-probs (NaN)."""
-    episode.add_env_step(
-        actions={AGENT: np.asarray(response_ids, dtype=np.int32)},
-        infos={AGENT: info},
-        extra_model_outputs={
-            AGENT: {
-                Columns.ACTION_LOGP: np.full(len(response_ids), np.nan, dtype=np.float32),
-                USER_IDS: np.asarray(user_ids, dtype=np.int32),
-                CLOSE_IDS: np.asarray(protocol.close_ids(response_ids), dtype=np.int32),
-            }
-        },
-        **step,
-    )
 
 
 def demonstration_response(protocol: PromptProtocol, actions: list[str], thought: str) -> list[int]:

@@ -13,8 +13,8 @@ Before each weight sync the sampler waits for the shards in flight (an actor run
 its calls in order, so a weight load would queue behind them anyway); the
 shards it has not issued yet are sampled after the sync, with the new weights.
 
-Every group carries the policy version its runner held (`POLICY_VERSION` in its
-reset infos, set by the weight sync itself), so a runner that missed a broadcast
+Every group carries the policy version its runner held (its trajectories'
+starts record it, set by the weight sync itself), so a runner that missed a broadcast
 (say one restarted after a crash, which holds the initial weights) is seen in
 its groups' version. A runner that dies loses only its shard in flight: the
 groups already fetched stay, and its seeds are issued again to a healthy runner.
@@ -31,7 +31,7 @@ from typing import Any
 
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
-from rllib_ragen.episode_keys import POLICY_VERSION
+from rllib_ragen.rollout.trajectory_record import policy_version
 from rllib_ragen.sharding import split_contiguous
 
 logger = logging.getLogger(__name__)
@@ -170,8 +170,8 @@ class RunAheadShards:
 
 
 def policy_version_of(episode: MultiAgentEpisode) -> int:
-    """The policy version that sampled a group (from its reset infos)."""
-    return int(next(iter(episode.agent_episodes.values())).get_infos(0)[POLICY_VERSION])
+    """The policy version that sampled a group (its first trajectory's)."""
+    return policy_version(next(iter(episode.agent_episodes.values())))
 
 
 def staleness_counts(staleness: list[int], *, max_staleness: int) -> dict[str, float]:

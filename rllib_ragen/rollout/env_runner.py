@@ -34,21 +34,12 @@ from typing import Any
 import numpy as np
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
-from ray.rllib.core.columns import Columns
 from ray.rllib.env import INPUT_ENV_SPACES
 from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
 
-from rllib_ragen.episode_keys import (
-    CLOSE_IDS,
-    GROUP_ID,
-    POLICY_VERSION,
-    RESPONSE_TEXT,
-    SYSTEM_IDS,
-    USER_IDS,
-)
 from rllib_ragen.inference.engine import InferenceEngine, SamplingParams
 from rllib_ragen.inference.factory import make_engine
 from rllib_ragen.models import load_tokenizer, resolve_model
@@ -57,6 +48,13 @@ from rllib_ragen.rollout.episode_readers import rollout_statistics
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
 from rllib_ragen.rollout.prompt.protocol import PromptProtocol, feedback_for
 from rllib_ragen.rollout.prompt.token_history import TokenHistory
+from rllib_ragen.rollout.trajectory_record import (
+    TrajectoryStart,
+    TurnRecord,
+    start_info,
+    turn_info,
+    turn_model_outputs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -331,10 +329,9 @@ class _GroupRollout:
                 group.end(agent)
         index = len(self.groups)
         episode = MultiAgentEpisode(agent_module_ids={a: DEFAULT_MODULE_ID for a in keep})
+        start = start_info(TrajectoryStart(self.protocol.system_ids, group_id, runner.policy_version))
         for agent in keep:
-            infos[agent].update(
-                {SYSTEM_IDS: self.protocol.system_ids, GROUP_ID: group_id, POLICY_VERSION: runner.policy_version}
-            )
+            infos[agent].update(start)
             self.histories[(index, agent)] = histories[agent]
         episode.add_env_reset(observations={a: observations[a] for a in keep}, infos={a: infos[a] for a in keep})
         self.groups.append(group)
@@ -362,20 +359,15 @@ class _GroupRollout:
 
     def _step_group(self, index: int, completions: dict[str, Any]) -> None:
         group, episode = self.groups[index], self.episodes[index]
-        actions, texts, parsed_answers, extra = {}, {}, {}, {}
+        actions, turns, parsed_answers = {}, {}, {}
         with self._timed("prompt_build_s"):
             for agent, completion in completions.items():
                 history = self.histories[(index, agent)]
-                texts[agent], parsed_answers[agent] = self.protocol.parse(completion.token_ids)
+                text, parsed_answers[agent] = self.protocol.parse(completion.token_ids)
                 actions[agent] = list(parsed_answers[agent].actions)
-                user_ids = history.turns[-1].user_ids
                 close_ids = self.protocol.close_ids(completion.token_ids)
+                turns[agent] = TurnRecord(history.turns[-1].user_ids, close_ids, completion.logprobs, text)
                 history.add_response(completion.token_ids, completion.logprobs, close_ids)
-                extra[agent] = {
-                    Columns.ACTION_LOGP: np.asarray(completion.logprobs, dtype=np.float32),
-                    USER_IDS: np.asarray(user_ids, dtype=np.int32),
-                    CLOSE_IDS: np.asarray(close_ids, dtype=np.int32),
-                }
         with self._timed("env_step_s"):
             observations, rewards, terminateds, truncateds, infos = group.step(actions)
         with self._timed("prompt_build_s"):
@@ -383,7 +375,7 @@ class _GroupRollout:
                 parsed = parsed_answers[agent]
                 infos[agent].update(
                     {
-                        RESPONSE_TEXT: texts[agent],
+                        **turn_info(turns[agent]),
                         "format_ok": parsed.format_ok,
                         "parsed_actions": list(parsed.actions),
                         "finish_reason": completions[agent].finish_reason,
@@ -404,7 +396,7 @@ class _GroupRollout:
             infos=infos,
             terminateds=terminateds,
             truncateds=truncateds,
-            extra_model_outputs=extra,
+            extra_model_outputs={agent: turn_model_outputs(turn) for agent, turn in turns.items()},
         )
 
     def _continue(self, history: TokenHistory, observation: str, reward: float, parsed, info: dict) -> bool:

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
-from rllib_ragen.episode_keys import RESPONSE_TEXT
 from rllib_ragen.rollout.reward_shaping import TASK_REWARD, shaping_statistics
+from rllib_ragen.rollout.trajectory_record import response_text
 
 
 def think_text(response: str) -> str | None:
@@ -56,7 +56,7 @@ def rollout_statistics(episodes: list[MultiAgentEpisode]) -> dict[str, float]:
             turns.append(len(agent_episode))
             valid_turns.extend(turn_validity(agent_episode))
             well_formed.extend(float(bool(i.get("format_ok", False))) for i in infos[1:])
-            thoughts.extend(t for t in (think_text(i.get(RESPONSE_TEXT, "")) for i in infos[1:]) if t is not None)
+            thoughts.extend(t for t in (think_text(response_text(i)) for i in infos[1:]) if t is not None)
             # Episodes from before reward shaping (e.g. offline data) carry only task rewards.
             task_returns.append(sum(i.get(TASK_REWARD, r) for i, r in zip(infos[1:], agent_episode.get_rewards())))
             turn_infos.extend(infos[1:])

@@ -75,7 +75,7 @@ class RewardShapingSettings:
         words = len(parsed.think.split()) if parsed.think is not None else 0
         terms = {
             THINK_LENGTH: think_length_in_band(
-                parsed.think, min_words=self.think_min_words, max_words=self.think_max_words
+                parsed.think, think_min_words=self.think_min_words, think_max_words=self.think_max_words
             ),
             THINK_NAMES_ACTION: thought_names_action(parsed.think, parsed.actions),
         }
@@ -85,11 +85,11 @@ class RewardShapingSettings:
         return task_reward + bonus, {TASK_REWARD: task_reward, THINK_WORDS: float(words), **terms, SHAPING_BONUS: bonus}
 
 
-def think_length_in_band(think: str | None, *, min_words: int, max_words: int) -> float:
-    """1.0 when ``think`` has ``min_words`` to ``max_words`` words (inclusive), else 0.0 (also for None)."""
+def think_length_in_band(think: str | None, *, think_min_words: int, think_max_words: int) -> float:
+    """1.0 when ``think`` has ``think_min_words`` to ``think_max_words`` words (inclusive), else 0.0 (also for None)."""
     if think is None:
         return 0.0
-    return float(min_words <= len(think.split()) <= max_words)
+    return float(think_min_words <= len(think.split()) <= think_max_words)
 
 
 def thought_names_action(think: str | None, actions: Sequence[str]) -> float:

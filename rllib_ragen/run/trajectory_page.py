@@ -21,9 +21,9 @@ from typing import Any
 import jinja2
 
 from envs import make_env
-from rllib_ragen.episode_keys import RESPONSE_TEXT
 from rllib_ragen.rollout.episode_readers import succeeded, turn_validity
 from rllib_ragen.rollout.prompt.answer_parser import parse_answer
+from rllib_ragen.rollout.trajectory_record import response_text
 
 # (word in a symbol's meaning, cell colour): the first word found decides, so the
 # more specific meanings ("box on a target", "you fell") come before the general ones.
@@ -172,7 +172,7 @@ def _trajectory(group_index: int, agent: str, trajectory: Any, *, legend: Mappin
     turns = []
     for t, reward in enumerate(rewards):
         info = infos[t + 1]
-        response = str(info.get(RESPONSE_TEXT, ""))
+        response = response_text(info)
         turns.append(
             {
                 "reward": reward,

@@ -54,9 +54,9 @@ from rllib_ragen.models import (
 )
 from rllib_ragen.rollout.env_group import TurnBudgetSettings
 from rllib_ragen.rollout.prompt.protocol import ProtocolSettings
+from rllib_ragen.rollout.trajectory_record import trajectories_from_episodes
 from rllib_ragen.training.behaviour_cloning import SupervisedSettings, cloning_passes, supervised_step
 from rllib_ragen.training.host_memory import release_freed_memory
-from rllib_ragen.training.token_batch import trajectories_from_episodes
 
 # Part of the cache key: a change to how the warm start trains, or to the text of the
 # demonstrations it trains on (e.g. an expert's thought), must bump it so old results are not reused.

@@ -16,17 +16,17 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
-from ray.rllib.core.columns import Columns
 from torch import nn
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-from rllib_ragen.columns import TOKEN_LOGP
+from rllib_ragen.columns import GENERATED_MASK, TOKEN_LOGP
+from rllib_ragen.rollout.trajectory_record import Trajectory
 from rllib_ragen.training.learner import micro_batch_weights
 from rllib_ragen.training.learner_connector import token_columns
 from rllib_ragen.training.module import AUTOCAST_DTYPES, score_generated_tokens, trunk_hidden
-from rllib_ragen.training.token_batch import PAD_TOKEN_ID, Trajectory, build_token_batch
+from rllib_ragen.training.token_batch import PAD_TOKEN_ID, build_token_batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,10 +74,10 @@ class SupervisedSettings:
 
 def answer_nll(policy: PreTrainedModel, batch: dict[str, torch.Tensor], settings: SupervisedSettings) -> torch.Tensor:
     """Mean NLL per generated token of `batch` (rows [R, L]) under a Hugging Face causal LM, a scalar."""
-    with settings.autocast(batch[Columns.LOSS_MASK].device):
+    with settings.autocast(batch[GENERATED_MASK].device):
         hidden = trunk_hidden(policy.base_model, batch)
     logp = score_generated_tokens(policy.get_output_embeddings(), hidden, batch, 1.0, with_entropy=False)[TOKEN_LOGP]
-    mask = batch[Columns.LOSS_MASK]
+    mask = batch[GENERATED_MASK]
     return -(logp * mask).sum() / mask.sum().clamp(min=1)
 
 
@@ -112,7 +112,7 @@ def cloning_passes(
         for start in range(0, len(trajectories), trajectories_per_pass):
             chunk = trajectories[start : start + trajectories_per_pass]
             columns = token_columns(build_token_batch(chunk, pad_token_id=PAD_TOKEN_ID))
-            n_rows = columns[Columns.LOSS_MASK].shape[0]
+            n_rows = columns[GENERATED_MASK].shape[0]
             yield [
                 {name: column[first : first + rows_per_step] for name, column in columns.items()}
                 for first in range(0, n_rows, rows_per_step)

@@ -35,8 +35,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from rllib_ragen.episode_keys import GROUP_ID, RESPONSE_TEXT, SYSTEM_IDS, USER_IDS
 from rllib_ragen.rollout.episode_readers import think_text
+from rllib_ragen.rollout.trajectory_record import response_text, trajectory_start, turn_record
 from rllib_ragen.training.learner_connector import score_rows
 
 Tensor = torch.Tensor
@@ -105,12 +105,12 @@ def first_turn_samples(
         for agent in episode.agent_episodes.values():
             if len(agent) == 0:
                 continue
-            thought = think_text(str(agent.get_infos(1).get(RESPONSE_TEXT, "")))
+            thought = think_text(response_text(agent.get_infos(1)))
             if not thought:
                 continue
-            reset = agent.get_infos(0)
-            prompt = (*reset[SYSTEM_IDS], *agent.get_extra_model_outputs(USER_IDS, 0), *think_tag)
-            samples.append(ReasoningSample(tuple(int(i) for i in prompt), tuple(encode(thought)), int(reset[GROUP_ID])))
+            start = trajectory_start(agent)
+            prompt = (*start.system_ids, *turn_record(agent, 0).user_ids, *think_tag)
+            samples.append(ReasoningSample(tuple(int(i) for i in prompt), tuple(encode(thought)), start.group_id))
     return samples
 
 
@@ -127,7 +127,7 @@ class _Rows:
 
     input_ids: Tensor
     attention_mask: Tensor
-    loss_mask: Tensor
+    generated_mask: Tensor
 
 
 @torch.no_grad()
@@ -146,12 +146,12 @@ def cross_log_probs(
     width = max(len(x) + len(z) for x, z in rows)
     input_ids = torch.zeros(len(rows), width, dtype=torch.long)
     attention_mask = torch.zeros(len(rows), width, dtype=torch.long)
-    loss_mask = torch.zeros(len(rows), width, dtype=torch.long)
+    generated_mask = torch.zeros(len(rows), width, dtype=torch.long)
     for r, (x, z) in enumerate(rows):
         input_ids[r, : len(x) + len(z)] = torch.tensor(x + z)
         attention_mask[r, : len(x) + len(z)] = 1
-        loss_mask[r, len(x) : len(x) + len(z)] = 1
-    logp, _ = score_rows(module, _Rows(input_ids, attention_mask, loss_mask), micro_batch_size, with_values=False)
+        generated_mask[r, len(x) : len(x) + len(z)] = 1
+    logp, _ = score_rows(module, _Rows(input_ids, attention_mask, generated_mask), micro_batch_size, with_values=False)
     assert logp is not None, "score_rows returns log-probs when with_logp (the default)"
     return logp.sum(dim=1).view(len(reasonings), len(prompts))
 

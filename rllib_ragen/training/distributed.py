@@ -23,6 +23,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from rllib_ragen.rollout.prompt.token_history import rows_per_trajectory
 from rllib_ragen.sharding import split_contiguous
 
 T = TypeVar("T")
@@ -76,7 +77,7 @@ def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
     return total
 
 
-def global_share(mask: torch.Tensor, agg: str) -> torch.Tensor:
+def global_share(mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
     """This learner's share of the mini-batch over all learners, in the loss's unit.
 
     Tokens for "token-mean", rows with a token otherwise (the seq-mean
@@ -85,13 +86,13 @@ def global_share(mask: torch.Tensor, agg: str) -> torch.Tensor:
 
     Args:
         mask: [R, L] this learner's loss mask.
-        agg: The loss aggregation (`rllib_ragen.training.losses.LOSS_AGGREGATIONS`).
+        loss_agg_mode: The loss aggregation (`rllib_ragen.training.losses.LOSS_AGGREGATIONS`).
 
     Returns:
         0-d float tensor; 1 when not distributed.
     """
     mask = mask.bool()
-    local = (mask.sum() if agg == "token-mean" else mask.any(dim=1).sum()).float()
+    local = (mask.sum() if loss_agg_mode == "token-mean" else mask.any(dim=1).sum()).float()
     return local / all_reduce_sum(local).clamp(min=1)
 
 
@@ -111,12 +112,10 @@ def all_reduce_gradients(params: Iterable[torch.nn.Parameter]) -> None:
 
 
 def count_training_rows(episodes: Iterable, *, history_window: int | None) -> int:
-    """Rows the learner connector makes of group episodes: one per trajectory, or per turn with a history window.
-
-    Mirrors `TokenHistory.training_rows` (trajectories without a turn make no row).
-    """
+    """Rows the learner connector makes of group episodes (`rows_per_trajectory`; trajectories
+    without a turn make no row)."""
     return sum(
-        1 if history_window is None else len(agent)
+        rows_per_trajectory(len(agent), history_window)
         for episode in episodes
         for agent in episode.agent_episodes.values()
         if len(agent) > 0

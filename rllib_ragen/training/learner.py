@@ -1,7 +1,8 @@
 """`StarPOTorchLearner`: the trajectory-level StarPO update on token rows.
 
-Loss per mini-batch (all [rows, L]; policy terms masked to M_loss, the value
-loss to M_adv, see `rllib_ragen.training.token_masks`; both default to every generated token):
+Loss per mini-batch (all [rows, L]; policy terms masked to M_loss (`Columns.LOSS_MASK`), the
+value loss to M_adv (`ADVANTAGE_MASK`), see `rllib_ragen.training.token_masks`; both default to
+every generated token, `GENERATED_MASK`):
     policy  PPO with decoupled clip (low/high) and dual clip     losses.policy_loss
             per token weighted by the off-policy correction      off_policy (TIS / MIS, or none)
     value   clipped value loss (critic-based estimators only)    losses.value_loss
@@ -28,13 +29,13 @@ from ray.rllib.utils.annotations import override
 
 from rllib_ragen.checks import check_at_least_one
 from rllib_ragen.columns import (
+    ADVANTAGE_MASK,
     ATTENTION_MASK,
+    GENERATED_MASK,
     OLD_LOGP,
-    POLICY_MASK,
     SAMPLING_LOGP,
     TOKEN_ENTROPY,
     TOKEN_LOGP,
-    VALUE_MASK,
 )
 from rllib_ragen.masked import masked_mean
 from rllib_ragen.rllib_private import (
@@ -196,7 +197,7 @@ class StarPOTorchLearner(MiniBatchStepLearner):
         # would need equal micro-batch counts on every learner): each loss is weighted by
         # its share of the global mini-batch and the gradients are summed over learners once.
         module = self.module[DEFAULT_MODULE_ID].unwrapped()
-        share = global_share(mask_or_generated(module_batch, POLICY_MASK), self.config.loss_agg_mode)
+        share = global_share(mask_or_generated(module_batch, Columns.LOSS_MASK), self.config.loss_agg_mode)
         total_loss: Any = 0.0  # a Tensor after the first micro-batch
         fwd_out = None
         # The token positions this optimiser step runs (logged once a step: the last step's with several).
@@ -216,8 +217,8 @@ class StarPOTorchLearner(MiniBatchStepLearner):
 
     @override(MiniBatchStepLearner)
     def compute_loss_for_module(self, *, module_id, config, batch: dict[str, Any], fwd_out: dict[str, Any]):
-        mask = mask_or_generated(batch, POLICY_MASK)
-        agg = config.loss_agg_mode
+        mask = mask_or_generated(batch, Columns.LOSS_MASK)
+        loss_agg_mode = config.loss_agg_mode
         # No scored old log-probs: the update is one on-policy step, so the old policy is this one.
         old_logp = batch[OLD_LOGP] if OLD_LOGP in batch else fwd_out[TOKEN_LOGP].detach()
         correction, correction_stats = config.off_policy_correction_settings.weights(
@@ -228,13 +229,13 @@ class StarPOTorchLearner(MiniBatchStepLearner):
             old_logp,
             batch[Columns.ADVANTAGES],
             mask,
-            clip_low=config.clip_ratio_low,
-            clip_high=config.clip_ratio_high,
-            clip_c=config.clip_ratio_dual,
-            agg=agg,
+            clip_ratio_low=config.clip_ratio_low,
+            clip_ratio_high=config.clip_ratio_high,
+            clip_ratio_dual=config.clip_ratio_dual,
+            loss_agg_mode=loss_agg_mode,
             weights=correction,
         )
-        entropy = aggregate_loss(fwd_out[TOKEN_ENTROPY], mask, agg=agg)
+        entropy = aggregate_loss(fwd_out[TOKEN_ENTROPY], mask, loss_agg_mode=loss_agg_mode)
         total = pg_loss - config.entropy_coeff * entropy
         ratio_max = correction_stats.pop("is_ratio_max", None)
         stats = {"policy_loss": pg_loss, "entropy": entropy, **pg_stats, **correction_stats}
@@ -243,20 +244,22 @@ class StarPOTorchLearner(MiniBatchStepLearner):
                 fwd_out[Columns.VF_PREDS],
                 batch[Columns.VF_PREDS],
                 batch[Columns.VALUE_TARGETS],
-                mask_or_generated(batch, VALUE_MASK),
-                clip=config.value_clip,
-                agg=agg,
+                mask_or_generated(batch, ADVANTAGE_MASK),
+                value_clip=config.value_clip,
+                loss_agg_mode=loss_agg_mode,
             )
             total = total + config.vf_loss_coeff * vf_loss
             stats.update(vf_loss=vf_loss, **vf_stats)
         if self._reference is not None:
             kl = aggregate_loss(
-                kl_penalty(fwd_out[TOKEN_LOGP], self._reference_logp(batch), kind=config.kl_type), mask, agg=agg
+                kl_penalty(fwd_out[TOKEN_LOGP], self._reference_logp(batch), kl_type=config.kl_type),
+                mask,
+                loss_agg_mode=loss_agg_mode,
             )
             total = total + config.kl_coeff * kl
             stats["kl"] = kl
         # Train/inference mismatch: the learner's log-probs vs the engine's sampling ones, on every generated token.
-        generated = batch[Columns.LOSS_MASK]
+        generated = batch[GENERATED_MASK]
         gap = (old_logp.detach() - batch[SAMPLING_LOGP]).abs()
         stats["ratio_to_sampling_mean"] = masked_mean(torch.exp(fwd_out[TOKEN_LOGP] - batch[SAMPLING_LOGP]), generated)
         stats["train_inference_logp_gap_mean"] = masked_mean(gap, generated)
@@ -276,13 +279,13 @@ class StarPOTorchLearner(MiniBatchStepLearner):
 
 
 def mask_or_generated(batch: dict[str, torch.Tensor], column: str) -> torch.Tensor:
-    """The [rows, L] mask ``column``, or every generated token (`Columns.LOSS_MASK`) when the
+    """The [rows, L] mask ``column``, or every generated token (`GENERATED_MASK`) when the
     batch has no such column (batches without `GroupAdvantages`' masks, e.g. behaviour cloning)."""
-    return batch[column] if column in batch else batch[Columns.LOSS_MASK]
+    return batch[column] if column in batch else batch[GENERATED_MASK]
 
 
 def micro_batch_weights(
-    batch: dict[str, torch.Tensor], micro_batch_size: int, agg: str, *, token_budget: int | None = None
+    batch: dict[str, torch.Tensor], micro_batch_size: int, loss_agg_mode: str, *, token_budget: int | None = None
 ) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
     """Splits a mini-batch into micro-batches with the weight of each one's loss.
 
@@ -292,14 +295,14 @@ def micro_batch_weights(
     rows, so the accumulated gradient equals that of the whole mini-batch
     for any split. Each micro-batch is cut to its longest row.
     """
-    mask = mask_or_generated(batch, POLICY_MASK)
+    mask = mask_or_generated(batch, Columns.LOSS_MASK)
     n_rows = mask.shape[0]
     lengths = batch[ATTENTION_MASK].sum(dim=1)
     if token_budget is None:
         groups = [torch.arange(s, min(s + micro_batch_size, n_rows)) for s in range(0, n_rows, micro_batch_size)]
     else:
         # Rows that share a prompt in one micro-batch, where the module runs that prompt once.
-        order = prompt_order(batch) if Columns.LOSS_MASK in batch else None
+        order = prompt_order(batch) if GENERATED_MASK in batch else None
         groups = token_budget_groups(lengths, token_budget, order=order)
     total_tokens = mask.sum().clamp(min=1)
     total_rows = max(int(mask.any(dim=1).sum()), 1)
@@ -307,8 +310,12 @@ def micro_batch_weights(
     for rows in groups:
         length = int(lengths[rows].max())
         micro = {k: v[rows, :length] if v.dim() == 2 else v[rows] for k, v in batch.items()}
-        micro_mask = mask_or_generated(micro, POLICY_MASK)
-        weight = micro_mask.sum() / total_tokens if agg == "token-mean" else micro_mask.any(dim=1).sum() / total_rows
+        micro_mask = mask_or_generated(micro, Columns.LOSS_MASK)
+        weight = (
+            micro_mask.sum() / total_tokens
+            if loss_agg_mode == "token-mean"
+            else micro_mask.any(dim=1).sum() / total_rows
+        )
         out.append((micro, weight))
     return out
 

@@ -9,8 +9,8 @@ mini-batch; each piece is a `ConnectorV2`:
    and, with a critic, the old values;
 3. `GroupAdvantages`: advantages and value targets per trajectory, estimated, whitened
    and length-weighted in one sequence (`rllib_ragen.training.advantages.postprocess`), on
-   the tokens the advantage mask selects (`rllib_ragen.training.token_masks`), with the
-   policy-loss and value-loss masks beside the generated-token mask.
+   tokens of the advantage mask (`rllib_ragen.training.token_masks`), with the loss
+   mask and the advantage mask beside the generated-token mask.
 Behaviour cloning uses piece 1 only; offline StarPO the whole pipeline. The pieces
 share the `TokenBatch` (rows <-> trajectories) through RLlib's `shared_data`.
 """
@@ -27,13 +27,13 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.utils.annotations import override
 
 from rllib_ragen.columns import (
+    ADVANTAGE_MASK,
     ATTENTION_MASK,
+    GENERATED_MASK,
     INPUT_IDS,
     OLD_LOGP,
-    POLICY_MASK,
     SAMPLING_LOGP,
     TOKEN_LOGP,
-    VALUE_MASK,
 )
 from rllib_ragen.masked import masked_mean
 from rllib_ragen.rollout.reward_shaping import RewardShapingSettings
@@ -57,7 +57,7 @@ def _module_batch(batch: dict[str, Any], rl_module) -> tuple[dict[str, torch.Ten
 
 
 class TokenRows(ConnectorV2):
-    """Episodes -> padded token rows: `input_ids`, `attention_mask`, `loss_mask` and `sampling_logp`, [R, L].
+    """Episodes -> padded token rows: `input_ids`, `attention_mask`, `generated_mask` and `sampling_logp`, [R, L].
 
     Args:
         history_window: The rollout's history window (decides the row layout).
@@ -87,7 +87,7 @@ class TokenRows(ConnectorV2):
         columns.update({k: v.to(device) for k, v in token_columns(tokens).items()})
         columns[SAMPLING_LOGP] = tokens.sampling_logp.to(device)
         if metrics is not None and self.log_trained_tokens:
-            metrics.log_value((DEFAULT_MODULE_ID, "num_trained_tokens"), float(tokens.loss_mask.sum()), window=1)
+            metrics.log_value((DEFAULT_MODULE_ID, "num_trained_tokens"), float(tokens.generated_mask.sum()), window=1)
         return batch
 
 
@@ -140,12 +140,12 @@ class OldLogProbsAndValues(ConnectorV2):
 
 
 class GroupAdvantages(ConnectorV2):
-    """Advantages (`Columns.ADVANTAGES`), value targets and the loss masks of the token rows.
+    """Advantages (`Columns.ADVANTAGES`), value targets, the loss mask and the advantage mask of the token rows.
 
     Args:
         advantages: Estimator and its hyper-parameters.
         loss_token_mask: Token mask policy of the policy loss (M_loss).
-        adv_token_mask: Token mask policy of advantage estimation (M_adv).
+        advantage_token_mask: Token mask policy of advantage estimation (M_adv).
         span_labeller: Labels tokens with protocol spans; needed by every
             mask policy but "all".
         advantage_length_weight: Exponent of the length weighting of advantages
@@ -159,7 +159,7 @@ class GroupAdvantages(ConnectorV2):
         *,
         advantages: AdvantageSettings,
         loss_token_mask: str = ALL_TOKENS,
-        adv_token_mask: str = ALL_TOKENS,
+        advantage_token_mask: str = ALL_TOKENS,
         span_labeller: ResponseSpanLabeller | None = None,
         advantage_length_weight: float = RewardShapingSettings.advantage_length_weight,
         **kwargs,
@@ -167,33 +167,34 @@ class GroupAdvantages(ConnectorV2):
         super().__init__(input_observation_space, input_action_space, **kwargs)
         self.advantages = advantages
         self.loss_token_mask = loss_token_mask
-        self.adv_token_mask = adv_token_mask
+        self.advantage_token_mask = advantage_token_mask
         self.span_labeller = span_labeller
         self.advantage_length_weight = advantage_length_weight
 
     @override(ConnectorV2)
     def __call__(self, *, rl_module, batch, episodes, shared_data=None, metrics=None, **kwargs) -> dict[str, Any]:
         tokens, old_values = shared_data[TOKEN_BATCH], shared_data.get(OLD_VALUES)
-        spans = self.token_spans(tokens)
+        spans, layout = self.token_spans(tokens), tokens.trajectories
+        advantage_mask = self.advantage_token_mask
         inputs = AdvantageInputs(
-            rewards=tokens.turn_rewards,
-            mask=tokens.traj_mask,
+            rewards=layout.turn_rewards,
+            generated_mask=layout.generated_mask,
             values=tokens.to_trajectories(old_values) if old_values is not None else None,
-            turn_ends=tokens.turn_ends,
-            group_ids=tokens.group_ids,
-            adv_mask=None if self.adv_token_mask == ALL_TOKENS else build_token_mask(self.adv_token_mask, spans),
+            turn_ends=layout.turn_ends,
+            group_ids=layout.group_ids,
+            advantage_mask=None if advantage_mask == ALL_TOKENS else build_token_mask(advantage_mask, spans),
         )
         estimated = estimate_advantages(inputs, self.advantages, length_weight=self.advantage_length_weight)
         advantages, returns = estimated.advantages, estimated.returns
         columns = {
-            POLICY_MASK: _row_mask(tokens, build_token_mask(self.loss_token_mask, spans)),
+            Columns.LOSS_MASK: _row_mask(tokens, build_token_mask(self.loss_token_mask, spans)),
             Columns.ADVANTAGES: tokens.to_rows(advantages),
         }
         if old_values is not None:
             columns[Columns.VALUE_TARGETS] = tokens.to_rows(returns)
-            columns[VALUE_MASK] = _row_mask(tokens, inputs.advantage_mask)
+            columns[ADVANTAGE_MASK] = _row_mask(tokens, inputs.advantage_tokens)
         if metrics is not None:
-            _log_batch_metrics(metrics, tokens, advantages, columns[POLICY_MASK])
+            _log_batch_metrics(metrics, tokens, advantages, columns[Columns.LOSS_MASK])
             if estimated.length_weights is not None:
                 _log_length_weights(metrics, estimated.length_weights)
         module_columns, device = _module_batch(batch, rl_module)
@@ -202,10 +203,10 @@ class GroupAdvantages(ConnectorV2):
 
     def token_spans(self, tokens: TokenBatch) -> TokenSpans:
         """What the mask policies select by; span labels only with a labeller (a policy other than "all")."""
-        spans = TokenSpans(mask=tokens.traj_mask, turn_ends=tokens.turn_ends)
+        spans = TokenSpans(generated_mask=tokens.trajectories.generated_mask, turn_ends=tokens.trajectories.turn_ends)
         if self.span_labeller is None:
             return spans
-        return self.span_labeller(tokens.to_trajectories(tokens.input_ids), spans.mask, spans.turn_ends)
+        return self.span_labeller(tokens.to_trajectories(tokens.input_ids), spans.generated_mask, spans.turn_ends)
 
 
 class PaddedRows(Protocol):
@@ -216,7 +217,7 @@ class PaddedRows(Protocol):
     @property
     def attention_mask(self) -> torch.Tensor: ...
     @property
-    def loss_mask(self) -> torch.Tensor: ...
+    def generated_mask(self) -> torch.Tensor: ...
 
 
 def token_columns(tokens: PaddedRows) -> dict[str, torch.Tensor]:
@@ -224,14 +225,14 @@ def token_columns(tokens: PaddedRows) -> dict[str, torch.Tensor]:
     return {
         INPUT_IDS: tokens.input_ids,
         ATTENTION_MASK: tokens.attention_mask,
-        Columns.LOSS_MASK: tokens.loss_mask,
+        GENERATED_MASK: tokens.generated_mask,
     }
 
 
 def micro_batches(tokens: PaddedRows, micro_batch_size: int, device: torch.device) -> Iterator[dict[str, torch.Tensor]]:
     """The module's input columns of consecutive runs of `micro_batch_size` rows, on `device`.
 
-    `tokens` is a `TokenBatch` or any rows with its `input_ids`, `attention_mask` and `loss_mask` [R, L].
+    `tokens` is a `TokenBatch` or any rows with its `input_ids`, `attention_mask` and `generated_mask` [R, L].
     """
     columns = token_columns(tokens)
     for start in range(0, tokens.input_ids.shape[0], micro_batch_size):
@@ -255,16 +256,17 @@ def score_rows(
     return (torch.cat(logps) if with_logp else None), (torch.cat(values) if with_values else None)
 
 
-def _row_mask(tokens: TokenBatch, traj_mask: torch.Tensor) -> torch.Tensor:
+def _row_mask(tokens: TokenBatch, mask: torch.Tensor) -> torch.Tensor:
     """A [B, T] mask of generated tokens as [R, L] rows, in the dtype of the generated-token mask."""
-    return tokens.to_rows(traj_mask).to(tokens.loss_mask.dtype)
+    return tokens.to_rows(mask).to(tokens.generated_mask.dtype)
 
 
-def _log_batch_metrics(metrics, tokens: TokenBatch, advantages: torch.Tensor, policy_mask: torch.Tensor) -> None:
+def _log_batch_metrics(metrics, tokens: TokenBatch, advantages: torch.Tensor, loss_mask: torch.Tensor) -> None:
+    generated_mask = tokens.trajectories.generated_mask
     values = {
-        "advantage_mean": masked_mean(advantages, tokens.traj_mask).item(),
-        "num_trained_tokens": float(policy_mask.bool().sum()),
-        "num_trained_trajectories": float(tokens.traj_mask.shape[0]),
+        "advantage_mean": masked_mean(advantages, generated_mask).item(),
+        "num_trained_tokens": float(loss_mask.bool().sum()),
+        "num_trained_trajectories": float(generated_mask.shape[0]),
         # Every token of every row, prompt included: what 6 x parameters x tokens counts as the update's FLOPs.
         "num_row_tokens": float(tokens.attention_mask.sum()),
     }

@@ -3,8 +3,9 @@
 Per-token log-probs and entropies of logits are in `rllib_ragen.logits` (engines score with them too).
 
 All per-token tensors are [B, T] with a 0/1 ``mask`` of the tokens that count
-(the loss mask: generated response tokens only). Stats are detached 0-d tensors
-so that the learner can log them without a device sync.
+(the learner passes the loss mask M_loss, or the advantage mask M_adv for the
+value loss). Stats are detached 0-d tensors so that the learner can log them
+without a device sync.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class LossSettings:
             M_loss), a token mask policy of `rllib_ragen.training.token_masks`: "all",
             "think_and_answer" (no template tokens such as end-of-turn) or
             "answer_only"; `register_token_mask` adds more.
-        adv_token_mask: Which generated tokens get values and advantages (VAGEN's
+        advantage_token_mask: Which generated tokens get values and advantages (VAGEN's
             M_adv), a token mask policy as above: GAE runs over them only, credit
             passing over the others; other estimators' advantages are zeroed off them.
     """
@@ -57,27 +58,27 @@ class LossSettings:
     vf_loss_coeff: float = 1.0
     loss_agg_mode: str = "token-mean"
     loss_token_mask: str = ALL_TOKENS
-    adv_token_mask: str = ALL_TOKENS
+    advantage_token_mask: str = ALL_TOKENS
 
     def __post_init__(self) -> None:
         check_choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGGREGATIONS)
         check_choice("kl_type", self.kl_type, KL_KINDS)
         check_choice("loss_token_mask", self.loss_token_mask, sorted(TOKEN_MASKS))
-        check_choice("adv_token_mask", self.adv_token_mask, sorted(TOKEN_MASKS))
+        check_choice("advantage_token_mask", self.advantage_token_mask, sorted(TOKEN_MASKS))
         if self.kl_coeff < 0 or self.entropy_coeff < 0:
             raise ValueError(f"kl_coeff and entropy_coeff must be >= 0, got {self.kl_coeff}, {self.entropy_coeff}")
 
     @property
     def needs_token_spans(self) -> bool:
         """A token mask policy other than "all" is set: the learner labels tokens with protocol spans."""
-        return (self.loss_token_mask, self.adv_token_mask) != (ALL_TOKENS, ALL_TOKENS)
+        return (self.loss_token_mask, self.advantage_token_mask) != (ALL_TOKENS, ALL_TOKENS)
 
 
 # exp() of a log-ratio beyond this overflows float32 long before it is meaningful.
 _MAX_LOG_RATIO = 20.0
 
 
-def aggregate_loss(loss: Tensor, mask: Tensor, *, agg: str = "token-mean") -> Tensor:
+def aggregate_loss(loss: Tensor, mask: Tensor, *, loss_agg_mode: str = "token-mean") -> Tensor:
     """Reduces a per-token loss [B, T] to a scalar.
 
     - "token-mean": mean over every masked token of the batch (long
@@ -87,13 +88,13 @@ def aggregate_loss(loss: Tensor, mask: Tensor, *, agg: str = "token-mean") -> Te
 
     Rows without masked tokens are left out of the row mean.
     """
-    if agg not in LOSS_AGGREGATIONS:
-        raise ValueError(f"unknown loss aggregation {agg!r}; choose one of {list(LOSS_AGGREGATIONS)}")
+    if loss_agg_mode not in LOSS_AGGREGATIONS:
+        raise ValueError(f"unknown loss aggregation {loss_agg_mode!r}; choose one of {list(LOSS_AGGREGATIONS)}")
     mask = to_bool_mask(mask, shape=loss.shape)
-    if agg == "token-mean":
+    if loss_agg_mode == "token-mean":
         return masked_mean(loss, mask)
     per_row = masked_sum(loss, mask, dim=1)
-    if agg == "seq-mean-token-mean":
+    if loss_agg_mode == "seq-mean-token-mean":
         per_row = per_row / mask.sum(dim=1).clamp(min=1)
     return masked_mean(per_row, mask.any(dim=1))
 
@@ -104,55 +105,55 @@ def policy_loss(
     advantages: Tensor,
     mask: Tensor,
     *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    clip_c: float | None = 3.0,
-    agg: str = "token-mean",
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.28,
+    clip_ratio_dual: float | None = 3.0,
+    loss_agg_mode: str = "token-mean",
     weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO policy loss with decoupled clipping and dual clipping (StarPO-S).
 
     ``ratio = exp(logp - old_logp)``;
-    ``pg = max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))``;
-    for ``A < 0`` the dual clip bounds it: ``pg = min(pg, -A * clip_c)``.
+    ``pg = max(-A * ratio, -A * clip(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high))``;
+    for ``A < 0`` the dual clip bounds it: ``pg = min(pg, -A * clip_ratio_dual)``.
 
     Args:
         logp, old_logp, advantages, mask: [B, T].
-        clip_low: Lower clip range, in [0, 1).
-        clip_high: Upper clip range, >= 0.
-        clip_c: Dual-clip constant, > 1; None disables dual clipping.
-        agg: See :func:`aggregate_loss`.
+        clip_ratio_low: Lower clip range, in [0, 1).
+        clip_ratio_high: Upper clip range, >= 0.
+        clip_ratio_dual: Dual-clip constant, > 1; None disables dual clipping.
+        loss_agg_mode: See :func:`aggregate_loss`.
         weights: [B, T] constant per-token factors of the clipped loss before
             aggregation (off-policy correction, `rllib_ragen.training.off_policy`); None = 1.
 
     Returns:
         The scalar loss and stats: ``clip_frac_low`` (A < 0, ratio < 1 - low),
         ``clip_frac_high`` (A > 0, ratio > 1 + high), ``clip_frac_dual``
-        (A < 0, ratio > clip_c), ``approx_kl`` (mean old_logp - logp) and
+        (A < 0, ratio > clip_ratio_dual), ``approx_kl`` (mean old_logp - logp) and
         ``ratio_mean``, all over the masked tokens.
     """
-    _check_clips(clip_low, clip_high, clip_c)
+    _check_clips(clip_ratio_low, clip_ratio_high, clip_ratio_dual)
     mask = to_bool_mask(mask, shape=logp.shape)
     _check_same_shape(logp, old_logp=old_logp, advantages=advantages)
     log_ratio = (logp - old_logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)
-    clipped = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1 - clip_low, 1 + clip_high))
+    clipped = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high))
     negative = advantages < 0
-    if clip_c is not None:
-        clipped = torch.where(negative, torch.minimum(clipped, -advantages * clip_c), clipped)
+    if clip_ratio_dual is not None:
+        clipped = torch.where(negative, torch.minimum(clipped, -advantages * clip_ratio_dual), clipped)
     if weights is not None:
         _check_same_shape(logp, weights=weights)
         clipped = clipped * weights.detach()
     with torch.no_grad():
-        dual = negative & (ratio > clip_c) if clip_c is not None else torch.zeros_like(mask)
+        dual = negative & (ratio > clip_ratio_dual) if clip_ratio_dual is not None else torch.zeros_like(mask)
         stats = {
-            "clip_frac_low": masked_mean((negative & (ratio < 1 - clip_low)).float(), mask),
-            "clip_frac_high": masked_mean(((advantages > 0) & (ratio > 1 + clip_high)).float(), mask),
+            "clip_frac_low": masked_mean((negative & (ratio < 1 - clip_ratio_low)).float(), mask),
+            "clip_frac_high": masked_mean(((advantages > 0) & (ratio > 1 + clip_ratio_high)).float(), mask),
             "clip_frac_dual": masked_mean(dual.float(), mask),
             "approx_kl": masked_mean(-log_ratio, mask),
             "ratio_mean": masked_mean(ratio, mask),
         }
-    return aggregate_loss(clipped, mask, agg=agg), stats
+    return aggregate_loss(clipped, mask, loss_agg_mode=loss_agg_mode), stats
 
 
 def value_loss(
@@ -161,8 +162,8 @@ def value_loss(
     returns: Tensor,
     mask: Tensor,
     *,
-    clip: float | None = 0.5,
-    agg: str = "token-mean",
+    value_clip: float | None = 0.5,
+    loss_agg_mode: str = "token-mean",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped value loss: ``0.5 * max((v - R)^2, (old_v + clip(v - old_v, -c, c) - R)^2)``.
 
@@ -171,22 +172,22 @@ def value_loss(
         old_values: [B, T] critic values at rollout time.
         returns: [B, T] targets.
         mask: [B, T] 0/1.
-        clip: Clip range ``c`` > 0; None gives the plain ``0.5 * (v - R)^2``.
-        agg: See :func:`aggregate_loss`.
+        value_clip: Clip range ``c`` > 0; None gives the plain ``0.5 * (v - R)^2``.
+        loss_agg_mode: See :func:`aggregate_loss`.
 
     Returns:
         The scalar loss and stats: ``vf_clip_frac`` (tokens where the clipped
         term is the larger) and ``vf_explained_var`` (``1 - Var(R - v) / Var(R)``
         over the masked tokens, floored at -1).
     """
-    if clip is not None and clip <= 0:
-        raise ValueError(f"value clip must be > 0 or None, got {clip}")
+    if value_clip is not None and value_clip <= 0:
+        raise ValueError(f"value_clip must be > 0 or None, got {value_clip}")
     mask = to_bool_mask(mask, shape=values.shape)
     _check_same_shape(values, old_values=old_values, returns=returns)
     unclipped = (values - returns).square()
     loss = unclipped
-    if clip is not None:
-        clipped_values = old_values + (values - old_values).clamp(-clip, clip)
+    if value_clip is not None:
+        clipped_values = old_values + (values - old_values).clamp(-value_clip, value_clip)
         clipped = (clipped_values - returns).square()
         loss = torch.maximum(unclipped, clipped)
     with torch.no_grad():
@@ -195,10 +196,10 @@ def value_loss(
             returns, mask, unbiased=False
         ).clamp(min=1e-8)
         stats = {"vf_clip_frac": clip_frac, "vf_explained_var": explained.clamp(min=-1.0)}
-    return 0.5 * aggregate_loss(loss, mask, agg=agg), stats
+    return 0.5 * aggregate_loss(loss, mask, loss_agg_mode=loss_agg_mode), stats
 
 
-def kl_penalty(logp: Tensor, ref_logp: Tensor, *, kind: str = "k3") -> Tensor:
+def kl_penalty(logp: Tensor, ref_logp: Tensor, *, kl_type: str = "k3") -> Tensor:
     """Per-token estimate of KL(policy || reference) from sampled-token log-probs.
 
     - "k1": ``logp - ref_logp`` (unbiased, high variance, can be negative).
@@ -212,24 +213,24 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, *, kind: str = "k3") -> Tensor:
     """
     _check_same_shape(logp, ref_logp=ref_logp)
     diff = logp - ref_logp
-    if kind == "k1":
+    if kl_type == "k1":
         return diff
-    if kind == "k3":
+    if kl_type == "k3":
         return (torch.exp(-diff) + diff - 1).clamp(-10.0, 10.0)
-    if kind == "abs":
+    if kl_type == "abs":
         return diff.abs()
-    if kind == "mse":
+    if kl_type == "mse":
         return 0.5 * diff.square()
-    raise ValueError(f"unknown KL kind {kind!r}; choose one of {list(KL_KINDS)}")
+    raise ValueError(f"unknown kl_type {kl_type!r}; choose one of {list(KL_KINDS)}")
 
 
-def _check_clips(clip_low: float, clip_high: float, clip_c: float | None) -> None:
-    if not 0 <= clip_low < 1:
-        raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
-    if clip_high < 0:
-        raise ValueError(f"clip_high must be >= 0, got {clip_high}")
-    if clip_c is not None and clip_c <= 1:
-        raise ValueError(f"clip_c (dual clip) must be > 1 or None to disable it, got {clip_c}")
+def _check_clips(clip_ratio_low: float, clip_ratio_high: float, clip_ratio_dual: float | None) -> None:
+    if not 0 <= clip_ratio_low < 1:
+        raise ValueError(f"clip_ratio_low must be in [0, 1), got {clip_ratio_low}")
+    if clip_ratio_high < 0:
+        raise ValueError(f"clip_ratio_high must be >= 0, got {clip_ratio_high}")
+    if clip_ratio_dual is not None and clip_ratio_dual <= 1:
+        raise ValueError(f"clip_ratio_dual (dual clip) must be > 1 or None to disable it, got {clip_ratio_dual}")
 
 
 def _check_same_shape(reference: Tensor, **others: Tensor) -> None:

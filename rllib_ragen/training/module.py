@@ -3,12 +3,12 @@
 Batches are right-padded token rows:
 - `input_ids`      [B, L] long
 - `attention_mask` [B, L] 0/1
-- `loss_mask`      [B, L] 0/1, 1 on tokens the model generated (`Columns.LOSS_MASK`)
+- `generated_mask` [B, L] 0/1, 1 on tokens the model generated (`GENERATED_MASK`)
 
 Per-token outputs are aligned with `input_ids`: entry t is about generating
 token t (its log-prob under the policy, the entropy of that next-token
 distribution, the critic's value of the prefix before it), and 0 where
-`loss_mask` is 0. Logits are only computed at generated positions, so a long
+`generated_mask` is 0. Logits are only computed at generated positions, so a long
 prompt never materialises a [B, L, vocab] tensor, and only `logit_chunk_size`
 positions at a time: under autograd each chunk's logits are recomputed in
 backward rather than kept (`ScoringSettings`).
@@ -32,7 +32,7 @@ from torch import nn
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-from rllib_ragen.columns import ATTENTION_MASK, INPUT_IDS, TOKEN_ENTROPY, TOKEN_LOGP
+from rllib_ragen.columns import ATTENTION_MASK, GENERATED_MASK, INPUT_IDS, TOKEN_ENTROPY, TOKEN_LOGP
 from rllib_ragen.logits import entropy_from_logits, token_logprobs
 from rllib_ragen.lora import (
     LoraSettings,
@@ -224,9 +224,9 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
         else:
             hidden = embeddings if embeddings is not None else trunk_hidden(self.policy.base_model, batch)
             hidden = hidden.detach()
-        selected = _select_predicting(hidden, batch[Columns.LOSS_MASK])
-        values = self.value_head(selected).squeeze(-1).float()
-        return _scatter(values, batch[Columns.LOSS_MASK])
+        predicting = _select_predicting(hidden, batch[GENERATED_MASK])
+        values = self.value_head(predicting).squeeze(-1).float()
+        return _scatter(values, batch[GENERATED_MASK])
 
     def policy_state_dict(self, *, adapter: bool = False) -> dict[str, torch.Tensor]:
         """The policy's weights for engines: Hugging Face parameter names, LoRA adapters merged in; with
@@ -296,8 +296,8 @@ def trunk_hidden(trunk: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
 def sharing_plan(trunk: nn.Module, batch: dict[str, Any]) -> PromptTree | int:
     """How `trunk_hidden` runs rows [R, L]: a `PromptTree` when rows repeat a prompt, else the length
     of the common prefix run once (0: every row whole)."""
-    if Columns.LOSS_MASK in batch:
-        tree = prompt_tree(batch[INPUT_IDS], batch[ATTENTION_MASK], batch[Columns.LOSS_MASK])
+    if GENERATED_MASK in batch:
+        tree = prompt_tree(batch[INPUT_IDS], batch[ATTENTION_MASK], batch[GENERATED_MASK])
         if worth_sharing_prompts(trunk, tree):
             return tree
     prefix_length = common_prefix_length(batch[INPUT_IDS], batch[ATTENTION_MASK])
@@ -329,13 +329,13 @@ def score_generated_tokens(
     When autograd records, each chunk is checkpointed: backward recomputes its
     [chunk, vocab] logits, so they are never all alive at once.
     """
-    loss_mask = batch[Columns.LOSS_MASK]
-    selected = _select_predicting(hidden, loss_mask)
-    labels = batch[INPUT_IDS][:, 1:][loss_mask[:, 1:].bool()]
-    recompute = torch.is_grad_enabled() and (selected.requires_grad or lm_head.weight.requires_grad)
+    generated_mask = batch[GENERATED_MASK]
+    predicting = _select_predicting(hidden, generated_mask)
+    labels = batch[INPUT_IDS][:, 1:][generated_mask[:, 1:].bool()]
+    recompute = torch.is_grad_enabled() and (predicting.requires_grad or lm_head.weight.requires_grad)
     logps, entropies = [], []
-    for start in range(0, selected.shape[0], chunk_size):
-        args = (lm_head, selected[start : start + chunk_size], labels[start : start + chunk_size], temperature)
+    for start in range(0, predicting.shape[0], chunk_size):
+        args = (lm_head, predicting[start : start + chunk_size], labels[start : start + chunk_size], temperature)
         if recompute:
             logp, entropy = torch.utils.checkpoint.checkpoint(
                 _score_chunk, *args, with_entropy=with_entropy, use_reentrant=False
@@ -344,9 +344,9 @@ def score_generated_tokens(
             logp, entropy = _score_chunk(*args, with_entropy=with_entropy)
         logps.append(logp)
         entropies.append(entropy)
-    out = {TOKEN_LOGP: _scatter(_cat(logps, hidden.device), loss_mask)}
+    out = {TOKEN_LOGP: _scatter(_cat(logps, hidden.device), generated_mask)}
     if with_entropy:
-        out[TOKEN_ENTROPY] = _scatter(_cat(entropies, hidden.device), loss_mask)
+        out[TOKEN_ENTROPY] = _scatter(_cat(entropies, hidden.device), generated_mask)
     return out
 
 
@@ -374,17 +374,17 @@ def _cat(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.zeros(0, device=device)
 
 
-def _select_predicting(hidden: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+def _select_predicting(hidden: torch.Tensor, generated_mask: torch.Tensor) -> torch.Tensor:
     """Hidden states that predict a generated token: [B, L, H] -> [N, H].
 
     The state at position t-1 predicts token t, so position t-1 is selected
     when token t is generated (N = number of generated tokens after position 0).
     """
-    return hidden[:, :-1][loss_mask[:, 1:].bool()]
+    return hidden[:, :-1][generated_mask[:, 1:].bool()]
 
 
-def _scatter(values: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+def _scatter(values: torch.Tensor, generated_mask: torch.Tensor) -> torch.Tensor:
     """Puts per-generated-token values [N] back on the token grid [B, L] (0 elsewhere)."""
-    out = torch.zeros(loss_mask.shape, dtype=values.dtype, device=values.device)
-    out[:, 1:][loss_mask[:, 1:].bool()] = values
+    out = torch.zeros(generated_mask.shape, dtype=values.dtype, device=values.device)
+    out[:, 1:][generated_mask[:, 1:].bool()] = values
     return out

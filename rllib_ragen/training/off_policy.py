@@ -69,9 +69,11 @@ class OffPolicyCorrectionSettings:
     def weights(self, old_logp: Tensor, sampling_logp: Tensor, mask: Tensor) -> tuple[Tensor | None, dict[str, Tensor]]:
         """The [B, T] loss weights of the configured mode (None for "none") and their stats."""
         if self.off_policy_correction == "tis":
-            return truncated_importance_weights(old_logp, sampling_logp, mask, cap=self.tis_cap)
+            return truncated_importance_weights(old_logp, sampling_logp, mask, tis_cap=self.tis_cap)
         if self.off_policy_correction == "mis":
-            return masked_importance_weights(old_logp, sampling_logp, mask, low=self.mis_low, high=self.mis_high)
+            return masked_importance_weights(
+                old_logp, sampling_logp, mask, mis_low=self.mis_low, mis_high=self.mis_high
+            )
         return None, {}
 
 
@@ -83,39 +85,39 @@ def importance_log_ratio(old_logp: Tensor, sampling_logp: Tensor) -> Tensor:
 
 @torch.no_grad()
 def truncated_importance_weights(
-    old_logp: Tensor, sampling_logp: Tensor, mask: Tensor, *, cap: float
+    old_logp: Tensor, sampling_logp: Tensor, mask: Tensor, *, tis_cap: float
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Token-level truncated importance weights ``min(exp(old_logp - sampling_logp), cap)``.
+    """Token-level truncated importance weights ``min(exp(old_logp - sampling_logp), tis_cap)``.
 
     Args:
         old_logp: [B, T] learner log-probs of the sampled tokens (the PPO ratio's old policy).
         sampling_logp: [B, T] the engine's log-probs of the same tokens.
         mask: [B, T] 0/1, the tokens in the loss.
-        cap: Upper bound of a weight.
+        tis_cap: Upper bound of a weight.
 
     Returns:
         [B, T] weights (0 off the mask) and stats over the masked tokens:
         ``is_ratio_mean``, ``is_ratio_max`` (before truncation) and
-        ``is_clipped_frac`` (tokens whose ratio exceeded ``cap``).
+        ``is_clipped_frac`` (tokens whose ratio exceeded ``tis_cap``).
     """
     mask = to_bool_mask(mask, shape=old_logp.shape)
     ratio = torch.exp(importance_log_ratio(old_logp, sampling_logp))
-    weights = torch.where(mask, ratio.clamp(max=cap), torch.zeros_like(ratio))
-    return weights, {**_ratio_stats(ratio, mask), "is_clipped_frac": masked_mean((ratio > cap).float(), mask)}
+    weights = torch.where(mask, ratio.clamp(max=tis_cap), torch.zeros_like(ratio))
+    return weights, {**_ratio_stats(ratio, mask), "is_clipped_frac": masked_mean((ratio > tis_cap).float(), mask)}
 
 
 @torch.no_grad()
 def masked_importance_weights(
-    old_logp: Tensor, sampling_logp: Tensor, mask: Tensor, *, low: float, high: float
+    old_logp: Tensor, sampling_logp: Tensor, mask: Tensor, *, mis_low: float, mis_high: float
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Sequence-level masking by the geometric-mean importance ratio of each row.
 
     ``g_b = exp(sum_t mask * log r / sum_t mask)``; row ``b`` keeps weight 1 on its
-    masked tokens when ``low <= g_b <= high``, else 0.
+    masked tokens when ``mis_low <= g_b <= mis_high``, else 0.
 
     Args:
         old_logp, sampling_logp, mask: [B, T] as in :func:`truncated_importance_weights`.
-        low, high: The band of kept geometric-mean ratios.
+        mis_low, mis_high: The band of kept geometric-mean ratios.
 
     Returns:
         [B, T] 0/1 weights and stats: ``is_ratio_mean`` and ``is_ratio_max`` over
@@ -126,7 +128,7 @@ def masked_importance_weights(
     log_ratio = importance_log_ratio(old_logp, sampling_logp)
     rows = mask.any(dim=1)
     geometric = torch.exp(masked_sum(log_ratio, mask, dim=1) / mask.sum(dim=1).clamp(min=1))
-    kept = (geometric >= low) & (geometric <= high)
+    kept = (geometric >= mis_low) & (geometric <= mis_high)
     weights = (mask & kept[:, None]).to(old_logp.dtype)
     stats = {**_ratio_stats(torch.exp(log_ratio), mask), "is_masked_frac": masked_mean((~kept).float(), rows)}
     return weights, stats

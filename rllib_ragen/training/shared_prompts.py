@@ -17,10 +17,9 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from ray.rllib.core.columns import Columns
 from torch import nn
 
-from rllib_ragen.columns import ATTENTION_MASK, INPUT_IDS
+from rllib_ragen.columns import ATTENTION_MASK, GENERATED_MASK, INPUT_IDS
 from rllib_ragen.training.shared_prefix import MIN_SHARED_PREFIX, common_prefix_length, run_with_cache
 
 
@@ -93,7 +92,7 @@ def prompt_tree(input_ids: torch.Tensor, attention_mask: torch.Tensor, generated
 
 def prompt_order(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Rows [R] ordered longest prompt first, the rows of one prompt together (longest row first among them)."""
-    tree = prompt_tree(batch[INPUT_IDS], batch[ATTENTION_MASK], batch[Columns.LOSS_MASK])
+    tree = prompt_tree(batch[INPUT_IDS], batch[ATTENTION_MASK], batch[GENERATED_MASK])
     keys = list(zip((-tree.prompt_lengths).tolist(), tree.prompt_of_row.tolist(), (-tree.row_lengths).tolist()))
     return torch.tensor(sorted(range(len(keys)), key=keys.__getitem__), dtype=torch.long)
 

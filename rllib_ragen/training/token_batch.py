@@ -14,91 +14,63 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 
 import torch
-from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
-from rllib_ragen.episode_keys import CLOSE_IDS, GROUP_ID, SYSTEM_IDS, USER_IDS
-from rllib_ragen.rollout.prompt.token_history import TokenHistory
+from rllib_ragen.rollout.trajectory_record import Trajectory, trajectories_from_episodes
 
 # Padding is masked out by the attention mask, so any id in the vocabulary does.
 PAD_TOKEN_ID = 0
 
 
-@dataclasses.dataclass
-class Trajectory:
-    """One trajectory's token history and per-turn rewards."""
+@dataclasses.dataclass(frozen=True)
+class TrajectoryLayout:
+    """The trajectory layout [B, T]: each trajectory's generated tokens of all turns, in order.
 
-    history: TokenHistory
-    turn_rewards: list[float]
-    group_id: int
+    Attributes:
+        generated_mask: [B, T] True on generated tokens (False on padding).
+        turn_rewards: [B, T] each turn's reward on its last generated token.
+        turn_ends: [B, T] True on the last generated token of each turn.
+        group_ids: [B].
+    """
 
-
-def trajectory_from_episode(episode: SingleAgentEpisode, *, history_window: int | None) -> Trajectory:
-    """Rebuilds the exact token history an `LLMEnvRunner` episode was sampled with."""
-    reset_info = episode.get_infos(0)
-    for key in (SYSTEM_IDS, GROUP_ID):
-        if key not in reset_info:
-            raise ValueError(f"episode {episode.id_} was not made by LLMEnvRunner: no {key!r} in its reset info")
-    history = TokenHistory(list(reset_info[SYSTEM_IDS]), history_window)
-    for t in range(len(episode)):
-        history.add_user(list(episode.get_extra_model_outputs(USER_IDS, t)))
-        history.add_response(
-            list(episode.get_actions(t)),
-            list(episode.get_extra_model_outputs(Columns.ACTION_LOGP, t)),
-            list(episode.get_extra_model_outputs(CLOSE_IDS, t)),
-        )
-    return Trajectory(history, [float(r) for r in episode.get_rewards()], int(reset_info[GROUP_ID]))
-
-
-def trajectories_from_episodes(
-    episodes: Iterable[MultiAgentEpisode | SingleAgentEpisode], *, history_window: int | None
-) -> list[Trajectory]:
-    """All agent trajectories of group episodes, in a stable order."""
-    out: list[Trajectory] = []
-    for episode in episodes:
-        agents = episode.agent_episodes.values() if isinstance(episode, MultiAgentEpisode) else [episode]
-        out.extend(trajectory_from_episode(a, history_window=history_window) for a in agents if len(a) > 0)
-    return out
+    generated_mask: torch.Tensor
+    turn_rewards: torch.Tensor
+    turn_ends: torch.Tensor
+    group_ids: torch.Tensor
 
 
 @dataclasses.dataclass
 class TokenBatch:
-    """Padded rows plus the index map to the trajectory layout.
+    """Padded rows [R, L] plus the index map to the trajectory layout.
 
     Attributes:
-        input_ids, attention_mask, loss_mask: [R, L].
-        sampling_logp: [R, L] log-probs the engine reported (0 off the mask).
+        input_ids, attention_mask, generated_mask: [R, L].
+        sampling_logp: [R, L] log-probs the engine reported (0 off the generated tokens).
         row_of, col_of: [N] row and column of every generated token.
         traj_of, pos_of: [N] trajectory index and position in its trajectory.
-        turn_rewards: [B, T] each turn's reward on its last generated token.
-        turn_ends: [B, T] True on the last generated token of each turn.
-        traj_mask: [B, T] True on generated tokens.
-        group_ids: [B].
+        trajectories: The same generated tokens in the trajectory layout [B, T].
     """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
-    loss_mask: torch.Tensor
+    generated_mask: torch.Tensor
     sampling_logp: torch.Tensor
     row_of: torch.Tensor
     col_of: torch.Tensor
     traj_of: torch.Tensor
     pos_of: torch.Tensor
-    turn_rewards: torch.Tensor
-    turn_ends: torch.Tensor
-    traj_mask: torch.Tensor
-    group_ids: torch.Tensor
+    trajectories: TrajectoryLayout
 
     def to_trajectories(self, row_values: torch.Tensor) -> torch.Tensor:
         """[R, L] per-token values -> [B, T] (0 off the generated tokens)."""
-        out = torch.zeros(self.traj_mask.shape, dtype=row_values.dtype)
+        out = torch.zeros(self.trajectories.generated_mask.shape, dtype=row_values.dtype)
         out[self.traj_of, self.pos_of] = row_values[self.row_of, self.col_of]
         return out
 
     def to_rows(self, traj_values: torch.Tensor) -> torch.Tensor:
-        """[B, T] per-token values -> [R, L] (0 off the loss mask)."""
-        out = torch.zeros(self.loss_mask.shape, dtype=traj_values.dtype)
+        """[B, T] per-token values -> [R, L] (0 off the generated tokens)."""
+        out = torch.zeros(self.generated_mask.shape, dtype=traj_values.dtype)
         out[self.row_of, self.col_of] = traj_values[self.traj_of, self.pos_of]
         return out
 
@@ -125,29 +97,29 @@ def build_token_batch(trajectories: Sequence[Trajectory], *, pad_token_id: int) 
     n_rows = len(rows)
     input_ids = torch.full((n_rows, length), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((n_rows, length), dtype=torch.long)
-    loss_mask = torch.zeros((n_rows, length), dtype=torch.long)
+    generated_mask = torch.zeros((n_rows, length), dtype=torch.long)
     sampling_logp = torch.zeros((n_rows, length), dtype=torch.float32)
     for r, (ids, mask, logp) in enumerate(rows):
         n = len(ids)
         input_ids[r, :n] = torch.tensor(ids)
         attention_mask[r, :n] = 1
-        loss_mask[r, :n] = torch.tensor(mask)
+        generated_mask[r, :n] = torch.tensor(mask)
         sampling_logp[r, :n] = torch.tensor(logp)
-    if loss_mask[:, 0].any():
+    if generated_mask[:, 0].any():
         raise ValueError("a row starts with a generated token; it has no context to score it with")
-    row_of, col_of = loss_mask.nonzero(as_tuple=True)
+    row_of, col_of = generated_mask.nonzero(as_tuple=True)
     traj_of = torch.tensor(row_traj)[row_of]
     pos_of = _running_position(traj_of)
     return TokenBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        loss_mask=loss_mask,
+        generated_mask=generated_mask,
         sampling_logp=sampling_logp,
         row_of=row_of,
         col_of=col_of,
         traj_of=traj_of,
         pos_of=pos_of,
-        **_turn_layout(trajectories),
+        trajectories=_trajectory_layout(trajectories),
     )
 
 
@@ -162,7 +134,7 @@ def _running_position(traj_of: torch.Tensor) -> torch.Tensor:
     return torch.arange(len(traj_of)) - starts
 
 
-def _turn_layout(trajectories: Sequence[Trajectory]) -> dict[str, torch.Tensor]:
+def _trajectory_layout(trajectories: Sequence[Trajectory]) -> TrajectoryLayout:
     lengths = [[len(t.response_ids) for t in traj.history.answered_turns()] for traj in trajectories]
     width = max(sum(turns) for turns in lengths)
     shape = (len(trajectories), width)
@@ -179,4 +151,4 @@ def _turn_layout(trajectories: Sequence[Trajectory]) -> dict[str, torch.Tensor]:
             ends[b, end - 1] = True
         mask[b, :end] = True
     group_ids = torch.tensor([t.group_id for t in trajectories], dtype=torch.long)
-    return {"turn_rewards": rewards, "turn_ends": ends, "traj_mask": mask, "group_ids": group_ids}
+    return TrajectoryLayout(generated_mask=mask, turn_rewards=rewards, turn_ends=ends, group_ids=group_ids)

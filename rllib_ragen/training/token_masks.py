@@ -4,9 +4,12 @@ Two masks are chosen by name, each from the registry :data:`TOKEN_MASKS`:
 
 - ``M_loss`` (`.training(loss_token_mask=...)`): the generated tokens whose
   policy-gradient, entropy and KL terms enter the loss;
-- ``M_adv`` (`.training(adv_token_mask=...)`): the generated tokens that get
+- ``M_adv`` (`.training(advantage_token_mask=...)`): the generated tokens that get
   values and advantages; GAE runs over them only, credit passing over the
-  others (see `rllib_ragen.training.advantages.restrict_to_selected`).
+  others (see `rllib_ragen.training.advantages.restrict_to_advantage_mask`).
+
+The learner carries M_loss as `Columns.LOSS_MASK` and M_adv as `ADVANTAGE_MASK`
+(`rllib_ragen.columns`), the generated tokens as `GENERATED_MASK`.
 
 A policy is a pure function of a :class:`TokenSpans` (trajectory layout
 [B, T], see `rllib_ragen.training.advantages`) returning a [B, T] bool mask. The spans
@@ -44,13 +47,13 @@ class TokenSpans:
     """What a mask policy may select by.
 
     Attributes:
-        mask: [B, T] bool, the generated tokens.
+        generated_mask: [B, T] bool, the generated tokens.
         turn_ends: [B, T] bool, the last generated token of each turn.
-        labels: [B, T] int, each token's `SPAN_*` (0 off the mask); None when
+        labels: [B, T] int, each token's `SPAN_*` (0 off the generated tokens); None when
             no policy needs them (both masks "all").
     """
 
-    mask: Tensor
+    generated_mask: Tensor
     turn_ends: Tensor
     labels: Tensor | None = None
 
@@ -62,7 +65,7 @@ class TokenSpans:
 
 
 def _all_tokens(spans: TokenSpans) -> Tensor:
-    return spans.mask
+    return spans.generated_mask
 
 
 def _think_and_answer(spans: TokenSpans) -> Tensor:
@@ -88,7 +91,7 @@ def register_token_mask(name: str, policy: TokenMaskPolicy, *, overwrite: bool =
     process: register in a module every learner process imports.
 
     Args:
-        name: The name `.training(loss_token_mask=..., adv_token_mask=...)` selects it by.
+        name: The name `.training(loss_token_mask=..., advantage_token_mask=...)` selects it by.
         policy: The function.
         overwrite: Replace a policy of the same name.
     """
@@ -111,8 +114,9 @@ def get_token_mask(name: str) -> TokenMaskPolicy:
 
 def build_token_mask(name: str, spans: TokenSpans) -> Tensor:
     """Runs policy ``name``: the [B, T] bool mask of the generated tokens it selects."""
-    selected = to_bool_mask(get_token_mask(name)(spans), shape=spans.mask.shape, name=f"token mask {name!r}")
-    return selected & spans.mask
+    generated_mask = spans.generated_mask
+    chosen = to_bool_mask(get_token_mask(name)(spans), shape=generated_mask.shape, name=f"token mask {name!r}")
+    return chosen & generated_mask
 
 
 class ResponseSpanLabeller:
@@ -128,12 +132,12 @@ class ResponseSpanLabeller:
         self.protocol = protocol
         self._texts: dict[int, str] = {}
 
-    def __call__(self, token_ids: Tensor, mask: Tensor, turn_ends: Tensor) -> TokenSpans:
+    def __call__(self, token_ids: Tensor, generated_mask: Tensor, turn_ends: Tensor) -> TokenSpans:
         """Spans of trajectory-layout tokens.
 
         Args:
             token_ids: [B, T] generated token ids, all turns of a trajectory in order.
-            mask: [B, T] bool, the generated tokens.
+            generated_mask: [B, T] bool, the generated tokens.
             turn_ends: [B, T] bool, the last token of each turn.
         """
         labels = torch.zeros(token_ids.shape, dtype=torch.long)
@@ -142,7 +146,7 @@ class ResponseSpanLabeller:
             for start, end in zip([0] + [e + 1 for e in ends[:-1]], ends):
                 texts = [self._text(int(i)) for i in token_ids[b, start : end + 1]]
                 labels[b, start : end + 1] = torch.tensor(response_token_spans(texts, config=self.protocol))
-        return TokenSpans(mask=mask, turn_ends=turn_ends, labels=labels)
+        return TokenSpans(generated_mask=generated_mask, turn_ends=turn_ends, labels=labels)
 
     def _text(self, token_id: int) -> str:
         if token_id not in self._texts:

@@ -12,11 +12,11 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 
 from rllib_ragen.algorithm.starpo import StarPO, StarPOConfig
-from rllib_ragen.columns import TOKEN_LOGP
+from rllib_ragen.columns import GENERATED_MASK, TOKEN_LOGP
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.rllib_private import learner_connector, local_learner
 from rllib_ragen.rollout.env_runner import policy_weights
-from rllib_ragen.training.token_batch import trajectories_from_episodes
+from rllib_ragen.rollout.trajectory_record import trajectories_from_episodes
 
 
 def sokoban_config(model_path, **training) -> StarPOConfig:
@@ -182,7 +182,7 @@ def test_learner_scores_match_the_engines_sampling_logprobs(ray_session, tiny_mo
         batch = learner_connector(learner)(
             rl_module=learner.module, batch={}, episodes=episodes, shared_data={}, metrics=None
         )[DEFAULT_MODULE_ID]
-        mask = batch[Columns.LOSS_MASK].bool()
+        mask = batch[GENERATED_MASK].bool()
         # One on-policy update scores no old log-probs: the learner's forward gives its own.
         with torch.no_grad():
             learner_logp = learner.module[DEFAULT_MODULE_ID].unwrapped().forward_train(batch)[TOKEN_LOGP]

@@ -61,8 +61,8 @@ def test_a_changed_setting_rebuilds_its_group():
         _ = config.loss_settings
     config = StarPOConfig().training(advantage_estimator="grpo").llm(critic="none")
     config.validate_starpo()
-    config.advantage_hparams["high_level_lam"] = 0.9  # changed in place: validation still sees it
-    with pytest.raises(ValueError, match=r"advantage_hparams \['high_level_lam'\] are not hyper-parameters"):
+    config.advantage_hparams["high_level_lambda"] = 0.9  # changed in place: validation still sees it
+    with pytest.raises(ValueError, match=r"advantage_hparams \['high_level_lambda'\] are not hyper-parameters"):
         config.validate_starpo()
 
 
@@ -89,19 +89,19 @@ def test_settings_are_reachable_through_the_builders(builder, setting, value):
 def test_advantage_hparams_reach_the_estimator():
     # One group, scores 3 and 1: mean 2, std sqrt(2); eps=1 gives +-1 / (sqrt(2) + 1).
     settings = dataclasses.replace(AdvantageSettings(), advantage_estimator="grpo", advantage_hparams={"eps": 1.0})
-    assert settings.hparams() == {"norm_by_std": True, "eps": 1.0}
+    assert settings.hparams() == {"grpo_norm_by_std": True, "eps": 1.0}
     inputs = AdvantageInputs(
-        rewards=torch.tensor([[0.0, 3.0], [0.0, 1.0]]), mask=torch.ones(2, 2), group_ids=torch.tensor([0, 0])
+        rewards=torch.tensor([[0.0, 3.0], [0.0, 1.0]]), generated_mask=torch.ones(2, 2), group_ids=torch.tensor([0, 0])
     )
     advantages, _ = compute_advantages("grpo", inputs, **settings.hparams())
     expected = 1 / (2**0.5 + 1)
     torch.testing.assert_close(advantages[:, 0], torch.tensor([expected, -expected]))
-    with pytest.raises(ValueError, match=r"advantage_hparams \['high_level_lam'\] are not hyper-parameters of .*'grpo'"):
-        StarPOConfig().training(advantage_estimator="grpo", advantage_hparams={"high_level_lam": 0.9}).llm(
+    with pytest.raises(ValueError, match=r"advantage_hparams \['high_level_lambda'\] are not hyper-parameters of .*'grpo'"):
+        StarPOConfig().training(advantage_estimator="grpo", advantage_hparams={"high_level_lambda": 0.9}).llm(
             critic="none"
         ).settings_groups()
-    config = StarPOConfig().training(advantage_estimator="bi_level_gae", advantage_hparams={"high_level_lam": 0.9})
-    assert config.advantage_settings.hparams()["high_level_lam"] == 0.9
+    config = StarPOConfig().training(advantage_estimator="bi_level_gae", advantage_hparams={"high_level_lambda": 0.9})
+    assert config.advantage_settings.hparams()["high_level_lambda"] == 0.9
 
 
 @pytest.mark.parametrize("name", sorted(IGNORED_RLLIB_SETTINGS))

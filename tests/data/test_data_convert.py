@@ -19,11 +19,8 @@ from rllib_ragen.data.convert import (
     turn_spans,
 )
 from rllib_ragen.data.schema import FIELD_NAMES, TRAJECTORY_SCHEMA
-from rllib_ragen.episode_keys import RESPONSE_TEXT
-from rllib_ragen.training.token_batch import (
-    build_token_batch,
-    trajectories_from_episodes,
-)
+from rllib_ragen.rollout.trajectory_record import response_text, trajectories_from_episodes
+from rllib_ragen.training.token_batch import build_token_batch
 
 pytestmark = pytest.mark.usefixtures("ray_session")  # conftest's: a local Ray for this module
 
@@ -83,9 +80,11 @@ def test_round_trip_keeps_tokens_masks_logprobs_rewards_and_layout(rollouts):
         assert _trajectory_view(restored, window) == _trajectory_view(rollouts, window)
     original_batch = build_token_batch(trajectories_from_episodes(rollouts, history_window=None), pad_token_id=0)
     restored_batch = build_token_batch(trajectories_from_episodes(restored, history_window=None), pad_token_id=0)
-    for name in ("input_ids", "loss_mask", "sampling_logp", "turn_rewards", "turn_ends", "group_ids"):
+    for name in ("input_ids", "generated_mask", "sampling_logp"):
         assert torch.equal(getattr(restored_batch, name), getattr(original_batch, name)), name
-    assert original_batch.loss_mask.sum() > 0
+    for name in ("generated_mask", "turn_rewards", "turn_ends", "group_ids"):
+        assert torch.equal(getattr(restored_batch.trajectories, name), getattr(original_batch.trajectories, name)), name
+    assert original_batch.generated_mask.sum() > 0
     for original, back in zip(rollouts, restored):
         assert list(back.agent_episodes) == list(original.agent_episodes)
         assert back.env_t_to_agent_t == original.env_t_to_agent_t
@@ -185,5 +184,5 @@ def test_unknown_logprobs_are_stored_as_null_and_come_back_as_nan(rollouts):
 def test_response_text_of_every_turn_is_kept(rollouts):
     rows = episodes_to_rows(rollouts, env="sokoban")
     infos = rollouts[0].agent_episodes["traj_0"].get_infos()[1:]
-    assert rows[0]["response_texts"] == [info[RESPONSE_TEXT] for info in infos]
+    assert rows[0]["response_texts"] == [response_text(info) for info in infos]
     assert [json.loads(i)["parsed_actions"] for i in rows[0]["turn_infos"]] == [i["parsed_actions"] for i in infos]

@@ -19,6 +19,7 @@ from rllib_ragen.data.demonstrations import (
 from rllib_ragen.rollout.env_group import TurnBudgetSettings
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
 from rllib_ragen.rollout.prompt.protocol import PromptProtocol, ProtocolSettings
+from rllib_ragen.rollout.trajectory_record import trajectory_start, turn_record
 
 SEEDS = tuple(range(8))
 PROTOCOL = ProtocolSettings(max_actions_per_turn=3, think=True)
@@ -48,7 +49,7 @@ def test_every_seed_solved_within_the_budget_gives_one_demonstration(demos):
     fitting = [s for s in SEEDS if len(_plan(s)) <= 15]
     assert len(fitting) >= 4  # the test means something
     assert [e.agent_episodes["traj_0"].get_infos(0)["seed"] for e in demos] == fitting
-    assert [e.agent_episodes["traj_0"].get_infos(0)["group_id"] for e in demos] == list(range(len(fitting)))
+    assert [trajectory_start(e.agent_episodes["traj_0"]).group_id for e in demos] == list(range(len(fitting)))
 
 
 @pytest.mark.parametrize(
@@ -73,7 +74,7 @@ def test_responses_parse_back_to_the_solvers_plan(tiny_tokenizer, protocol_setti
         expected = STEP_PENALTY * len(plan) + BOX_ON_TARGET_REWARD + SOLVED_REWARD
         assert sum(trajectory.get_rewards()) == pytest.approx(expected)
         assert trajectory.get_infos(-1)["success"] and trajectory.is_terminated
-        assert np.isnan(trajectory.get_extra_model_outputs("action_logp", 0)).all()
+        assert np.isnan(turn_record(trajectory, 0).sampling_logp).all()
 
 
 def test_stored_demonstrations_succeed_when_replayed_in_the_env(demos, tiny_tokenizer):
@@ -108,10 +109,8 @@ def test_demonstration_prompts_are_the_runners_prompts(demos, tiny_model_path):
         algo.stop()
         ray.shutdown()
     demo = demos[0].agent_episodes["traj_0"]
-    assert demo.get_infos(0)["system_ids"] == rollout.get_infos(0)["system_ids"]
-    np.testing.assert_array_equal(
-        demo.get_extra_model_outputs("user_ids", 0), rollout.get_extra_model_outputs("user_ids", 0)
-    )
+    assert trajectory_start(demo).system_ids == trajectory_start(rollout).system_ids
+    assert turn_record(demo, 0).user_ids == turn_record(rollout, 0).user_ids
     assert demo.get_observations(0) == rollout.get_observations(0)
 
 

@@ -20,7 +20,7 @@ from rllib_ragen.data.parquet import (
     write_trajectories,
 )
 from rllib_ragen.data.schema import TRAJECTORY_SCHEMA
-from rllib_ragen.training.token_batch import trajectories_from_episodes
+from rllib_ragen.rollout.trajectory_record import trajectories_from_episodes
 
 
 def sokoban_config(model_path) -> StarPOConfig:

@@ -68,7 +68,7 @@ def test_iteration_with_shaping_logs_every_term(tiny_model_path, tiny_tokenizer,
         .inference(engine="hf")
         .training(
             mini_batch_size=4, micro_batch_size=2, rollout_filter_ratio=1.0,
-            loss_token_mask="think_and_answer", adv_token_mask="answer_only",
+            loss_token_mask="think_and_answer", advantage_token_mask="answer_only",
         )
         .reward_shaping(think_length_coeff=COEFF, think_names_action_coeff=COEFF, advantage_length_weight=1.0)
         .starpo_evaluation(eval_interval=0)

@@ -19,6 +19,7 @@ from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.algorithm.update import update_learners
 from rllib_ragen.rollout.env_group import TurnBudgetSettings
 from rllib_ragen.rollout.prompt.protocol import ProtocolSettings
+from rllib_ragen.rollout.trajectory_record import trajectories_from_episodes
 from rllib_ragen.run.warm_start import WarmStartSettings, warm_start
 from rllib_ragen.training.advantages import (
     ADVANTAGE_ESTIMATORS,
@@ -27,10 +28,7 @@ from rllib_ragen.training.advantages import (
     unregister_advantage_estimator,
 )
 from rllib_ragen.training.learner_connector import score_rows
-from rllib_ragen.training.token_batch import (
-    build_token_batch,
-    trajectories_from_episodes,
-)
+from rllib_ragen.training.token_batch import build_token_batch
 
 pytestmark = pytest.mark.learning
 
@@ -58,7 +56,7 @@ def flipped_estimators(ray_session):
     """The negative control: GAE with the advantage sign flipped (critic kept, registered as needing it)."""
     gae = ADVANTAGE_ESTIMATORS["gae"]
     register_advantage_estimator(
-        "flipped_gae", lambda inputs, *, gamma, lam: _flip(gae(inputs, gamma=gamma, lam=lam)), needs_critic=True
+        "flipped_gae", lambda inputs, *, gamma, lambda_: _flip(gae(inputs, gamma=gamma, lambda_=lambda_)), needs_critic=True
     )
     yield
     unregister_advantage_estimator("flipped_gae")
@@ -170,8 +168,8 @@ def _turn_one_logp(learner, episodes) -> torch.Tensor:
     logp, _ = score_rows(module, tokens, micro_batch_size=16, with_values=False)
     logp = tokens.to_trajectories(logp)
     # Tokens up to and including the first turn's last one.
-    first_turn = torch.cumsum(tokens.turn_ends.long(), dim=1) - tokens.turn_ends.long() == 0
-    return (logp * (first_turn & tokens.traj_mask)).sum(dim=1)
+    first_turn = torch.cumsum(tokens.trajectories.turn_ends.long(), dim=1) - tokens.trajectories.turn_ends.long() == 0
+    return (logp * (first_turn & tokens.trajectories.generated_mask)).sum(dim=1)
 
 
 def _success_and_left_opening(algo, *, seeds) -> tuple[list, list[bool], list[str]]:

@@ -1,4 +1,4 @@
-"""Prompt building by appending tokens, the loss mask, and answer parsing with a real tokenizer."""
+"""Prompt building by appending tokens, the generated-token mask, and answer parsing with a real tokenizer."""
 
 import pytest
 
@@ -8,7 +8,7 @@ from rllib_ragen.rollout.prompt.protocol import (
     ProtocolSettings,
     feedback_for,
 )
-from rllib_ragen.rollout.prompt.token_history import TokenHistory
+from rllib_ragen.rollout.prompt.token_history import TokenHistory, rows_per_trajectory
 
 VOCAB = ("Up", "Down", "Left", "Right")
 
@@ -70,7 +70,7 @@ def test_prompt_is_the_concatenation_of_earlier_turn_tokens():
     assert expected[: len(history.prompt_ids(1))] == history.prompt_ids(1)
 
 
-def test_loss_mask_covers_exactly_the_generated_tokens():
+def test_generated_mask_covers_exactly_the_generated_tokens():
     history, turns = _three_turn_history()
     ids, mask, logprobs = history.full_sequence()
     generated = [t for _, resp, _ in turns for t in resp]
@@ -85,9 +85,14 @@ def test_history_window_keeps_the_last_k_turns_and_one_row_per_turn():
     # Turn 2 sees the system block, turn 1 and its own user message only.
     assert history.prompt_ids(2) == [1, 2] + [12, 23, 31] + [13, 14]
     rows = history.training_rows()
-    assert len(rows) == 3
+    assert len(rows) == 3 == rows_per_trajectory(3, history_window=1)
     ids, mask, _ = rows[2]
     assert [t for t, m in zip(ids, mask) if m] == [24, 25]
+
+
+def test_full_history_is_one_row_whatever_the_turns():
+    history, _ = _three_turn_history()
+    assert len(history.training_rows()) == 1 == rows_per_trajectory(3, history_window=None)
 
 
 def test_history_rejects_out_of_order_calls():
@@ -121,8 +126,10 @@ def test_feedback_names_the_problem(chat_template):
 def test_protocol_config_validation():
     with pytest.raises(ValueError, match="max_actions_per_turn"):
         ProtocolSettings(max_actions_per_turn=0)
-    with pytest.raises(ValueError, match="history_window"):
-        ProtocolSettings(history_window=-1)
+    # One rule, one message, wherever a history window is set.
+    for make in (lambda: ProtocolSettings(history_window=-1), lambda: TokenHistory([1], history_window=-1)):
+        with pytest.raises(ValueError, match=r"history_window must be >= 0 or None, got -1"):
+            make()
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from rllib_ragen.training.advantages import length_weighted_advantages
     "think,expected", [("a b", 1.0), ("a b c d", 1.0), ("a", 0.0), ("a b c d e", 0.0), ("", 0.0), (None, 0.0)]
 )
 def test_think_length_in_band_is_inclusive(think, expected):
-    assert think_length_in_band(think, min_words=2, max_words=4) == expected
+    assert think_length_in_band(think, think_min_words=2, think_max_words=4) == expected
 
 
 @pytest.mark.parametrize(

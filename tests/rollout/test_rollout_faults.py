@@ -26,7 +26,7 @@ from envs.base import TextEnv
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.rollout.env_group import EnvGroup, TurnBudgetSettings
 from rllib_ragen.rollout.env_runner import LLMEnvRunner
-from rllib_ragen.training.token_batch import trajectories_from_episodes
+from rllib_ragen.rollout.trajectory_record import trajectories_from_episodes
 
 TIMEOUT_S = 0.3
 FIRST_SEED = 10_000  # even: faulty group; FIRST_SEED + 1 is odd: healthy group

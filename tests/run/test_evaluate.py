@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from run_helpers import tiny_config
 
-from rllib_ragen.episode_keys import RESPONSE_TEXT
 from rllib_ragen.intervals import format_rate
 from rllib_ragen.rollout.evaluation import TABLE_HEADER, table_row
+from rllib_ragen.rollout.trajectory_record import turn_record
 from rllib_ragen.run.evaluate import build_parser, chosen_envs, main
 
 
@@ -36,10 +36,10 @@ def trained(tiny_model_path, ray_session, tmp_path_factory):
     finally:
         algo.stop()
     responses = [
-        i[RESPONSE_TEXT]
+        turn_record(a, t).response_text
         for e in episodes
         for a in e.agent_episodes.values()
-        for i in a.get_infos()[1:]
+        for t in range(len(a))
     ]
     return checkpoint, stats, algo.last_evaluation_successes, responses
 

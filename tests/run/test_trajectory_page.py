@@ -15,6 +15,7 @@ import pytest
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
 from envs import make_env
+from rllib_ragen.rollout.trajectory_record import TurnRecord, turn_info
 from rllib_ragen.run.trajectory_page import cell_colour, grid_legend, trajectories_html
 
 SOKOBAN_LEGEND = grid_legend(make_env("sokoban").instructions)
@@ -34,7 +35,7 @@ def _episode(
     for turn, (reward, valid_actions) in enumerate(zip(rewards, valid)):
         last = turn == len(rewards) - 1
         info = {
-            "response_text": f"<think>push {seed}</think><answer>Right</answer>",
+            **turn_info(TurnRecord([], [], [], f"<think>push {seed}</think><answer>Right</answer>")),
             "parsed_actions": ["Right"],
             "num_valid_actions": valid_actions,
             "success": success and last,

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from envs import make_env
-from rllib_ragen.episode_keys import RESPONSE_TEXT, SYSTEM_IDS, USER_IDS
 from rllib_ragen.models import load_causal_lm, load_tokenizer
 from rllib_ragen.rollout.env_group import TurnBudgetSettings
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
 from rllib_ragen.rollout.prompt.protocol import PromptProtocol, ProtocolSettings
+from rllib_ragen.rollout.trajectory_record import trajectory_start, turn_record
 from rllib_ragen.run.warm_start import WarmStartSettings, demonstrations, warm_start
 
 AGENT = "traj_0"
@@ -41,7 +41,7 @@ def test_demonstrations_is_multi_turn_well_formed_and_random(tiny_tokenizer):
             response = trajectory.get_actions(t).tolist()
             assert response[-1] == protocol.template.eos_token_id
             text, parsed = protocol.parse(response)
-            assert text == trajectory.get_infos(t + 1)[RESPONSE_TEXT]
+            assert text == turn_record(trajectory, t).response_text
             assert parsed.format_ok and 1 <= len(parsed.actions) <= 3 and not parsed.invalid_actions
             chosen.extend(parsed.actions)
     # Multi-turn: rooms are rarely solved by chance, so most trajectories use the whole turn budget.
@@ -57,7 +57,7 @@ def _first_prompts(episodes):
     prompts = []
     for episode in episodes:
         trajectory = episode.agent_episodes[AGENT]
-        prompts.append(list(trajectory.get_infos(0)[SYSTEM_IDS]) + trajectory.get_extra_model_outputs(USER_IDS, 0).tolist())
+        prompts.append([*trajectory_start(trajectory).system_ids, *turn_record(trajectory, 0).user_ids])
     return prompts
 
 

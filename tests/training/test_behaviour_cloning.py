@@ -4,12 +4,12 @@ import dataclasses
 
 import pytest
 import torch
-from ray.rllib.core.columns import Columns
 
-from rllib_ragen.columns import ATTENTION_MASK, INPUT_IDS
+from rllib_ragen.columns import ATTENTION_MASK, GENERATED_MASK, INPUT_IDS
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.rollout.env_group import TurnBudgetSettings
 from rllib_ragen.rollout.prompt.protocol import ProtocolSettings
+from rllib_ragen.rollout.trajectory_record import trajectories_from_episodes
 from rllib_ragen.run.warm_start import WarmStartSettings, demonstrations
 from rllib_ragen.training.behaviour_cloning import (
     SupervisedSettings,
@@ -17,7 +17,6 @@ from rllib_ragen.training.behaviour_cloning import (
     cloning_passes,
     supervised_step,
 )
-from rllib_ragen.training.token_batch import trajectories_from_episodes
 
 EXPERT = WarmStartSettings(
     env="frozenlake",
@@ -38,7 +37,7 @@ def test_answer_nll_is_the_mean_nll_of_the_generated_tokens_by_hand(tiny_model_p
     ids = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 10, 0]])
     attention = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
     loss_mask = torch.tensor([[0, 0, 0, 1, 1], [0, 0, 0, 1, 0]])
-    batch = {INPUT_IDS: ids, ATTENTION_MASK: attention, Columns.LOSS_MASK: loss_mask}
+    batch = {INPUT_IDS: ids, ATTENTION_MASK: attention, GENERATED_MASK: loss_mask}
     with torch.no_grad():
         logp = torch.log_softmax(model(input_ids=ids, attention_mask=attention).logits.float(), -1)
         expected = -(logp[0, 2, 8] + logp[0, 3, 9] + logp[1, 2, 10]) / 3

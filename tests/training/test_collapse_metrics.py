@@ -19,6 +19,7 @@ from rllib_ragen.models import load_causal_lm
 from rllib_ragen.rollout.env_group import TurnBudgetSettings
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
 from rllib_ragen.rollout.prompt.protocol import ProtocolSettings
+from rllib_ragen.rollout.trajectory_record import trajectory_start, turn_record
 from rllib_ragen.run.train_loop import run
 from rllib_ragen.training.collapse_metrics import (
     CollapseMetricsSettings,
@@ -141,9 +142,9 @@ def test_first_turn_pairs_of_real_episodes(tiny_tokenizer, demos, prefill):
     think = tuple(template.encode("<think>"))
     for sample, episode in zip(samples, demos):
         (agent,) = episode.agent_episodes.values()
-        user = tuple(agent.get_extra_model_outputs("user_ids", 0))
+        user = tuple(turn_record(agent, 0).user_ids)
         # X = system + first user turn (with its prefill) + <think> unless prefilled; Z = the thought alone.
-        assert sample.prompt_ids == tuple(agent.get_infos(0)["system_ids"]) + user + (() if prefill else think)
+        assert sample.prompt_ids == tuple(trajectory_start(agent).system_ids) + user + (() if prefill else think)
         thought = template.tokenizer.decode(list(sample.reasoning_ids))
         assert thought.startswith("Shortest plan from here:") and "<" not in thought
 

@@ -19,6 +19,7 @@ from ray.rllib.core.columns import Columns
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.columns import (
     ATTENTION_MASK,
+    GENERATED_MASK,
     INPUT_IDS,
     OLD_LOGP,
     SAMPLING_LOGP,
@@ -46,7 +47,7 @@ def _batch(seed: int = 0) -> dict[str, torch.Tensor]:
         loss_mask[row, length // 2 : length - 1] = 1  # a response, then a closing token
     input_ids = input_ids * attention
     advantages = torch.randn(attention.shape, generator=generator) * loss_mask
-    return {INPUT_IDS: input_ids, ATTENTION_MASK: attention, Columns.LOSS_MASK: loss_mask,
+    return {INPUT_IDS: input_ids, ATTENTION_MASK: attention, GENERATED_MASK: loss_mask,
             Columns.ADVANTAGES: advantages}
 
 
@@ -64,7 +65,7 @@ def _learner(model_path, **training):
 def _with_old_logp(batch: dict[str, torch.Tensor], old_logp: torch.Tensor) -> dict[str, torch.Tensor]:
     # Old log-probs a little off the current ones, so the PPO ratio is not 1 everywhere.
     shifted = (old_logp + 0.05 * torch.sin(torch.arange(old_logp.numel()).reshape(old_logp.shape))).detach()
-    shifted = shifted * batch[Columns.LOSS_MASK]
+    shifted = shifted * batch[GENERATED_MASK]
     return {**batch, OLD_LOGP: shifted, SAMPLING_LOGP: shifted}
 
 
@@ -74,9 +75,9 @@ def _naive_loss(policy, batch: dict[str, torch.Tensor], agg: str) -> torch.Tenso
     pad = torch.zeros_like(logp_all[:, :1, 0])
     logp = torch.cat([pad, logp_all.gather(-1, batch[INPUT_IDS][:, 1:, None]).squeeze(-1)], dim=1)
     entropy = torch.cat([pad, -(logp_all.exp() * logp_all).sum(-1)], dim=1)
-    mask = batch[Columns.LOSS_MASK]
-    pg, _ = policy_loss(logp, batch[OLD_LOGP], batch[Columns.ADVANTAGES], mask, agg=agg)
-    return pg - ENTROPY_COEFF * aggregate_loss(entropy, mask, agg=agg)
+    mask = batch[GENERATED_MASK]
+    pg, _ = policy_loss(logp, batch[OLD_LOGP], batch[Columns.ADVANTAGES], mask, loss_agg_mode=agg)
+    return pg - ENTROPY_COEFF * aggregate_loss(entropy, mask, loss_agg_mode=agg)
 
 
 def _update(learner, batch) -> tuple[float, dict[str, torch.Tensor]]:
@@ -140,7 +141,7 @@ def test_chunked_scores_and_gradients_match_a_full_softmax(tiny_model_path):
     (out[TOKEN_LOGP].sum() + out[TOKEN_ENTROPY].sum()).backward()
     logits = reference(input_ids=batch[INPUT_IDS], attention_mask=batch[ATTENTION_MASK]).logits.float()
     logp_all = torch.log_softmax(logits[:, :-1], dim=-1)
-    mask = batch[Columns.LOSS_MASK][:, 1:].bool()
+    mask = batch[GENERATED_MASK][:, 1:].bool()
     logp = logp_all.gather(-1, batch[INPUT_IDS][:, 1:, None]).squeeze(-1)[mask]
     entropy = -(logp_all.exp() * logp_all).sum(-1)[mask]
     torch.testing.assert_close(out[TOKEN_LOGP][:, 1:][mask], logp, atol=1e-5, rtol=1e-5)

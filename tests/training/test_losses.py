@@ -11,7 +11,7 @@ from rllib_ragen.logits import entropy_from_logits, token_logprobs
 from rllib_ragen.training.losses import aggregate_loss, kl_penalty, policy_loss, value_loss
 
 # One row of 7 tokens: ratios 1.1 (inside the clip range), 1.5 (above 1 + 0.28),
-# 0.5 (below 1 - 0.2) with A = +2, then the same three and 4.0 (above clip_c = 3) with A = -2.
+# 0.5 (below 1 - 0.2) with A = +2, then the same three and 4.0 (above clip_ratio_dual = 3) with A = -2.
 RATIOS = torch.tensor([[1.1, 1.5, 0.5, 1.1, 1.5, 0.5, 4.0]])
 ADVANTAGES = torch.tensor([[2.0, 2.0, 2.0, -2.0, -2.0, -2.0, -2.0]])
 MASK = torch.ones(1, 7)
@@ -51,7 +51,7 @@ def test_policy_loss_gradient_vanishes_only_where_clipped():
 
 def test_policy_loss_without_dual_clip():
     logp, old_logp = _policy_inputs()
-    loss, stats = policy_loss(logp, old_logp, ADVANTAGES, MASK, clip_c=None)
+    loss, stats = policy_loss(logp, old_logp, ADVANTAGES, MASK, clip_ratio_dual=None)
     # The last token keeps its unclipped 8.0 instead of 6.0.
     assert loss.item() == pytest.approx((sum(PER_TOKEN) - 6.0 + 8.0) / 7)
     assert stats["clip_frac_dual"].item() == 0.0
@@ -59,8 +59,8 @@ def test_policy_loss_without_dual_clip():
 
 def test_policy_loss_symmetric_clip():
     logp, old_logp = _policy_inputs()
-    # clip_high = 0.2: r=1.5 with A=+2 gives max(-3.0, -2*1.2) = -2.4 instead of -2.56.
-    loss, _ = policy_loss(logp, old_logp, ADVANTAGES, MASK, clip_high=0.2)
+    # clip_ratio_high = 0.2: r=1.5 with A=+2 gives max(-3.0, -2*1.2) = -2.4 instead of -2.56.
+    loss, _ = policy_loss(logp, old_logp, ADVANTAGES, MASK, clip_ratio_high=0.2)
     assert loss.item() == pytest.approx((sum(PER_TOKEN) + 2.56 - 2.4) / 7)
 
 
@@ -78,18 +78,18 @@ def test_policy_loss_aggregations(agg, expected):
     advantages = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, 100.0], [100.0, 100.0, 100.0]])
     mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])
     logp = torch.zeros(3, 3)
-    loss, _ = policy_loss(logp, logp, advantages, mask, agg=agg)
+    loss, _ = policy_loss(logp, logp, advantages, mask, loss_agg_mode=agg)
     assert loss.item() == pytest.approx(expected)
 
 
 def test_policy_loss_rejects_bad_settings():
     logp, old_logp = _policy_inputs()
-    with pytest.raises(ValueError, match="clip_c .* must be > 1"):
-        policy_loss(logp, old_logp, ADVANTAGES, MASK, clip_c=1.0)
-    with pytest.raises(ValueError, match="clip_low must be in"):
-        policy_loss(logp, old_logp, ADVANTAGES, MASK, clip_low=1.0)
+    with pytest.raises(ValueError, match="clip_ratio_dual .* must be > 1"):
+        policy_loss(logp, old_logp, ADVANTAGES, MASK, clip_ratio_dual=1.0)
+    with pytest.raises(ValueError, match="clip_ratio_low must be in"):
+        policy_loss(logp, old_logp, ADVANTAGES, MASK, clip_ratio_low=1.0)
     with pytest.raises(ValueError, match="unknown loss aggregation 'mean'"):
-        aggregate_loss(logp, MASK, agg="mean")
+        aggregate_loss(logp, MASK, loss_agg_mode="mean")
     with pytest.raises(ValueError, match="advantages must have shape"):
         policy_loss(logp, old_logp, ADVANTAGES[:, :3], MASK)
 
@@ -102,11 +102,11 @@ def test_policy_loss_rejects_bad_settings():
 VALUES = torch.tensor([[1.2, 2.0, 0.0, 1.0, 7.0]])
 OLD_VALUES = torch.tensor([[1.0, 1.0, 1.0, 0.0, 7.0]])
 RETURNS = torch.tensor([[2.0, 2.0, 2.0, 0.0, -7.0]])
-VALUE_MASK = torch.tensor([[1, 1, 1, 1, 0]])
+ADVANTAGE_MASK = torch.tensor([[1, 1, 1, 1, 0]])
 
 
 def test_value_loss_clipped_by_hand():
-    loss, stats = value_loss(VALUES, OLD_VALUES, RETURNS, VALUE_MASK, clip=0.5)
+    loss, stats = value_loss(VALUES, OLD_VALUES, RETURNS, ADVANTAGE_MASK, value_clip=0.5)
     assert loss.item() == pytest.approx(0.5 * (0.64 + 0.25 + 4 + 1) / 4)  # 0.73625
     assert stats["vf_clip_frac"].item() == pytest.approx(1 / 4)
     # R - v = [0.8, 0, 2, -1]: biased var 1.2075; R = [2, 2, 2, 0]: biased var 0.75 -> 1 - 1.61
@@ -114,11 +114,11 @@ def test_value_loss_clipped_by_hand():
 
 
 def test_value_loss_unclipped_by_hand():
-    loss, stats = value_loss(VALUES, OLD_VALUES, RETURNS, VALUE_MASK, clip=None)
+    loss, stats = value_loss(VALUES, OLD_VALUES, RETURNS, ADVANTAGE_MASK, value_clip=None)
     assert loss.item() == pytest.approx(0.5 * (0.64 + 0 + 4 + 1) / 4)  # 0.705
     assert stats["vf_clip_frac"].item() == 0.0
-    with pytest.raises(ValueError, match="value clip must be > 0"):
-        value_loss(VALUES, OLD_VALUES, RETURNS, VALUE_MASK, clip=0.0)
+    with pytest.raises(ValueError, match="value_clip must be > 0"):
+        value_loss(VALUES, OLD_VALUES, RETURNS, ADVANTAGE_MASK, value_clip=0.0)
 
 
 def test_token_logprobs_equals_log_softmax_gather():
@@ -157,9 +157,9 @@ def test_kl_penalty_kinds_by_hand():
     # policy p = 0.5, reference 0.25: d = logp - ref = ln 2
     logp, ref = torch.log(torch.tensor([[0.5]])), torch.log(torch.tensor([[0.25]]))
     ln2 = math.log(2)
-    assert kl_penalty(logp, ref, kind="k1").item() == pytest.approx(ln2)
-    assert kl_penalty(logp, ref, kind="k3").item() == pytest.approx(0.5 + ln2 - 1)  # e^-d + d - 1
-    assert kl_penalty(ref, logp, kind="abs").item() == pytest.approx(ln2)
-    assert kl_penalty(logp, ref, kind="mse").item() == pytest.approx(0.5 * ln2**2)
-    with pytest.raises(ValueError, match="unknown KL kind 'k2'"):
-        kl_penalty(logp, ref, kind="k2")
+    assert kl_penalty(logp, ref, kl_type="k1").item() == pytest.approx(ln2)
+    assert kl_penalty(logp, ref, kl_type="k3").item() == pytest.approx(0.5 + ln2 - 1)  # e^-d + d - 1
+    assert kl_penalty(ref, logp, kl_type="abs").item() == pytest.approx(ln2)
+    assert kl_penalty(logp, ref, kl_type="mse").item() == pytest.approx(0.5 * ln2**2)
+    with pytest.raises(ValueError, match="unknown kl_type 'k2'"):
+        kl_penalty(logp, ref, kl_type="k2")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from ray.rllib.core.columns import Columns
 
-from rllib_ragen.columns import ATTENTION_MASK, INPUT_IDS, TOKEN_ENTROPY, TOKEN_LOGP
+from rllib_ragen.columns import ATTENTION_MASK, GENERATED_MASK, INPUT_IDS, TOKEN_ENTROPY, TOKEN_LOGP
 from rllib_ragen.training.module import LLMModuleSettings, LLMRLModule
 
 SPACE = gym.spaces.Text(max_length=8)
@@ -23,7 +23,7 @@ def _batch():
     input_ids = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 0, 0, 0]])
     attention = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])
     loss_mask = torch.tensor([[0, 0, 1, 1, 0, 1], [0, 1, 1, 0, 0, 0]])
-    return {INPUT_IDS: input_ids, ATTENTION_MASK: attention, Columns.LOSS_MASK: loss_mask}
+    return {INPUT_IDS: input_ids, ATTENTION_MASK: attention, GENERATED_MASK: loss_mask}
 
 
 def test_logprobs_and_entropy_match_a_full_softmax(tiny_model_path):
@@ -33,7 +33,7 @@ def test_logprobs_and_entropy_match_a_full_softmax(tiny_model_path):
         out = module.forward_train(batch)
         logits = module.policy(input_ids=batch[INPUT_IDS], attention_mask=batch[ATTENTION_MASK]).logits / 0.7
     logp_all = torch.log_softmax(logits.float(), dim=-1)
-    mask = batch[Columns.LOSS_MASK]
+    mask = batch[GENERATED_MASK]
     for b, t in mask.nonzero().tolist():
         token = batch[INPUT_IDS][b, t]
         torch.testing.assert_close(out[TOKEN_LOGP][b, t], logp_all[b, t - 1, token], atol=1e-5, rtol=1e-5)

@@ -23,7 +23,7 @@ SAMPLING_LOGP = OLD_LOGP - LOG_RATIO
 
 
 def test_tis_weights_are_ratios_capped_per_token():
-    weights, stats = truncated_importance_weights(OLD_LOGP, SAMPLING_LOGP, MASK, cap=2.0)
+    weights, stats = truncated_importance_weights(OLD_LOGP, SAMPLING_LOGP, MASK, tis_cap=2.0)
     torch.testing.assert_close(weights, torch.tensor([[1.0, 1.5, 2.0], [0.5, 0.25, 0.0]]))
     assert stats["is_ratio_mean"].item() == pytest.approx((1 + 1.5 + 3 + 0.5 + 0.25) / 5)
     assert stats["is_ratio_max"].item() == pytest.approx(3.0)
@@ -32,18 +32,18 @@ def test_tis_weights_are_ratios_capped_per_token():
 
 def test_mis_masks_rows_by_geometric_mean_ratio():
     # Row 0: (1 * 1.5 * 3) ** (1/3) = 1.651 is inside [0.5, 2]; row 1: (0.5 * 0.25) ** (1/2) = 0.354 is not.
-    weights, stats = masked_importance_weights(OLD_LOGP, SAMPLING_LOGP, MASK, low=0.5, high=2.0)
+    weights, stats = masked_importance_weights(OLD_LOGP, SAMPLING_LOGP, MASK, mis_low=0.5, mis_high=2.0)
     torch.testing.assert_close(weights, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))
     assert stats["is_masked_frac"].item() == pytest.approx(0.5)
     # A band that takes 0.354 but not 1.651 keeps only row 1, on its two real tokens.
-    weights, _ = masked_importance_weights(OLD_LOGP, SAMPLING_LOGP, MASK, low=0.3, high=1.6)
+    weights, _ = masked_importance_weights(OLD_LOGP, SAMPLING_LOGP, MASK, mis_low=0.3, mis_high=1.6)
     torch.testing.assert_close(weights, torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]]))
 
 
 def test_unknown_engine_logp_counts_as_on_policy():
     sampling = SAMPLING_LOGP.clone()
     sampling[0, 2] = float("nan")  # e.g. a demonstration token
-    weights, stats = truncated_importance_weights(OLD_LOGP, sampling, MASK, cap=2.0)
+    weights, stats = truncated_importance_weights(OLD_LOGP, sampling, MASK, tis_cap=2.0)
     assert weights[0, 2].item() == 1.0
     assert stats["is_clipped_frac"].item() == 0.0
 

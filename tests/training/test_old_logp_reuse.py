@@ -15,10 +15,9 @@ from ray.rllib.connectors.learner.learner_connector_pipeline import (
     LearnerConnectorPipeline,
 )
 from ray.rllib.core import DEFAULT_MODULE_ID
-from ray.rllib.core.columns import Columns
 
 from rllib_ragen.algorithm.starpo import StarPOConfig
-from rllib_ragen.columns import OLD_LOGP, TOKEN_LOGP
+from rllib_ragen.columns import GENERATED_MASK, OLD_LOGP, TOKEN_LOGP
 
 
 def _config(model, *, estimator="grpo", critic="none", mini_batch_size=8, rollout_frequency=1) -> StarPOConfig:
@@ -71,7 +70,7 @@ def test_skipping_the_old_logp_pass_changes_nothing(tiny_model_path, ray_session
     finally:
         algo.stop()
     assert OLD_LOGP not in batch_r
-    mask = batch[Columns.LOSS_MASK].bool()
+    mask = batch[GENERATED_MASK].bool()
     torch.testing.assert_close(batch[OLD_LOGP][mask], fwd[TOKEN_LOGP].detach()[mask], atol=1e-6, rtol=0)
     torch.testing.assert_close(loss_r, loss, atol=1e-6, rtol=0)
     assert grads.keys() == grads_r.keys() and grads

@@ -2,10 +2,9 @@
 
 import pytest
 import torch
-from ray.rllib.core.columns import Columns
 from trunk_passes import assert_bf16_trunk_hidden_is_per_row, assert_equals_per_row_pass, per_row_hidden
 
-from rllib_ragen.columns import ATTENTION_MASK, INPUT_IDS
+from rllib_ragen.columns import ATTENTION_MASK, GENERATED_MASK, INPUT_IDS
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.training.module import trunk_hidden
 from rllib_ragen.training.shared_prefix import (
@@ -37,7 +36,7 @@ def _rows(prefix: int, total: int, rows: int = 4) -> dict[str, torch.Tensor]:
     attention[2, total - 2 :] = 0
     loss = torch.zeros(rows, total, dtype=torch.long)
     loss[:, prefix + 4 :] = attention[:, prefix + 4 :]
-    return {INPUT_IDS: ids, ATTENTION_MASK: attention, Columns.LOSS_MASK: loss}
+    return {INPUT_IDS: ids, ATTENTION_MASK: attention, GENERATED_MASK: loss}
 
 
 def test_shared_prefix_gives_the_per_row_hidden_states_loss_and_gradients(tiny_model_path):

@@ -5,10 +5,9 @@ import dataclasses
 
 import pytest
 import torch
-from ray.rllib.core.columns import Columns
 from trunk_passes import assert_bf16_trunk_hidden_is_per_row, assert_equals_per_row_pass, per_row_hidden
 
-from rllib_ragen.columns import ATTENTION_MASK, INPUT_IDS
+from rllib_ragen.columns import ATTENTION_MASK, GENERATED_MASK, INPUT_IDS
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.training.learner import micro_batch_weights, token_budget_groups
 from rllib_ragen.training.module import computed_positions, sharing_plan
@@ -28,7 +27,7 @@ def _batch(rows: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
     return {
         INPUT_IDS: torch.tensor(ids),
         ATTENTION_MASK: torch.tensor(attention),
-        Columns.LOSS_MASK: torch.tensor(generated),
+        GENERATED_MASK: torch.tensor(generated),
     }
 
 
@@ -50,8 +49,8 @@ ROWS = [
 def test_prompt_tree_by_hand():
     batch = _batch(ROWS)
     # The last row's later turn: its observation tokens are not generated.
-    batch[Columns.LOSS_MASK][6, 33 + 3 : 33 + 6] = 0
-    tree = prompt_tree(batch[INPUT_IDS], batch[ATTENTION_MASK], batch[Columns.LOSS_MASK])
+    batch[GENERATED_MASK][6, 33 + 3 : 33 + 6] = 0
+    tree = prompt_tree(batch[INPUT_IDS], batch[ATTENTION_MASK], batch[GENERATED_MASK])
     assert tree.prompt_rows.tolist() == [0, 1, 3]
     assert tree.prompt_of_row.tolist() == [0, 1, 0, 2, 0, 1, 2]
     assert tree.prompt_lengths.tolist() == [30, 26, 30, 33, 30, 26, 33]
@@ -77,13 +76,13 @@ def test_a_row_run_on_the_wrong_prompt_would_show(tiny_model_path):
     """Negative control: the comparison above catches a row whose continuation runs on another prompt."""
     model = load_causal_lm(tiny_model_path, dtype=torch.float32).eval()
     batch = _batch(ROWS)
-    tree = prompt_tree(batch[INPUT_IDS], batch[ATTENTION_MASK], batch[Columns.LOSS_MASK])
+    tree = prompt_tree(batch[INPUT_IDS], batch[ATTENTION_MASK], batch[GENERATED_MASK])
     wrong = dataclasses.replace(tree, prompt_of_row=torch.tensor([0, 0, 0, 2, 0, 1, 2]))  # row 1 (B) on A
     with torch.no_grad():
         rows = per_row_hidden(model.base_model, batch)
         right = shared_prompt_hidden(model.base_model, batch[INPUT_IDS], tree)
         misplaced = shared_prompt_hidden(model.base_model, batch[INPUT_IDS], wrong)
-    answer = batch[Columns.LOSS_MASK][1].bool()
+    answer = batch[GENERATED_MASK][1].bool()
     torch.testing.assert_close(right[1, answer], rows[1, answer], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(misplaced[1, answer], rows[1, answer], rtol=1e-3, atol=1e-3)
 

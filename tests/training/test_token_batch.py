@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from rllib_ragen.rollout.prompt.token_history import TokenHistory
-from rllib_ragen.training.token_batch import Trajectory, build_token_batch
+from rllib_ragen.rollout.trajectory_record import Trajectory
+from rllib_ragen.training.token_batch import build_token_batch
 
 
 def _trajectory(turns, rewards, group_id, window=None):
@@ -25,16 +26,16 @@ def test_full_history_gives_one_row_per_trajectory():
     )
     # Row A: sys(1,2) u(10) r(20,21) c(9) u(11,12) r(22) c(9)
     assert batch.input_ids[0].tolist() == [1, 2, 10, 20, 21, 9, 11, 12, 22, 9]
-    assert batch.loss_mask[0].tolist() == [0, 0, 0, 1, 1, 0, 0, 0, 1, 0]
+    assert batch.generated_mask[0].tolist() == [0, 0, 0, 1, 1, 0, 0, 0, 1, 0]
     # Row B is padded to the same length.
     assert batch.input_ids[1].tolist() == [1, 2, 13, 23, 24, 25, 9, 0, 0, 0]
     assert batch.attention_mask[1].tolist() == [1] * 7 + [0] * 3
     assert batch.sampling_logp[0, 3].item() == -20.0
     # Trajectory layout: generated tokens in turn order, rewards on turn ends.
-    assert batch.traj_mask.tolist() == [[True, True, True], [True, True, True]]
-    assert batch.turn_rewards.tolist() == [[0.0, 0.5, -1.0], [0.0, 0.0, 2.0]]
-    assert batch.turn_ends.tolist() == [[False, True, True], [False, False, True]]
-    assert batch.group_ids.tolist() == [0, 1]
+    assert batch.trajectories.generated_mask.tolist() == [[True, True, True], [True, True, True]]
+    assert batch.trajectories.turn_rewards.tolist() == [[0.0, 0.5, -1.0], [0.0, 0.0, 2.0]]
+    assert batch.trajectories.turn_ends.tolist() == [[False, True, True], [False, False, True]]
+    assert batch.trajectories.group_ids.tolist() == [0, 1]
 
 
 def test_rows_and_trajectories_round_trip():

@@ -8,12 +8,12 @@ import torch
 from ray.rllib.core.columns import Columns
 
 from rllib_ragen.algorithm.starpo import StarPOConfig
-from rllib_ragen.columns import ATTENTION_MASK, POLICY_MASK
+from rllib_ragen.columns import ATTENTION_MASK, GENERATED_MASK
 from rllib_ragen.rollout.prompt.protocol import ProtocolSettings, response_token_spans
 from rllib_ragen.training.advantages import (
     AdvantageInputs,
     compute_advantages,
-    restrict_to_selected,
+    restrict_to_advantage_mask,
 )
 from rllib_ragen.training.learner import micro_batch_weights
 from rllib_ragen.training.losses import policy_loss
@@ -39,7 +39,7 @@ MASK = torch.ones(1, 8, dtype=torch.bool)
 TURN_ENDS = torch.tensor([[False, False, False, True, False, False, False, True]])
 REWARDS = torch.tensor([[0, 0, 0, 0.5, 0, 0, 0, 1.0]])  # turn rewards on each turn's <eos>
 VALUES = torch.arange(1.0, 9.0)[None]  # v = 1..8
-SPANS = TokenSpans(mask=MASK, turn_ends=TURN_ENDS, labels=LABELS)
+SPANS = TokenSpans(generated_mask=MASK, turn_ends=TURN_ENDS, labels=LABELS)
 SELECTED = {
     "all": [1, 1, 1, 1, 1, 1, 1, 1],
     "think_and_answer": [1, 1, 1, 0, 1, 1, 1, 0],
@@ -54,12 +54,12 @@ def test_builtin_policies_select_their_spans(policy):
 
 def _advantages(policy: str, estimator: str, **hparams):
     inputs = AdvantageInputs(
-        rewards=REWARDS, mask=MASK, values=VALUES, turn_ends=TURN_ENDS, adv_mask=build_token_mask(policy, SPANS)
+        rewards=REWARDS, generated_mask=MASK, values=VALUES, turn_ends=TURN_ENDS, advantage_mask=build_token_mask(policy, SPANS)
     )
     return compute_advantages(estimator, inputs, **hparams)
 
 
-# GAE, gamma = 1, lam = 0.5: A_i = r_i + v_next - v_i + 0.5 * A_next over the selected tokens only;
+# GAE, gamma = 1, lambda_ = 0.5: A_i = r_i + v_next - v_i + 0.5 * A_next over the selected tokens only;
 # a reward on an unselected token moves to the last selected token before it.
 # "all":              t7: 1 - 8 = -7; t6: 8 - 7 - 3.5 = -2.5; t5: 7 - 6 - 1.25 = -0.25; t4: 6 - 5 - 0.125 = 0.875;
 #                     t3: 0.5 + 5 - 4 + 0.4375 = 1.9375; t2: 1 + 0.96875; t1: 1 + 0.984375; t0: 1 + 0.9921875
@@ -77,12 +77,12 @@ GAE_BY_HAND = {
 
 @pytest.mark.parametrize("policy", sorted(GAE_BY_HAND))
 def test_gae_honours_the_advantage_mask_by_hand(policy):
-    advantages, returns = _advantages(policy, "gae", gamma=1.0, lam=0.5)
+    advantages, returns = _advantages(policy, "gae", gamma=1.0, lambda_=0.5)
     assert_close(advantages, GAE_BY_HAND[policy][0])
     assert_close(returns, GAE_BY_HAND[policy][1])
 
 
-# Bi-level GAE, turn level gh = 0.5 with lambda 0, token level gamma = lam = 1 (a token's
+# Bi-level GAE, turn level gh = 0.5 with lambda 0, token level gamma = lambda_ = 1 (a token's
 # advantage is its turn's return G_k minus its value); a turn ends at its last selected token.
 # "all":              ends 3, 7: G_2 = 1; G_1 = 0.5 + 0.5 * v_7 = 4.5 -> 4.5 - v | 1 - v
 # "think_and_answer": ends 2, 6: G_2 = 1; G_1 = 0.5 + 0.5 * v_6 = 4   -> 4 - v on 0..2 | 1 - v on 4..6
@@ -97,7 +97,7 @@ BI_LEVEL_BY_HAND = {
 @pytest.mark.parametrize("policy", sorted(BI_LEVEL_BY_HAND))
 def test_bi_level_gae_honours_the_advantage_mask_by_hand(policy):
     advantages, returns = _advantages(
-        policy, "bi_level_gae", gamma=1.0, lam=1.0, high_level_gamma=0.5, high_level_lam=0.0
+        policy, "bi_level_gae", gamma=1.0, lambda_=1.0, high_level_gamma=0.5, high_level_lambda=0.0
     )
     assert_close(advantages, BI_LEVEL_BY_HAND[policy][0])
     assert_close(returns, BI_LEVEL_BY_HAND[policy][1])
@@ -109,10 +109,10 @@ def test_critic_free_advantages_are_zeroed_off_the_mask():
     assert_close(advantages, [0, 0, 1.5, 0, 0, 1.5, 1.5, 0])
 
 
-def test_restrict_to_selected_moves_rewards_back_and_drops_those_before_any_selected_token():
+def test_restrict_to_advantage_mask_moves_rewards_back_and_drops_those_before_any_kept_token():
     # Turn 1 (tokens 0-1) has nothing selected: its reward 0.5 has no earlier state and is dropped;
     # turn 2's reward 1 on token 3 moves to token 2, which becomes the turn's end.
-    rewards, mask, ends = restrict_to_selected(
+    rewards, mask, ends = restrict_to_advantage_mask(
         torch.tensor([[0, 0.5, 0, 1.0]]), torch.ones(1, 4), torch.tensor([[0, 0, 1, 0]]),
         torch.tensor([[0, 1, 0, 1]]),
     )
@@ -132,12 +132,12 @@ def test_policy_loss_counts_only_the_loss_mask_by_hand(policy):
     assert loss.item() == pytest.approx(LOSS_BY_HAND[policy])
 
 
-def test_micro_batches_are_weighted_by_policy_mask_tokens():
-    # Row 0 has 1 policy token, row 1 has 3: with token-mean the micro-batches weigh 1/4 and 3/4.
+def test_micro_batches_are_weighted_by_loss_mask_tokens():
+    # Row 0 has 1 loss-mask token, row 1 has 3: with token-mean the micro-batches weigh 1/4 and 3/4.
     batch = {
         ATTENTION_MASK: torch.ones(2, 4, dtype=torch.long),
-        Columns.LOSS_MASK: torch.tensor([[0, 1, 1, 1], [0, 1, 1, 1]]),
-        POLICY_MASK: torch.tensor([[0, 0, 1, 0], [0, 1, 1, 1]]),
+        GENERATED_MASK: torch.tensor([[0, 1, 1, 1], [0, 1, 1, 1]]),
+        Columns.LOSS_MASK: torch.tensor([[0, 0, 1, 0], [0, 1, 1, 1]]),
     }
     weights = [float(w) for _, w in micro_batch_weights(batch, 1, "token-mean")]
     assert weights == [0.25, 0.75]
@@ -177,19 +177,19 @@ def test_registering_a_custom_policy_and_clear_errors():
     try:
         assert build_token_mask("turn_ends_only", SPANS).tolist() == TURN_ENDS.tolist()
         with pytest.raises(ValueError, match="already exists"):
-            register_token_mask("turn_ends_only", lambda spans: spans.mask)
+            register_token_mask("turn_ends_only", lambda spans: spans.generated_mask)
     finally:
         unregister_token_mask("turn_ends_only")
     assert "turn_ends_only" not in TOKEN_MASKS
     with pytest.raises(KeyError, match=r"unknown token mask policy 'nope'.*answer_only"):
         build_token_mask("nope", SPANS)
     with pytest.raises(ValueError, match="needs span labels"):
-        build_token_mask("answer_only", TokenSpans(mask=MASK, turn_ends=TURN_ENDS))
+        build_token_mask("answer_only", TokenSpans(generated_mask=MASK, turn_ends=TURN_ENDS))
     with pytest.raises(TypeError, match="callable"):
         register_token_mask("bad", "answer_only")
 
 
-@pytest.mark.parametrize("setting", ["loss_token_mask", "adv_token_mask"])
+@pytest.mark.parametrize("setting", ["loss_token_mask", "advantage_token_mask"])
 def test_config_names_the_unknown_policy_and_the_known_ones(setting):
     config = StarPOConfig().training(**{setting: "answers"})
     with pytest.raises(ValueError, match=rf"{setting} must be one of .*'answer_only'.*got 'answers'"):

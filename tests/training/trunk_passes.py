@@ -4,9 +4,8 @@ checked against."""
 from __future__ import annotations
 
 import torch
-from ray.rllib.core.columns import Columns
 
-from rllib_ragen.columns import ATTENTION_MASK, INPUT_IDS, TOKEN_LOGP
+from rllib_ragen.columns import ATTENTION_MASK, GENERATED_MASK, INPUT_IDS, TOKEN_LOGP
 from rllib_ragen.training.module import score_generated_tokens, trunk_hidden
 
 
@@ -25,7 +24,7 @@ def loss_and_grads(model, batch: dict[str, torch.Tensor], hidden_of, *, position
     hidden = hidden_of(model.base_model, batch)
     logp = score_generated_tokens(model.get_output_embeddings(), hidden, batch, 1.0, with_entropy=False)[TOKEN_LOGP]
     weights = torch.linspace(0.5, 1.5, logp.shape[1]) if position_weighted else torch.ones(logp.shape[1])
-    loss = -(logp * batch[Columns.LOSS_MASK] * weights).sum() / batch[Columns.LOSS_MASK].sum()
+    loss = -(logp * batch[GENERATED_MASK] * weights).sum() / batch[GENERATED_MASK].sum()
     loss.backward()
     return (
         hidden.detach(),

@@ -18,6 +18,7 @@ from rllib_ragen.rollout.prompt.answer_parser import (
     parse_answer,
 )
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
+from rllib_ragen.rollout.prompt.token_history import check_history_window
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,8 +41,7 @@ class ProtocolSettings:
     def __post_init__(self) -> None:
         if self.max_actions_per_turn < 1:
             raise ValueError(f"max_actions_per_turn must be >= 1, got {self.max_actions_per_turn}")
-        if self.history_window is not None and self.history_window < 0:
-            raise ValueError(f"history_window must be >= 0 or None, got {self.history_window}")
+        check_history_window(self.history_window)
 
     @property
     def prefill_text(self) -> str:

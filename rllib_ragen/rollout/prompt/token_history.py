@@ -9,11 +9,31 @@ header (plus any answer prefill); `response_i` holds the sampled ids exactly as
 the engine returned them; `close_i` ends the assistant message. The prompt of
 turn t is the concatenation above (or only the last k turns of it), so a prompt
 is always a concatenation of earlier token pieces: nothing is re-tokenised.
+
+The learner's row layout follows from the history window (`one_row_per_turn`):
+with the full history a trajectory is one row, with a window each turn saw its
+own prompt and is its own row.
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+
+def check_history_window(history_window: int | None) -> None:
+    """Raises unless `history_window` is None (the full history) or a number of past turns >= 0."""
+    if history_window is not None and history_window < 0:
+        raise ValueError(f"history_window must be >= 0 or None, got {history_window}")
+
+
+def one_row_per_turn(history_window: int | None) -> bool:
+    """Whether the learner trains a trajectory as one row per turn (a history window) or one row."""
+    return history_window is not None
+
+
+def rows_per_trajectory(num_turns: int, history_window: int | None) -> int:
+    """Training rows of a trajectory with `num_turns` answered turns (`TokenHistory.training_rows`)."""
+    return num_turns if one_row_per_turn(history_window) else 1
 
 
 @dataclasses.dataclass
@@ -46,8 +66,7 @@ class TokenHistory:
     turns: list[TokenTurn] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.history_window is not None and self.history_window < 0:
-            raise ValueError(f"history_window must be >= 0 or None, got {self.history_window}")
+        check_history_window(self.history_window)
 
     def add_user(self, user_ids: list[int]) -> None:
         """Starts a new turn with the user message the model must answer."""
@@ -83,9 +102,9 @@ class TokenHistory:
         return [t for t in self.turns if t.is_answered]
 
     def full_sequence(self) -> tuple[list[int], list[int], list[float]]:
-        """All answered turns as one sequence: (token ids, loss mask, sampling log-probs).
+        """All answered turns as one sequence: (token ids, generated mask, sampling log-probs).
 
-        The loss mask is 1 exactly on sampled response tokens; log-probs are 0
+        The generated mask is 1 exactly on sampled response tokens; log-probs are 0
         elsewhere. The unanswered trailing user message is not included.
         """
         ids, mask, logprobs = list(self.system_ids), [0] * len(self.system_ids), [0.0] * len(self.system_ids)
@@ -101,14 +120,14 @@ class TokenHistory:
         return ids, mask, logprobs
 
     def training_rows(self) -> list[tuple[list[int], list[int], list[float]]]:
-        """Sequences the learner trains on: (token ids, loss mask, sampling log-probs).
+        """Sequences the learner trains on: (token ids, generated mask, sampling log-probs).
 
         With the full history, one row holds the whole trajectory (each
         response is trained in the context it was sampled in). With a history
         window, turns saw different prompts, so each turn is its own row.
         Responses appear in turn order either way.
         """
-        if self.history_window is None:
+        if not one_row_per_turn(self.history_window):
             return [self.full_sequence()]
         rows = []
         for index, turn in enumerate(self.answered_turns()):

@@ -9,7 +9,7 @@
 This package's public API (custom estimators register here) is imported from it directly.
 """
 
-from rllib_ragen.training.advantages.estimators import arpo, bi_level_gae, brpo, gae, grpo, restrict_to_selected
+from rllib_ragen.training.advantages.estimators import arpo, bi_level_gae, brpo, gae, grpo, restrict_to_advantage_mask
 from rllib_ragen.training.advantages.group_statistics import GroupStatistics, group_statistics
 from rllib_ragen.training.advantages.postprocess import (
     EstimatedAdvantages,
@@ -54,7 +54,7 @@ __all__ = [
     "length_weighted_advantages",
     "needs_critic",
     "register_advantage_estimator",
-    "restrict_to_selected",
+    "restrict_to_advantage_mask",
     "unregister_advantage_estimator",
     "whiten_across_learners",
 ]

@@ -3,7 +3,9 @@
 Data layout (one row per trajectory): the response tokens of all turns of a
 trajectory are concatenated in order and right-padded to ``T``.
 
-- ``mask``      [B, T] 0/1: real response tokens.
+- ``mask``      [B, T] 0/1: the tokens an estimator runs over: the generated
+  tokens (`AdvantageInputs.generated_mask`), or those of the advantage mask
+  after `restrict_to_advantage_mask`.
 - ``rewards``   [B, T]: each turn's reward on that turn's last response token
   (a trajectory-level reward sits on the trajectory's last token).
 - ``turn_ends`` [B, T] 0/1: the last response token of each turn.
@@ -26,19 +28,19 @@ from rllib_ragen.training.advantages.group_statistics import group_statistics
 Tensor = torch.Tensor
 
 
-def gae(rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+def gae(rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float, lambda_: float) -> tuple[Tensor, Tensor]:
     """Token-level generalised advantage estimation over the masked tokens.
 
     Padding is skipped: the "next" token of a response token is the next
     *masked* token of its row, and the value after a row's last token is 0.
-    ``delta_i = r_i + gamma * v_next - v_i``; ``A_i = delta_i + gamma * lam * A_next``.
+    ``delta_i = r_i + gamma * v_next - v_i``; ``A_i = delta_i + gamma * lambda_ * A_next``.
 
     Args:
         rewards: [B, T], zero on padding.
         values: [B, T] critic values.
         mask: [B, T] 0/1.
         gamma: Discount.
-        lam: GAE lambda.
+        lambda_: GAE lambda.
 
     Returns:
         advantages [B, T], returns = advantages + values [B, T]; 0 on padding.
@@ -51,7 +53,7 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float, lam: flo
     for t in reversed(range(rewards.shape[1])):
         live = mask[:, t]
         delta = rewards[:, t] + gamma * next_value - values[:, t]
-        adv = delta + gamma * lam * next_adv
+        adv = delta + gamma * lambda_ * next_adv
         next_value = torch.where(live, values[:, t], next_value)
         next_adv = torch.where(live, adv, next_adv)
         advantages[:, t] = torch.where(live, adv, zero)
@@ -65,34 +67,34 @@ def bi_level_gae(
     turn_ends: Tensor,
     *,
     gamma: float,
-    lam: float,
+    lambda_: float,
     high_level_gamma: float,
-    high_level_lam: float | None = None,
+    high_level_lambda: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Bi-level GAE (RAGEN / VAGEN): turn-level GAE whose result seeds a token-level GAE per turn.
 
     Rule, per row, with turns ``k = 1..K`` and ``e_k`` the last token of turn k:
 
-    1. Turn level (``gh = high_level_gamma``, ``lh = high_level_lam``):
+    1. Turn level (``gh = high_level_gamma``, ``lh = high_level_lambda``):
        ``V_k = values[e_k]``, ``V_{K+1} = 0``, ``A_{K+1} = 0``,
        ``delta_k = r_k + gh * V_{k+1} - V_k``, ``A_k = delta_k + gh * lh * A_{k+1}``.
     2. ``advantage[e_k] = A_k``: the turn's last token sees a terminal reward equal
        to the turn-level return ``A_k + V_k`` and no value after it.
     3. Token level inside turn k, backward from ``e_k`` over the turn's other
-       tokens ``i``: ``A_i = (gamma * v_{i+1} - v_i) + gamma * lam * A_{i+1}``
+       tokens ``i``: ``A_i = (gamma * v_{i+1} - v_i) + gamma * lambda_ * A_{i+1}``
        (no rewards inside a turn; ``i+1`` is the next masked token).
     4. ``returns = advantages + values`` on every token.
 
-    With ``gamma = lam = 1`` a token's advantage is its turn's return minus its value.
+    With ``gamma = lambda_ = 1`` a token's advantage is its turn's return minus its value.
 
     Args:
         rewards: [B, T], non-zero only on turn ends.
         values: [B, T] critic values.
         mask: [B, T] 0/1.
         turn_ends: [B, T] 0/1, inside ``mask``; every row's last masked token is one.
-        gamma, lam: Token-level discount and lambda.
+        gamma, lambda_: Token-level discount and lambda.
         high_level_gamma: Turn-level discount (RAGEN: 0.95).
-        high_level_lam: Turn-level lambda; None uses ``lam`` (RAGEN's choice).
+        high_level_lambda: Turn-level lambda; None uses ``lambda_`` (RAGEN's choice).
 
     Returns:
         advantages [B, T], returns [B, T]; 0 on padding.
@@ -100,7 +102,7 @@ def bi_level_gae(
     mask = _check_token_tensors(rewards, values, mask)
     ends = _check_turn_ends(turn_ends, mask)
     _check_rewards_only_on(rewards, ends, "turn ends (turn_ends)")
-    turn_lam = lam if high_level_lam is None else high_level_lam
+    turn_lambda = lambda_ if high_level_lambda is None else high_level_lambda
     zero = rewards.new_zeros(rewards.shape[0])
     next_turn_value, next_turn_adv = zero, zero
     next_value, next_adv = zero, zero
@@ -108,8 +110,8 @@ def bi_level_gae(
     for t in reversed(range(rewards.shape[1])):
         live, end, value = mask[:, t], ends[:, t], values[:, t]
         turn_delta = rewards[:, t] + high_level_gamma * next_turn_value - value
-        turn_adv = turn_delta + high_level_gamma * turn_lam * next_turn_adv
-        token_adv = gamma * next_value - value + gamma * lam * next_adv
+        turn_adv = turn_delta + high_level_gamma * turn_lambda * next_turn_adv
+        token_adv = gamma * next_value - value + gamma * lambda_ * next_adv
         adv = torch.where(end, turn_adv, token_adv)
         next_turn_value = torch.where(end, value, next_turn_value)
         next_turn_adv = torch.where(end, turn_adv, next_turn_adv)
@@ -120,7 +122,7 @@ def bi_level_gae(
 
 
 def grpo(
-    scores: Tensor, group_ids: Tensor, mask: Tensor, *, eps: float = 1e-6, norm_by_std: bool = True
+    scores: Tensor, group_ids: Tensor, mask: Tensor, *, eps: float = 1e-6, grpo_norm_by_std: bool = True
 ) -> tuple[Tensor, Tensor]:
     """GRPO: each trajectory's score normalised within its group.
 
@@ -134,19 +136,19 @@ def grpo(
         group_ids: [B] int group of each trajectory.
         mask: [B, T] 0/1.
         eps: Added to the std.
-        norm_by_std: If False only the group mean is subtracted (Dr. GRPO).
+        grpo_norm_by_std: If False only the group mean is subtracted (Dr. GRPO).
 
     Returns:
         advantages [B, T], returns = advantages.
     """
     stats = group_statistics(scores, group_ids)
     centred = scores.to(stats.mean.dtype) - stats.mean[stats.index]
-    per_traj = centred / (stats.std[stats.index] + eps) if norm_by_std else centred
+    per_traj = centred / (stats.std[stats.index] + eps) if grpo_norm_by_std else centred
     advantages = _broadcast_over_tokens(per_traj, mask)
     return advantages, advantages
 
 
-def brpo(scores: Tensor, mask: Tensor, *, eps: float = 1e-6, norm_by_std: bool = True) -> tuple[Tensor, Tensor]:
+def brpo(scores: Tensor, mask: Tensor, *, eps: float = 1e-6, grpo_norm_by_std: bool = True) -> tuple[Tensor, Tensor]:
     """BRPO: GRPO with the whole batch as one group (a batch of one gets 0).
 
     Args:
@@ -156,7 +158,7 @@ def brpo(scores: Tensor, mask: Tensor, *, eps: float = 1e-6, norm_by_std: bool =
     Returns:
         advantages [B, T], returns = advantages.
     """
-    return grpo(scores, torch.zeros_like(scores, dtype=torch.long), mask, eps=eps, norm_by_std=norm_by_std)
+    return grpo(scores, torch.zeros_like(scores, dtype=torch.long), mask, eps=eps, grpo_norm_by_std=grpo_norm_by_std)
 
 
 def arpo(scores: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -175,30 +177,32 @@ def arpo(scores: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return advantages, advantages
 
 
-def restrict_to_selected(
-    rewards: Tensor, mask: Tensor, selected: Tensor, turn_ends: Tensor | None = None
+def restrict_to_advantage_mask(
+    rewards: Tensor, mask: Tensor, advantage_mask: Tensor, turn_ends: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """The token MDP seen only at ``selected`` positions (VAGEN's advantage mask M_adv).
+    """The token MDP seen only at the tokens of ``advantage_mask`` (VAGEN's M_adv).
 
-    GAE on the result has values and advantages at the selected tokens only,
-    and credit passes over the others: the "next" token of a selected token is
-    the next selected one of its row. So that no reward is skipped with them,
-    each reward moves to the last selected token at or before it (it follows
-    that token's action); a reward before a row's first selected token has no
-    state to follow and is dropped. A turn's last selected token becomes its
-    end; a turn with none selected merges into the turn before it.
+    GAE on the result has values and advantages at those tokens only, and
+    credit passes over the others: the "next" token of a kept token is the
+    next kept one of its row. So that no reward is skipped with them, each
+    reward moves to the last kept token at or before it (it follows that
+    token's action); a reward before a row's first kept token has no state to
+    follow and is dropped. A turn's last kept token becomes its end; a turn
+    with none kept merges into the turn before it.
 
     Args:
         rewards: [B, T], zero on padding.
         mask: [B, T] 0/1, the response tokens.
-        selected: [B, T] 0/1, the tokens that take part in advantage estimation.
+        advantage_mask: [B, T] 0/1, the tokens that take part in advantage estimation.
         turn_ends: [B, T] 0/1, inside ``mask``, or None.
 
     Returns:
-        rewards [B, T] (on selected tokens only), mask & selected [B, T] bool,
-        turn ends [B, T] bool of the selected tokens (None if not given).
+        rewards [B, T] (on kept tokens only), mask & advantage_mask [B, T] bool,
+        turn ends [B, T] bool of the kept tokens (None if not given).
     """
-    kept = to_bool_mask(mask, shape=rewards.shape) & to_bool_mask(selected, shape=rewards.shape, name="selected")
+    kept = to_bool_mask(mask, shape=rewards.shape) & to_bool_mask(
+        advantage_mask, shape=rewards.shape, name="advantage_mask"
+    )
     positions = torch.arange(rewards.shape[1], device=rewards.device).expand_as(kept)
     last_kept = torch.where(kept, positions, -1).cummax(dim=1).values
     credited = torch.where(last_kept >= 0, rewards, torch.zeros_like(rewards))

@@ -51,19 +51,19 @@ def estimate_advantages(
         length_weight: The exponent alpha of length weighting (`advantage_length_weight`); 0 = off.
     """
     advantages, returns = compute_advantages(settings.advantage_estimator, inputs, **settings.hparams())
-    if settings.whiten_advantages and settings.needs_critic and _can_whiten(inputs.advantage_mask):
-        advantages = whiten_across_learners(advantages, inputs.advantage_mask)
+    if settings.whiten_advantages and settings.needs_critic and _can_whiten(inputs.advantage_tokens):
+        advantages = whiten_across_learners(advantages, inputs.advantage_tokens)
     if length_weight <= 0:
         return EstimatedAdvantages(advantages, returns)
-    advantages, weights = length_weighted_advantages(advantages, inputs.mask, alpha=length_weight)
+    advantages, weights = length_weighted_advantages(advantages, inputs.generated_mask, alpha=length_weight)
     return EstimatedAdvantages(advantages, returns, weights)
 
 
-def _can_whiten(selected: Tensor) -> bool:
+def _can_whiten(advantage_tokens: Tensor) -> bool:
     """A selective M_adv (say "answer_only" before the model writes well-formed answers) may
     leave fewer than 2 tokens, whose zero advantages stay as they are. Several learners
     always whiten together (each takes part in the all-reduce; too few tokens overall is an error)."""
-    return is_distributed() or int(selected.sum()) >= 2
+    return is_distributed() or int(advantage_tokens.sum()) >= 2
 
 
 def whiten_across_learners(x: Tensor, mask: Tensor, *, eps: float = 1e-8) -> Tensor:

@@ -17,7 +17,7 @@ import torch
 
 from rllib_ragen.masked import masked_sum, to_bool_mask
 from rllib_ragen.registry import add_to_registry
-from rllib_ragen.training.advantages.estimators import arpo, bi_level_gae, brpo, gae, grpo, restrict_to_selected
+from rllib_ragen.training.advantages.estimators import arpo, bi_level_gae, brpo, gae, grpo, restrict_to_advantage_mask
 
 Tensor = torch.Tensor
 Estimator = Callable[..., tuple[Tensor, Tensor]]
@@ -28,24 +28,24 @@ class AdvantageInputs:
     """The tensors any estimator may need (layout: `estimators.py`).
 
     ``values`` are required by the critic-based estimators, ``turn_ends`` by
-    ``bi_level_gae`` and ``group_ids`` by ``grpo``. ``adv_mask`` [B, T] 0/1
-    selects the tokens that get advantages (VAGEN's M_adv; None = all of
-    ``mask``): GAE estimators run on :meth:`selected`, and
-    :func:`compute_advantages` zeroes every estimator's output elsewhere.
+    ``bi_level_gae`` and ``group_ids`` by ``grpo``. ``advantage_mask`` [B, T] 0/1
+    selects the tokens that get advantages (VAGEN's M_adv; None = every
+    generated token): GAE estimators run on :meth:`restricted_to_advantage_mask`,
+    and :func:`compute_advantages` zeroes every estimator's output elsewhere.
     """
 
     rewards: Tensor
-    mask: Tensor
+    generated_mask: Tensor
     values: Tensor | None = None
     turn_ends: Tensor | None = None
     group_ids: Tensor | None = None
-    adv_mask: Tensor | None = None
+    advantage_mask: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.rewards.dim() != 2:
             raise ValueError(f"rewards must be [B, T], got shape {tuple(self.rewards.shape)}")
-        to_bool_mask(self.mask, shape=self.rewards.shape)
-        for name in ("values", "turn_ends", "adv_mask"):
+        to_bool_mask(self.generated_mask, shape=self.rewards.shape)
+        for name in ("values", "turn_ends", "advantage_mask"):
             tensor = getattr(self, name)
             if tensor is not None and tensor.shape != self.rewards.shape:
                 raise ValueError(f"{name} must have shape {tuple(self.rewards.shape)}, got {tuple(tensor.shape)}")
@@ -55,20 +55,27 @@ class AdvantageInputs:
     @property
     def scores(self) -> Tensor:
         """[B] trajectory scores: the sum of each row's rewards over its response tokens."""
-        return masked_sum(self.rewards.float(), self.mask, dim=1)
+        return masked_sum(self.rewards.float(), self.generated_mask, dim=1)
 
-    def selected(self) -> AdvantageInputs:
-        """These inputs restricted to ``adv_mask`` (:func:`restrict_to_selected`); themselves without one."""
-        if self.adv_mask is None:
+    def restricted_to_advantage_mask(self) -> AdvantageInputs:
+        """These inputs seen only at ``advantage_mask`` (:func:`restrict_to_advantage_mask`); themselves without one.
+
+        The result's ``generated_mask`` holds the generated tokens inside the advantage mask.
+        """
+        if self.advantage_mask is None:
             return self
-        rewards, mask, turn_ends = restrict_to_selected(self.rewards, self.mask, self.adv_mask, self.turn_ends)
-        return dataclasses.replace(self, rewards=rewards, mask=mask, turn_ends=turn_ends, adv_mask=None)
+        rewards, kept, turn_ends = restrict_to_advantage_mask(
+            self.rewards, self.generated_mask, self.advantage_mask, self.turn_ends
+        )
+        return dataclasses.replace(self, rewards=rewards, generated_mask=kept, turn_ends=turn_ends, advantage_mask=None)
 
     @property
-    def advantage_mask(self) -> Tensor:
-        """[B, T] bool: the tokens that get advantages."""
-        mask = to_bool_mask(self.mask, shape=self.rewards.shape)
-        return mask if self.adv_mask is None else mask & to_bool_mask(self.adv_mask, shape=mask.shape)
+    def advantage_tokens(self) -> Tensor:
+        """[B, T] bool: the tokens that get advantages (every generated token without an ``advantage_mask``)."""
+        generated = to_bool_mask(self.generated_mask, shape=self.rewards.shape)
+        if self.advantage_mask is None:
+            return generated
+        return generated & to_bool_mask(self.advantage_mask, shape=generated.shape)
 
     def require(self, name: str, estimator: str) -> Tensor:
         """Returns the field ``name``, or raises if the estimator needs it and it is None."""
@@ -78,38 +85,47 @@ class AdvantageInputs:
         return tensor
 
 
-def _gae_estimator(inputs: AdvantageInputs, *, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
-    inputs = inputs.selected()
-    return gae(inputs.rewards, inputs.require("values", "gae"), inputs.mask, gamma=gamma, lam=lam)
+def _gae_estimator(inputs: AdvantageInputs, *, gamma: float, lambda_: float) -> tuple[Tensor, Tensor]:
+    inputs = inputs.restricted_to_advantage_mask()
+    return gae(inputs.rewards, inputs.require("values", "gae"), inputs.generated_mask, gamma=gamma, lambda_=lambda_)
 
 
 def _bi_level_gae_estimator(
-    inputs: AdvantageInputs, *, gamma: float, lam: float, high_level_gamma: float, high_level_lam: float | None = None
+    inputs: AdvantageInputs,
+    *,
+    gamma: float,
+    lambda_: float,
+    high_level_gamma: float,
+    high_level_lambda: float | None = None,
 ) -> tuple[Tensor, Tensor]:
-    inputs = inputs.selected()
+    inputs = inputs.restricted_to_advantage_mask()
     return bi_level_gae(
         inputs.rewards,
         inputs.require("values", "bi_level_gae"),
-        inputs.mask,
+        inputs.generated_mask,
         inputs.require("turn_ends", "bi_level_gae"),
         gamma=gamma,
-        lam=lam,
+        lambda_=lambda_,
         high_level_gamma=high_level_gamma,
-        high_level_lam=high_level_lam,
+        high_level_lambda=high_level_lambda,
     )
 
 
-def _grpo_estimator(inputs: AdvantageInputs, *, eps: float = 1e-6, norm_by_std: bool = True) -> tuple[Tensor, Tensor]:
+def _grpo_estimator(
+    inputs: AdvantageInputs, *, eps: float = 1e-6, grpo_norm_by_std: bool = True
+) -> tuple[Tensor, Tensor]:
     group_ids = inputs.require("group_ids", "grpo")
-    return grpo(inputs.scores, group_ids, inputs.mask, eps=eps, norm_by_std=norm_by_std)
+    return grpo(inputs.scores, group_ids, inputs.generated_mask, eps=eps, grpo_norm_by_std=grpo_norm_by_std)
 
 
-def _brpo_estimator(inputs: AdvantageInputs, *, eps: float = 1e-6, norm_by_std: bool = True) -> tuple[Tensor, Tensor]:
-    return brpo(inputs.scores, inputs.mask, eps=eps, norm_by_std=norm_by_std)
+def _brpo_estimator(
+    inputs: AdvantageInputs, *, eps: float = 1e-6, grpo_norm_by_std: bool = True
+) -> tuple[Tensor, Tensor]:
+    return brpo(inputs.scores, inputs.generated_mask, eps=eps, grpo_norm_by_std=grpo_norm_by_std)
 
 
 def _arpo_estimator(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
-    return arpo(inputs.scores, inputs.mask)
+    return arpo(inputs.scores, inputs.generated_mask)
 
 
 ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {
@@ -131,7 +147,7 @@ def register_advantage_estimator(
     """Adds an estimator ``fn(inputs: AdvantageInputs, **hparams) -> (advantages, returns)``.
 
     Its hyper-parameters are the keyword parameters it declares; the learner
-    passes the configured value of each (e.g. ``gamma``, ``lam``). The
+    passes the configured value of each (e.g. ``gamma``, ``lambda_``). The
     registry is per process: register in a module every learner process imports.
 
     Args:
@@ -181,21 +197,21 @@ def compute_advantages(name: str, inputs: AdvantageInputs, **hparams: float | bo
     Args:
         name: A key of :data:`ADVANTAGE_ESTIMATORS`.
         inputs: The batch tensors.
-        **hparams: The estimator's keyword arguments, e.g. ``gamma=1.0, lam=1.0``.
+        **hparams: The estimator's keyword arguments, e.g. ``gamma=1.0, lambda_=1.0``.
 
     Returns:
         advantages [B, T], returns [B, T], both without gradient and 0 outside
-        ``inputs.advantage_mask``.
+        ``inputs.advantage_tokens``.
     """
     estimator = get_advantage_estimator(name)
     _check_hparams(name, estimator, hparams)
     # Advantages and critic targets are constants of the loss: never backpropagate into them.
     with torch.no_grad():
         advantages, returns = estimator(inputs, **hparams)
-        if inputs.adv_mask is not None:
-            # Critic-free estimators broadcast over every token: M_adv keeps the selected ones.
-            selected = inputs.advantage_mask
-            advantages, returns = (torch.where(selected, x, torch.zeros_like(x)) for x in (advantages, returns))
+        if inputs.advantage_mask is not None:
+            # Critic-free estimators broadcast over every generated token: M_adv keeps its own.
+            kept = inputs.advantage_tokens
+            advantages, returns = (torch.where(kept, x, torch.zeros_like(x)) for x in (advantages, returns))
     return advantages, returns
 
 

@@ -16,7 +16,7 @@ class AdvantageSettings:
 
     The named settings are the hyper-parameters of the built-in estimators;
     `advantage_hparams` sets any other keyword an estimator declares (grpo's
-    ``eps``, bi_level_gae's ``high_level_lam``, a registered estimator's own),
+    ``eps``, bi_level_gae's ``high_level_lambda``, a registered estimator's own),
     whose defaults stay declared once, in the estimator's signature.
 
     Attributes:
@@ -31,7 +31,7 @@ class AdvantageSettings:
         grpo_norm_by_std: Divide grpo/brpo advantages by the std.
         advantage_hparams: Any other hyper-parameter the estimator declares, by
             name, e.g. {"eps": 1e-4} (grpo/brpo's std offset) or
-            {"high_level_lam": 0.9} (bi_level_gae's turn-level lambda; None =
+            {"high_level_lambda": 0.9} (bi_level_gae's turn-level lambda; None =
             lambda_); unset ones keep the estimator's own default.
     """
 
@@ -55,14 +55,10 @@ class AdvantageSettings:
 
     def hparams(self) -> dict[str, Any]:
         """The configured value of every hyper-parameter the estimator declares and the config sets."""
-        named = {
-            "gamma": self.gamma,
-            "lam": self.lambda_,
-            "high_level_gamma": self.high_level_gamma,
-            "norm_by_std": self.grpo_norm_by_std,
-        }
+        # The estimators' parameters carry the settings' own names, so a setting is passed as itself.
+        named = ("gamma", "lambda_", "high_level_gamma", "grpo_norm_by_std")
         declared = estimator_hparam_names(self.advantage_estimator)
-        return {name: named[name] for name in declared if name in named} | dict(self.advantage_hparams)
+        return {name: getattr(self, name) for name in declared if name in named} | dict(self.advantage_hparams)
 
     @property
     def needs_critic(self) -> bool:
