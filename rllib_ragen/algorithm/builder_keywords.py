@@ -31,6 +31,7 @@ class RolloutsKeywords(TypedDict, total=False):
     train_seed_start: int
     env_step_timeout_s: float | None
     group_randomness: str
+    train_env_overrides: Mapping[str, Any] | None
     max_turns: int
     max_actions_per_traj: int
     format_penalty: float

@@ -13,6 +13,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from envs import check_env, check_env_config
 from rllib_ragen.algorithm.ignored_rllib_settings import check_no_ignored_rllib_settings
 from rllib_ragen.inference.engine_settings import resolve_kind
+from rllib_ragen.rollout.env_group import training_env_config
 from rllib_ragen.training.advantages import critic_free_estimators
 from rllib_ragen.training.filtering import TOP_P
 
@@ -27,8 +28,9 @@ def check_starpo_config(config: AlgorithmConfig) -> None:
     check_no_ignored_rllib_settings(config)
     # On the driver, at build time: a remote runner would fail on it with the cause in its own log.
     check_env(config.env, in_other_processes=config.num_env_runners > 0)
-    check_env_config(config.env, config.env_config or {})
     config.settings_groups()
+    check_env_config(config.env, config.env_config or {})
+    check_env_config(config.env, training_env_config(config.env_config, config.rollout_settings))
     if config.advantage_settings.needs_critic and config.critic == "none":
         raise ValueError(
             f"advantage_estimator={config.advantage_estimator!r} needs a critic; set "

@@ -92,6 +92,10 @@ class RolloutSettings:
             payout randomness, reproducibly from (seed, member), as RAGEN-2)
             or "shared" (every member replays the seed's draws: the Bandit's
             payout is one draw per group, which biases GRPO; see README).
+        train_env_overrides: Entries replacing `env_config`'s in training
+            rollouts only, e.g. a curriculum of easier starts (Sokoban:
+            `{"search_depth": 30}`, rooms fewer pushes from solved); evaluation
+            always plays `env_config`. None = train on `env_config`.
     """
 
     n_groups: int = 8
@@ -101,14 +105,22 @@ class RolloutSettings:
     train_seed_start: int = 10_000
     env_step_timeout_s: float | None = 60.0
     group_randomness: str = DEFAULT_GROUP_RANDOMNESS
+    train_env_overrides: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         check_at_least_one(self, "n_groups", "group_size", "response_length")
+        if self.train_env_overrides is not None and not isinstance(self.train_env_overrides, Mapping):
+            raise ValueError(f"train_env_overrides must be a dict or None, got {self.train_env_overrides!r}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0 for rollouts, got {self.temperature}")
         if self.env_step_timeout_s is not None and not self.env_step_timeout_s > 0:
             raise ValueError(f"env_step_timeout_s must be > 0 or None, got {self.env_step_timeout_s}")
         check_choice("group_randomness", self.group_randomness, GROUP_RANDOMNESS)
+
+
+def training_env_config(env_config: Mapping[str, Any] | None, settings: RolloutSettings) -> dict[str, Any]:
+    """The env config training rollouts play: `env_config` with `settings.train_env_overrides` on top."""
+    return {**(env_config or {}), **(settings.train_env_overrides or {})}
 
 
 def agent_id(index: int) -> str:

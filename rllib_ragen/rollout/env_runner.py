@@ -43,7 +43,7 @@ from ray.rllib.utils.checkpoints import Checkpointable
 from rllib_ragen.inference.engine import InferenceEngine, SamplingParams
 from rllib_ragen.inference.factory import make_engine
 from rllib_ragen.models import load_tokenizer, resolve_model
-from rllib_ragen.rollout.env_group import EnvGroup
+from rllib_ragen.rollout.env_group import EnvGroup, training_env_config
 from rllib_ragen.rollout.episode_readers import rollout_statistics
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
 from rllib_ragen.rollout.prompt.protocol import PromptProtocol, feedback_for
@@ -95,9 +95,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     @override(EnvRunner)
     def make_env(self) -> None:
         config = self.config
+        # The training rooms: the first prompt checked below is a training one.
         probe = EnvGroup(
             config.env,
-            config.env_config,
+            training_env_config(config.env_config, config.rollout_settings),
             group_size=1,
             budget=config.turn_budget_settings,
             step_timeout_s=config.env_step_timeout_s,
@@ -177,7 +178,13 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             stop_token_ids=self.protocol.stop_token_ids,
         )
         start = time.perf_counter()
-        rollout = _GroupRollout(self, seeds, group_size)
+        # Evaluation plays the standard env_config; training, its overrides (a curriculum) on top.
+        env_config = (
+            self.config.env_config
+            if evaluation
+            else training_env_config(self.config.env_config, self.config.rollout_settings)
+        )
+        rollout = _GroupRollout(self, seeds, group_size, env_config=env_config or {})
         try:
             generated_tokens = rollout.run(params)
         finally:
@@ -241,7 +248,7 @@ class _GroupRollout:
     already too long, are left out of `episodes`.
     """
 
-    def __init__(self, runner: LLMEnvRunner, seeds: list[int], group_size: int) -> None:
+    def __init__(self, runner: LLMEnvRunner, seeds: list[int], group_size: int, *, env_config: dict) -> None:
         self.runner, self.protocol = runner, runner.protocol
         config = runner.config
         self.max_prompt_len = config.max_model_len - config.response_length
@@ -250,7 +257,7 @@ class _GroupRollout:
         self.all_groups = [
             EnvGroup(
                 config.env,
-                config.env_config,
+                env_config,
                 group_size=group_size,
                 budget=config.turn_budget_settings,
                 step_timeout_s=config.env_step_timeout_s,

@@ -16,6 +16,7 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from rllib_ragen.algorithm.sampling.seed_cursor import TRAIN_SEED_CURSOR, TrainSeedCursor
 from rllib_ragen.data.parquet import write_rollouts
+from rllib_ragen.rollout.env_group import training_env_config
 
 
 class OnlineSampler(abc.ABC):
@@ -40,7 +41,11 @@ class OnlineSampler(abc.ABC):
         config = self.config
         if config.rollout_parquet_dir and iteration % config.write_rollouts_every == 0:
             write_rollouts(
-                episodes, config.rollout_parquet_dir, iteration=iteration, env=config.env, env_config=config.env_config
+                episodes,
+                config.rollout_parquet_dir,
+                iteration=iteration,
+                env=config.env,
+                env_config=training_env_config(config.env_config, config.rollout_settings),
             )
         return episodes
 
