@@ -9,10 +9,9 @@ call into one module (the table in docs/rllib_integration.md maps each to its fi
     3. group filter: keep the groups with the largest in-group reward std (StarPO-S top-k
        ratio, or RAGEN-2's top-p; `training/filtering.py`); a batch the filter empties is not
        trained on; the echo-trap monitor warns on reward-variance, entropy or template collapse
-    4. advantages and update (`algorithm/update.py`): on each learner the learner connector
-       estimates, whitens and length-weights the advantages
-       (`training/advantages/postprocess.py`), then `rollout_frequency` passes in mini-batches
-       (with num_learners >= 2, whole groups per DDP learner)
+    4. advantages and update (`algorithm/update.py`): each learner's connector estimates, whitens and
+       length-weights the advantages (`training/advantages/postprocess.py`), then `rollout_frequency`
+       passes in mini-batches (with num_learners >= 2, whole groups per DDP learner)
     5. sync the new policy weights into the rollout engine(s), in place (`inference/weight_sync.py`)
     6. every `eval_interval` iterations: evaluate on fixed seeds at eval temperature
        (`rollout/evaluation.py`)
@@ -20,9 +19,11 @@ call into one module (the table in docs/rllib_integration.md maps each to its fi
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Unpack
 
@@ -61,6 +62,7 @@ from rllib_ragen.rollout.env_runner import LLMEnvRunner
 from rllib_ragen.rollout.evaluation import evaluate_on_seeds
 from rllib_ragen.rollout.prompt.token_history import rows_per_trajectory
 from rllib_ragen.training.filtering import filter_groups
+from rllib_ragen.training.host_memory import phase_peak
 from rllib_ragen.training.learner import StarPOTorchLearner
 from rllib_ragen.training.learner_connector import GroupAdvantages, OldLogProbsAndValues, TokenRows
 from rllib_ragen.training.module import LLMRLModule
@@ -73,6 +75,7 @@ UPDATE_TIMER = "update"
 WEIGHT_SYNC_TIMER = "weight_sync"
 WEIGHT_SYNC_RESULTS = "weight_sync"
 EVAL_TIMER = "evaluation"
+DRIVER_PEAK_RSS = "driver_peak_rss_gb"
 
 
 class StarPOConfig(SettingsGroups, AlgorithmConfig):
@@ -327,7 +330,7 @@ class StarPO(Algorithm):
         """One iteration; each numbered step is one call into the module named beside it."""
         iteration = self.iteration + 1
         # 1. Sample this iteration's groups (algorithm/sampling/).
-        with self.metrics.log_time((TIMERS, ROLLOUT_TIMER)):
+        with self._phase(ROLLOUT_TIMER):
             episodes = self.sampler.sample(iteration=iteration)
         # 2. Collapse diagnostics, before the filter, under the weights that sampled (algorithm/diagnostics.py).
         collapse = self.diagnostics.measure_collapse(episodes, iteration=iteration, learner_group=self.learner_group)
@@ -337,7 +340,7 @@ class StarPO(Algorithm):
         if kept:
             # 4. Advantages and update (algorithm/update.py): each learner's connector estimates, whitens and
             #    length-weights the advantages (training/advantages/postprocess.py), then the loss trains on them.
-            with self.metrics.log_time((TIMERS, UPDATE_TIMER)):
+            with self._phase(UPDATE_TIMER):
                 learner_results = update_learners(self.learner_group, kept, self.config, iteration=self.iteration)
             self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
             # 5. Sync the new weights into every rollout engine (inference/weight_sync.py).
@@ -355,8 +358,17 @@ class StarPO(Algorithm):
     def _sync_after_update(self) -> None:
         """The new weights into every rollout engine, once the rollouts still running (async) are in."""
         self.sampler.drain()  # async rollouts: the shards in flight finish with the weights they started with
-        with self.metrics.log_time((TIMERS, WEIGHT_SYNC_TIMER)):
+        with self._phase(WEIGHT_SYNC_TIMER):
             self.sync_engine_weights()
+
+    @contextlib.contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        """Times a phase of the iteration (`timers/<name>`) and logs the driver's peak resident set during it
+        (`driver_peak_rss_gb/<name>`): the update's is the local learner's when it runs here."""
+        with self.metrics.log_time((TIMERS, name)), phase_peak() as peak:
+            yield
+        if "bytes" in peak:
+            self.metrics.log_value((DRIVER_PEAK_RSS, name), peak["bytes"] / 2**30, window=1)
 
     def _evaluation_due(self, iteration: int) -> bool:
         interval = self.config.eval_interval
@@ -384,7 +396,7 @@ class StarPO(Algorithm):
         """Success (with its 95% interval) and reward on the fixed evaluation instances (group size 1)."""
         config = self.config
         seeds = list(range(config.eval_seed, config.eval_seed + config.eval_size))
-        with self.metrics.log_time((TIMERS, EVAL_TIMER)):
+        with self._phase(EVAL_TIMER):
             evaluation = evaluate_on_seeds(self._sample_evaluation, seeds=seeds, temperature=config.eval_temperature)
         for key, value in evaluation.stats.items():
             self.metrics.log_value((EVALUATION_RESULTS, key), value, window=1)

@@ -105,6 +105,10 @@ def test_training_iteration_reports_starpo_metrics(ray_session, tiny_model_path)
     assert {"in_group_reward_std_before", "in_group_reward_std_after"} <= set(result["starpo_filter"])
     assert "success_rate" in result["evaluation"]
     assert {"rollout", "update", "weight_sync"} <= set(result["timers"])
+    # Each phase's own peak of the driver (the local learner's process): at least the weights it holds.
+    peaks = result["driver_peak_rss_gb"]
+    assert {"rollout", "update", "weight_sync", "evaluation"} <= set(peaks)
+    assert all(0.05 < peak < 64 for peak in peaks.values()), peaks
 
 
 def test_top_p_filter_skips_a_batch_without_spread(ray_session, tiny_model_path):
