@@ -67,6 +67,28 @@ class SyncReport:
     nbytes: int
 
 
+@dataclasses.dataclass(frozen=True)
+class Payload:
+    """What the learner sends.
+
+    Attributes:
+        adapter: The LoRA adapter the engines serve, instead of the (merged) weights.
+        dtype: The engines' weight dtype where it is narrower than the learner's floats
+            (`wire_dtype`), else None (sent as they are).
+    """
+
+    adapter: bool
+    dtype: torch.dtype | None
+
+
+def wire_dtype(config: EngineSettings) -> torch.dtype | None:
+    """The dtype weights travel in: the engines' own half-precision dtype, so that no engine receives
+    float32 bytes only to round them; None (as they are) for "auto", float32 and a served adapter."""
+    if config.serves_adapter or config.dtype not in ("bfloat16", "float16"):
+        return None
+    return getattr(torch, config.dtype)
+
+
 class PolicyWeightSync:
     """Moves the learner's policy weights into the engines of every env runner.
 
@@ -89,8 +111,8 @@ class PolicyWeightSync:
                 engine.resync = self.sync
         self._syncs = itertools.count()
         # What the learner sends: the engines' weights, or the LoRA adapter they serve.
-        self._adapter = config.serves_adapter
-        self._policy_tensors = functools.partial(_policy_tensors, adapter=self._adapter)
+        self._payload = Payload(adapter=config.serves_adapter, dtype=wire_dtype(config))
+        self._policy_tensors = functools.partial(_policy_tensors, payload=self._payload)
         self._probe: tuple[list[int], list[int]] | None = None
 
     @property
@@ -157,7 +179,7 @@ class PolicyWeightSync:
             ref, nbytes = ray.put(packed), packed.nbytes
         else:
             ref, nbytes = self._on_learner(
-                functools.partial(_put_policy, adapter=self._adapter), "packing the policy weights"
+                functools.partial(_put_policy, payload=self._payload), "packing the policy weights"
             )
         if engine is not None:
             engine.load_packed(ref)
@@ -177,7 +199,7 @@ class PolicyWeightSync:
         else:
             pairs = None
             layout, device = self._on_learner(
-                functools.partial(_policy_layout, adapter=self._adapter), "reading the policy layout"
+                functools.partial(_policy_layout, payload=self._payload), "reading the policy layout"
             )
         members = self._members()
         backend = "nccl" if device.type == "cuda" and self.config.num_gpus_per_engine > 0 else "gloo"
@@ -204,7 +226,7 @@ class PolicyWeightSync:
                 send(spec, [tensor for _, tensor in pairs], layout)
             else:
                 self._on_learner(
-                    functools.partial(_send_from_learner, adapter=self._adapter, spec=spec, layout=layout),
+                    functools.partial(_send_from_learner, payload=self._payload, spec=spec, layout=layout),
                     "sending weights",
                 )
             send_error = None
@@ -307,14 +329,20 @@ def _module(learner):
     return learner.module[DEFAULT_MODULE_ID].unwrapped()
 
 
-def _policy_tensors(learner, adapter: bool) -> dict[str, Tensor] | None:
-    """What the engines load (`LLMRLModule.policy_state_dict`), on rank 0."""
-    return _module(learner).policy_state_dict(adapter=adapter) if _is_rank_zero() else None
+def _policy_tensors(learner, payload: Payload) -> dict[str, Tensor] | None:
+    """What the engines load (`LLMRLModule.policy_state_dict`), on rank 0, in the dtype they hold it in."""
+    if not _is_rank_zero():
+        return None
+    tensors = _module(learner).policy_state_dict(adapter=payload.adapter)
+    if payload.dtype is None:
+        return tensors
+    # Rounded here as the engine would round it on load (both round to nearest even): half the bytes.
+    return {name: t.to(payload.dtype) if t.is_floating_point() else t for name, t in tensors.items()}
 
 
-def _rank_zero_tensors(learner, adapter: bool) -> dict[str, Tensor]:
+def _rank_zero_tensors(learner, payload: Payload) -> dict[str, Tensor]:
     """`_policy_tensors` where the caller already checked that this learner is rank 0."""
-    tensors = _policy_tensors(learner, adapter)
+    tensors = _policy_tensors(learner, payload)
     assert tensors is not None, "called on rank 0 only"
     return tensors
 
@@ -323,24 +351,24 @@ def _vocab_size(learner) -> int | None:
     return _module(learner).policy.get_input_embeddings().num_embeddings if _is_rank_zero() else None
 
 
-def _put_policy(learner, adapter: bool) -> tuple[ray.ObjectRef, int] | None:
+def _put_policy(learner, payload: Payload) -> tuple[ray.ObjectRef, int] | None:
     if not _is_rank_zero():
         return None
-    packed = pack_weights(_rank_zero_tensors(learner, adapter))
+    packed = pack_weights(_rank_zero_tensors(learner, payload))
     return ray.put(packed), packed.nbytes
 
 
-def _policy_layout(learner, adapter: bool) -> tuple[TensorLayout, torch.device] | None:
+def _policy_layout(learner, payload: Payload) -> tuple[TensorLayout, torch.device] | None:
     if not _is_rank_zero():
         return None
-    pairs = unique_weights(_rank_zero_tensors(learner, adapter))
+    pairs = unique_weights(_rank_zero_tensors(learner, payload))
     return TensorLayout.of(pairs), pairs[0][1].device
 
 
-def _send_from_learner(learner, adapter: bool, spec: GroupSpec, layout: TensorLayout) -> bool | None:
+def _send_from_learner(learner, payload: Payload, spec: GroupSpec, layout: TensorLayout) -> bool | None:
     if not _is_rank_zero():
         return None
-    send(spec, [tensor for _, tensor in unique_weights(_rank_zero_tensors(learner, adapter))], layout)
+    send(spec, [tensor for _, tensor in unique_weights(_rank_zero_tensors(learner, payload))], layout)
     return True
 
 

@@ -339,3 +339,39 @@ def test_a_remote_learner_sends_the_adapter(tiny_model_path):
         assert algo.weight_sync.check() < TOLERANCE
     finally:
         algo.stop()
+
+
+# ---------------------------------------------------------------------- the wire dtype
+class _Learner:
+    """A learner as `_policy_tensors` reads it: module[DEFAULT_MODULE_ID].unwrapped().policy_state_dict()."""
+
+    def __init__(self, tensors):
+        self.module = {DEFAULT_MODULE_ID: self}
+        self.tensors = tensors
+
+    def unwrapped(self):
+        return self
+
+    def policy_state_dict(self, *, adapter):
+        return dict(self.tensors)
+
+
+def test_float32_weights_travel_in_the_engines_bf16_rounded_as_the_engine_rounds_them():
+    """An fp32 learner and bf16 engines: the weights go at 2 bytes a value, and each equals what the
+    engine's own load (copy_ into its bf16 parameter) makes of the fp32 value; integer buffers stay."""
+    from rllib_ragen.inference.engine_settings import EngineSettings
+    from rllib_ragen.inference.weight_sync import Payload, _policy_tensors, wire_dtype
+
+    assert wire_dtype(EngineSettings(kind="vllm", dtype="bfloat16")) == torch.bfloat16
+    assert wire_dtype(EngineSettings(kind="vllm", dtype="float32")) is None
+    assert wire_dtype(EngineSettings(kind="vllm", dtype="auto")) is None
+    weight = torch.randn(64, 32, generator=torch.Generator().manual_seed(0)) * 0.02
+    positions = torch.arange(7)
+    learner = _Learner({"w": weight, "pos": positions})
+    sent = _policy_tensors(learner, Payload(adapter=False, dtype=torch.bfloat16))
+    loaded = torch.empty(64, 32, dtype=torch.bfloat16).copy_(weight)  # what the engine's load makes of fp32
+    assert sent["w"].dtype == torch.bfloat16 and torch.equal(sent["w"], loaded)
+    assert sent["w"].numel() * sent["w"].element_size() == weight.numel() * 2
+    assert torch.equal(sent["pos"], positions)
+    as_they_are = _policy_tensors(learner, Payload(adapter=False, dtype=None))
+    assert as_they_are["w"] is weight  # float32 engines get the learner's tensors unchanged
