@@ -337,7 +337,16 @@ def _policy_tensors(learner, payload: Payload) -> dict[str, Tensor] | None:
     if payload.dtype is None:
         return tensors
     # Rounded here as the engine would round it on load (both round to nearest even): half the bytes.
-    return {name: t.to(payload.dtype) if t.is_floating_point() else t for name, t in tensors.items()}
+    # A tensor under two names (a tied LM head) is cast once, so that it still travels once.
+    casts: dict[tuple, Tensor] = {}
+    out = {}
+    for name, tensor in tensors.items():
+        if not tensor.is_floating_point():
+            out[name] = tensor
+            continue
+        identity = (tensor.data_ptr(), tuple(tensor.shape), tensor.stride())
+        out[name] = casts.setdefault(identity, tensor.to(payload.dtype))
+    return out
 
 
 def _rank_zero_tensors(learner, payload: Payload) -> dict[str, Tensor]:

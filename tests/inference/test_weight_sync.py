@@ -361,14 +361,17 @@ def test_float32_weights_travel_in_the_engines_bf16_rounded_as_the_engine_rounds
     engine's own load (copy_ into its bf16 parameter) makes of the fp32 value; integer buffers stay."""
     from rllib_ragen.inference.engine_settings import EngineSettings
     from rllib_ragen.inference.weight_sync import Payload, _policy_tensors, wire_dtype
+    from rllib_ragen.inference.weights import unique_weights
 
     assert wire_dtype(EngineSettings(kind="vllm", dtype="bfloat16")) == torch.bfloat16
     assert wire_dtype(EngineSettings(kind="vllm", dtype="float32")) is None
     assert wire_dtype(EngineSettings(kind="vllm", dtype="auto")) is None
     weight = torch.randn(64, 32, generator=torch.Generator().manual_seed(0)) * 0.02
     positions = torch.arange(7)
-    learner = _Learner({"w": weight, "pos": positions})
+    learner = _Learner({"w": weight, "pos": positions, "tied_head": weight})
     sent = _policy_tensors(learner, Payload(adapter=False, dtype=torch.bfloat16))
+    assert sent["tied_head"] is sent["w"]  # a tied tensor stays one tensor: it travels once
+    assert [name for name, _ in unique_weights(sent)] == ["w", "pos"]
     loaded = torch.empty(64, 32, dtype=torch.bfloat16).copy_(weight)  # what the engine's load makes of fp32
     assert sent["w"].dtype == torch.bfloat16 and torch.equal(sent["w"], loaded)
     assert sent["w"].numel() * sent["w"].element_size() == weight.numel() * 2
