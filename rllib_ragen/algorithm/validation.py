@@ -30,7 +30,8 @@ def check_starpo_config(config: AlgorithmConfig) -> None:
     check_env(config.env, in_other_processes=config.num_env_runners > 0)
     config.settings_groups()
     check_env_config(config.env, config.env_config or {})
-    check_env_config(config.env, training_env_config(config.env_config, config.rollout_settings))
+    if config.train_env_overrides:  # the training rooms differ from the evaluation ones: check them too
+        check_env_config(config.env, training_env_config(config.env_config, config.rollout_settings))
     if config.advantage_settings.needs_critic and config.critic == "none":
         raise ValueError(
             f"advantage_estimator={config.advantage_estimator!r} needs a critic; set "

@@ -94,7 +94,7 @@ class RolloutSettings:
             payout is one draw per group, which biases GRPO; see README).
         train_env_overrides: Entries replacing `env_config`'s in training
             rollouts only, e.g. a curriculum of easier starts (Sokoban:
-            `{"search_depth": 30}`, rooms fewer pushes from solved); evaluation
+            `{"search_depth": 5}`, rooms fewer pushes from solved); evaluation
             always plays `env_config`. None = train on `env_config`.
     """
 
