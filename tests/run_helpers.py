@@ -5,6 +5,7 @@ StarPO setup the tracking, sweep and notebook tests train with."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import secrets
 import shutil
@@ -25,6 +26,14 @@ from rllib_ragen.run.flags import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = str(Path(sys.executable).parent)
+
+
+def load_script(path: Path):
+    """A repository script (a benchmark, a tuned example) imported as a module, to call its functions."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def free_port() -> int:

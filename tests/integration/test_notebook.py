@@ -3,7 +3,6 @@ StarPO run the test trains; its helpers read back exactly what was logged."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import nbformat
@@ -11,7 +10,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 from nbclient import NotebookClient
-from run_helpers import ROOT, driver_args, tiny_config
+from run_helpers import ROOT, driver_args, load_script, tiny_config
 
 from rllib_ragen.run.analysis import (
     ECHO_TRAP_PANELS,
@@ -105,7 +104,7 @@ def test_plot_evaluation_draws_success_and_its_interval_band(store):
 
 def test_learning_curve_puts_each_evaluation_at_its_minute_of_training(store, tmp_path):
     """Before RL sits at minute 0; later evaluations at RLlib's time_total_s of their iteration, in minutes."""
-    learning_curve = _load_benchmark("learning_curve")
+    learning_curve = load_script(ROOT / "benchmarks" / "learning_curve.py")
     tracker = MLflowTracker(tracking_uri=store, experiment="curve")
     tracker.log_metrics(dict(zip(EVALUATION_SUCCESS, (0.1, 0.05, 0.2))), step=0)
     tracker.log_metrics({TRAINING_SECONDS: 90.0}, step=1)
@@ -122,13 +121,6 @@ def test_learning_curve_puts_each_evaluation_at_its_minute_of_training(store, tm
         learning_curve.main(["--tracking-uri", store, "--experiment", "missing", "--output", str(tmp_path / "d.png")])
 
 
-def _load_benchmark(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _log_method_run(store, experiment, *, entropy, spread, finished=True):
     """Evaluation before RL (step 0) and after 2 iterations (4 minutes), entropy and spread at 1 and 2."""
     tracker = MLflowTracker(tracking_uri=store, experiment=experiment)
@@ -142,7 +134,7 @@ def _log_method_run(store, experiment, *, entropy, spread, finished=True):
 
 
 def test_echo_trap_figure_puts_each_method_on_every_panel_at_its_minute(store, tmp_path, capsys):
-    figure_script = _load_benchmark("echo_trap_figure")
+    figure_script = load_script(ROOT / "benchmarks" / "echo_trap_figure.py")
     _log_method_run(store, "cpu-learning-frozenlake-expert-starpo-s", entropy=(0.5, 0.4), spread=(0.4, 0.3))
     _log_method_run(store, "cpu-learning-frozenlake-expert-starpo", entropy=(0.5, 0.05), spread=(0.4, 0.0))
     _log_method_run(store, "cpu-learning-frozenlake-expert-crashed", entropy=(1, 1), spread=(1, 1), finished=False)

@@ -1,6 +1,5 @@
 """Every script answers --help; the tuned-example flags build valid configs."""
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from run_helpers import load_script
 
 from rllib_ragen.run import train_loop
 from rllib_ragen.run.flags import build_parser, config_from_args
@@ -98,18 +98,11 @@ def test_time_budget_ends_with_an_evaluation_and_intervals(tmp_path, tiny_model_
     assert (tmp_path / "checkpoints" / "final_policy").is_dir()
 
 
-def _load_script(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow  # six runs, each evaluated before and after its iteration
 def test_paper_table_tiny_runs_every_table_4_setting(ray_session, tmp_path, monkeypatch):
     """`benchmarks/paper_table.py --tiny` end to end (in this process, sharing its Ray): each of the
     six settings trains 1 iteration through the tuned examples' driver and is evaluated before and after."""
-    paper_table = _load_script(ROOT / "benchmarks" / "paper_table.py")
+    paper_table = load_script(ROOT / "benchmarks" / "paper_table.py")
     monkeypatch.chdir(tmp_path)
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     table = paper_table.main(["--tiny", "--tracking-uri", store, "--output", "table.md"])
@@ -136,7 +129,7 @@ def test_paper_table_names_unknown_settings():
 
 
 def test_screening_variants_are_named_settings_and_ranked_by_success_after_rl():
-    cpu_learning = _load_script(ROOT / "benchmarks" / "cpu_learning.py")
+    cpu_learning = load_script(ROOT / "benchmarks" / "cpu_learning.py")
     assert cpu_learning.parse_variant("lora lora_rank=16 'env_config={\"render\": \"words\"}'") == (
         "lora", ["lora_rank=16", 'env_config={"render": "words"}'])
     assert cpu_learning.parse_variant("preset") == ("preset", [])

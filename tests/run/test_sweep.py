@@ -4,14 +4,13 @@ the results table is right."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 import ray
 from mlflow.tracking import MlflowClient
-from run_helpers import ROOT, tiny_config, write_readme_env
+from run_helpers import ROOT, load_script, tiny_config, write_readme_env
 
 from envs import BanditEnv, register_env, registry
 from rllib_ragen.algorithm.presets import PRESETS, preset
@@ -26,10 +25,7 @@ from rllib_ragen.run.tracking import TRIAL_TAG
 
 
 def _sweep_cli():
-    spec = importlib.util.spec_from_file_location("sweep_starpo", ROOT / "tuned_examples" / "sweep_starpo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "tuned_examples" / "sweep_starpo.py")
 
 
 def test_parse_grid_reads_literals_per_key(tiny_model_path):
