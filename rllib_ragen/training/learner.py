@@ -10,7 +10,8 @@ every generated token, `GENERATED_MASK`):
     KL      kl_coeff * KL(policy || frozen reference), only when kl_coeff > 0
 Mini-batches are split into micro-batches whose gradients are accumulated
 before one optimiser step, so memory is bounded by `micro_batch_size` rows or,
-with `micro_batch_tokens`, by a padded-token budget over length-sorted rows.
+with `micro_batch_tokens`, by the distinct token positions the trunk runs (rows
+that share a prompt share its positions: `rllib_ragen.training.token_tree`).
 Each micro-batch's loss is weighted by its share of the mini-batch (of its
 M_loss tokens or rows), so the accumulated gradient is the whole mini-batch's
 whatever the split (for the value loss only approximately when M_adv differs).
@@ -32,6 +33,7 @@ from rllib_ragen.columns import (
     ADVANTAGE_MASK,
     ATTENTION_MASK,
     GENERATED_MASK,
+    INPUT_IDS,
     OLD_LOGP,
     SAMPLING_LOGP,
     TOKEN_ENTROPY,
@@ -58,7 +60,7 @@ from rllib_ragen.training.losses import (
     value_loss,
 )
 from rllib_ragen.training.module import computed_positions, host_copy
-from rllib_ragen.training.shared_prompts import prompt_order
+from rllib_ragen.training.token_tree import tree_budget_groups
 
 POLICY_OPTIMIZER = "policy"
 CRITIC_OPTIMIZER = "critic"
@@ -78,10 +80,11 @@ class UpdateSettings:
             repeats rows to fill a mini-batch: a larger size than the rows it
             gets is cut to those rows.
         micro_batch_size: Rows per forward/backward; gradients accumulate.
-        micro_batch_tokens: Padded-token budget per forward/backward instead
-            of `micro_batch_size` rows: rows are sorted by length and packed
-            so that rows x longest row <= budget (less padding, bounded
-            memory; same gradient). None = `micro_batch_size` rows.
+        micro_batch_tokens: Budget of distinct token positions per
+            forward/backward instead of `micro_batch_size` rows: rows that
+            share a prompt go together and count its positions once, as the
+            trunk runs them (`rllib_ragen.training.token_tree`); bounds the
+            activations' memory, same gradient. None = `micro_batch_size` rows.
         torch_threads: Threads of the learner and the in-process HF engine
             (None = all cores; Ray would otherwise leave a trial actor one).
     """
@@ -290,7 +293,7 @@ def micro_batch_weights(
     """Splits a mini-batch into micro-batches with the weight of each one's loss.
 
     Without a `token_budget`, consecutive runs of `micro_batch_size` rows;
-    with one, see `token_budget_groups`. With "token-mean" a micro-batch's
+    with one, micro-batches of at most that many distinct token positions (`tree_budget_groups`). With "token-mean" a micro-batch's
     mean counts by its share of generated tokens, otherwise by its share of
     rows, so the accumulated gradient equals that of the whole mini-batch
     for any split. Each micro-batch is cut to its longest row.
@@ -301,9 +304,7 @@ def micro_batch_weights(
     if token_budget is None:
         groups = [torch.arange(s, min(s + micro_batch_size, n_rows)) for s in range(0, n_rows, micro_batch_size)]
     else:
-        # Rows that share a prompt in one micro-batch, where the module runs that prompt once.
-        order = prompt_order(batch) if GENERATED_MASK in batch else None
-        groups = token_budget_groups(lengths, token_budget, order=order)
+        groups = tree_budget_groups(batch[INPUT_IDS], lengths, token_budget)
     total_tokens = mask.sum().clamp(min=1)
     total_rows = max(int(mask.any(dim=1).sum()), 1)
     out = []
@@ -318,38 +319,3 @@ def micro_batch_weights(
         )
         out.append((micro, weight))
     return out
-
-
-def token_budget_groups(
-    lengths: torch.Tensor, token_budget: int, *, order: torch.Tensor | None = None
-) -> list[torch.Tensor]:
-    """Row indices of length-bucketed micro-batches, each at most `token_budget` padded tokens.
-
-    Rows are taken in `order` (default: longest first) and filled greedily while
-    rows x longest row stays within the budget, so rows of similar length
-    share a micro-batch and little padding is computed. A row longer than
-    the budget gets a micro-batch of its own.
-
-    Args:
-        lengths: [R] tokens per row (attention-mask sums).
-        token_budget: Most padded tokens (rows x longest row) per micro-batch.
-        order: [R] a permutation of the rows: the order micro-batches are filled in.
-
-    Returns:
-        Index tensors partitioning range(R).
-    """
-    if token_budget < 1:
-        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
-    if order is None:
-        order = torch.argsort(lengths, descending=True, stable=True)
-    groups: list[list[int]] = []
-    longest = 0
-    for row in order.tolist():
-        length = int(lengths[row])
-        if groups and (len(groups[-1]) + 1) * max(longest, length) <= token_budget:
-            groups[-1].append(row)
-            longest = max(longest, length)
-        else:
-            groups.append([row])
-            longest = length
-    return [torch.tensor(sorted(g), dtype=torch.long) for g in groups]

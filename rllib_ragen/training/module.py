@@ -43,8 +43,7 @@ from rllib_ragen.lora import (
 )
 from rllib_ragen.models import load_causal_lm, resolve_model
 from rllib_ragen.training.advantages import critic_free_estimators
-from rllib_ragen.training.shared_prefix import common_prefix_length, shared_prefix_hidden, worth_sharing
-from rllib_ragen.training.shared_prompts import PromptTree, prompt_tree, shared_prompt_hidden, worth_sharing_prompts
+from rllib_ragen.training.token_tree import TokenTree, token_tree, tree_hidden, worth_a_tree
 
 CRITIC_KINDS = ("none", "head", "separate")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -282,35 +281,24 @@ def host_copy(structure: Any) -> Any:
 
 
 def trunk_hidden(trunk: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
-    """Last hidden states of a transformer trunk, [B, L, H]; what rows share is run once where that
-    pays: whole prompts (`rllib_ragen.training.shared_prompts`), else the common prefix
-    (`rllib_ragen.training.shared_prefix`)."""
-    plan = sharing_plan(trunk, batch)
-    if isinstance(plan, PromptTree):
-        return shared_prompt_hidden(trunk, batch[INPUT_IDS], plan)
-    if plan:
-        return shared_prefix_hidden(trunk, batch, plan)
+    """Last hidden states of a transformer trunk, [B, L, H]: the rows as one token tree, each position
+    they share run once (`rllib_ragen.training.token_tree`), where that pays; else row by row."""
+    tree = tree_plan(trunk, batch)
+    if tree is not None:
+        return tree_hidden(trunk, tree)
     return trunk(input_ids=batch[INPUT_IDS], attention_mask=batch[ATTENTION_MASK]).last_hidden_state
 
 
-def sharing_plan(trunk: nn.Module, batch: dict[str, Any]) -> PromptTree | int:
-    """How `trunk_hidden` runs rows [R, L]: a `PromptTree` when rows repeat a prompt, else the length
-    of the common prefix run once (0: every row whole)."""
-    if GENERATED_MASK in batch:
-        tree = prompt_tree(batch[INPUT_IDS], batch[ATTENTION_MASK], batch[GENERATED_MASK])
-        if worth_sharing_prompts(trunk, tree):
-            return tree
-    prefix_length = common_prefix_length(batch[INPUT_IDS], batch[ATTENTION_MASK])
-    return prefix_length if worth_sharing(trunk, batch[INPUT_IDS].shape[0], prefix_length) else 0
+def tree_plan(trunk: nn.Module, batch: dict[str, Any]) -> TokenTree | None:
+    """The token tree `trunk_hidden` runs rows [R, L] as, or None when it runs them row by row."""
+    tree = token_tree(batch[INPUT_IDS], batch[ATTENTION_MASK])
+    return tree if worth_a_tree(trunk, tree, int(batch[ATTENTION_MASK].sum())) else None
 
 
 def computed_positions(trunk: nn.Module, batch: dict[str, Any]) -> int:
     """Token positions `trunk_hidden` runs the trunk on for rows [R, L] (what its FLOPs count)."""
-    rows, length = batch[INPUT_IDS].shape
-    plan = sharing_plan(trunk, batch)
-    if isinstance(plan, PromptTree):
-        return plan.computed_positions
-    return plan + rows * (length - plan)
+    tree = tree_plan(trunk, batch)
+    return tree.num_nodes if tree is not None else int(batch[INPUT_IDS].numel())
 
 
 def score_generated_tokens(

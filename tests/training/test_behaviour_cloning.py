@@ -17,6 +17,7 @@ from rllib_ragen.training.behaviour_cloning import (
     cloning_passes,
     supervised_step,
 )
+from rllib_ragen.training.learner import micro_batch_weights
 
 EXPERT = WarmStartSettings(
     env="frozenlake",
@@ -50,12 +51,16 @@ def test_a_step_takes_the_same_update_for_any_micro_batch_split(tiny_model_path,
                                     epochs=1)))[0]
     after = []
     for budget in (100_000, 300):  # one micro-batch, then several
+        splits = len(micro_batch_weights(rows, 0, "token-mean", token_budget=budget))
+        assert splits == 1 if budget > 300 else splits >= 2
         model = load_causal_lm(tiny_model_path, dtype=torch.float32).train()
         settings = SupervisedSettings(lr=1e-3, micro_batch_tokens=budget)
         nll = supervised_step(model, settings.optimizer(model), rows, settings)
         after.append((nll, torch.cat([p.detach().flatten() for p in model.parameters()])))
     assert after[0][0] == pytest.approx(after[1][0], rel=1e-5)
-    torch.testing.assert_close(after[0][1], after[1][1], rtol=1e-4, atol=1e-6)
+    # AdamW's first step is about lr x sign(gradient): where a gradient is ~0, float32 summation order (one tree
+    # or several) can move a weight by a fraction of lr (1e-3); a wrongly weighted split moves many by ~lr.
+    torch.testing.assert_close(after[0][1], after[1][1], rtol=1e-4, atol=5e-5)
 
 
 def test_the_passes_cover_every_row_once_an_epoch_in_steps_of_the_given_rows(tiny_tokenizer):

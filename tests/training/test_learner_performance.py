@@ -26,7 +26,7 @@ from rllib_ragen.columns import (
     TOKEN_ENTROPY,
     TOKEN_LOGP,
 )
-from rllib_ragen.training.learner import micro_batch_weights, token_budget_groups
+from rllib_ragen.training.learner import micro_batch_weights
 from rllib_ragen.training.losses import aggregate_loss, policy_loss
 from rllib_ragen.training.module import ScoringSettings
 
@@ -149,15 +149,6 @@ def test_chunked_scores_and_gradients_match_a_full_softmax(tiny_model_path):
     (logp.sum() + entropy.sum()).backward()
     for (name, param), ref in zip(module.policy.named_parameters(), reference.parameters()):
         torch.testing.assert_close(param.grad, ref.grad, atol=1e-5, rtol=1e-4, msg=name)
-
-
-def test_token_budget_groups_by_hand():
-    groups = token_budget_groups(torch.tensor([5, 9, 3, 8, 2]), 18)
-    # Sorted 9, 8, 5, 3, 2: {9, 8} = 2 x 9 = 18; {5, 3, 2} = 3 x 5 = 15.
-    assert [g.tolist() for g in groups] == [[1, 3], [0, 2, 4]]
-    assert [g.tolist() for g in token_budget_groups(torch.tensor([30, 2]), 10)] == [[0], [1]]
-    with pytest.raises(ValueError, match="token_budget"):
-        token_budget_groups(torch.tensor([3]), 0)
 
 
 def test_config_errors():

@@ -1,0 +1,159 @@
+"""Rows packed as one token tree: every token position that rows share run once, in one trunk call.
+
+A group's members start from the same prompt, every prompt starts with the
+same instructions, and members that act alike repeat each other's answers.
+Rows `[R, L]` are therefore inserted into a trie: a row position is a node,
+and two rows share a node as long as their tokens agree from the start. The
+nodes run as one sequence `[1, N]` (N <= R x L, no padding) with a 4D mask
+that lets each node attend to itself and its ancestors only, and position ids
+that are each node's depth. A node's hidden state depends only on the tokens
+at and before it in its row (causal attention), so each row's hidden states
+equal the per-row pass, and autograd sums the gradients of the rows that
+share a node into its one pass. Unlike a key/value cache repeated to the rows,
+nothing is copied per row: activations grow with the distinct positions N.
+Attention costs N^2 per layer (a masked dense score matrix), small beside the
+matmuls for the N of a micro-batch (a few hundred to a few thousand).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+# Attention implementations that read a custom 4D mask (flash-attention kernels do not).
+TREE_ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
+# Most nodes run as one tree: its dense [N, N] mask and N^2 attention outgrow what sharing saves
+# (the learner's micro-batches, bounded by `micro_batch_tokens` distinct positions, stay below it).
+MAX_TREE_NODES = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenTree:
+    """The distinct positions of right-padded rows [R, L] as one sequence of N nodes.
+
+    Attributes:
+        token_ids: [N] each node's token.
+        position_ids: [N] each node's position in its rows (its depth in the trie).
+        parents: [N] each node's parent node, -1 for a row's first token.
+        node_of_position: [R, L] the node of each row position (padding positions: node 0, never read).
+    """
+
+    token_ids: torch.Tensor
+    position_ids: torch.Tensor
+    parents: torch.Tensor
+    node_of_position: torch.Tensor
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    def attention_mask(self) -> torch.Tensor:
+        """[1, 1, N, N] bool: node i attends to node j iff j is i or an ancestor of i."""
+        n = self.num_nodes
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        # Nodes are numbered after their parents, so each row of the mask is its parent's plus itself.
+        for node, parent in enumerate(self.parents.tolist()):
+            if parent >= 0:
+                mask[node] = mask[parent]
+            mask[node, node] = True
+        return mask.to(self.token_ids.device)[None, None]
+
+
+def token_tree(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TokenTree:
+    """The trie of rows [R, L] (right-padded; `attention_mask` 1 on real tokens)."""
+    lengths = attention_mask.sum(dim=1).tolist()
+    node_of: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+    tokens: list[int] = []
+    depths: list[int] = []
+    parents: list[int] = []
+    node_of_position = torch.zeros(input_ids.shape, dtype=torch.long)
+    for row, (ids, length) in enumerate(zip(input_ids.tolist(), lengths)):
+        parent = -1
+        path = []
+        for depth, token in enumerate(ids[:length]):
+            node = node_of.get((parent, token))
+            if node is None:
+                node = node_of[(parent, token)] = len(tokens)
+                tokens.append(token)
+                depths.append(depth)
+                parents.append(parent)
+            path.append(node)
+            parent = node
+        node_of_position[row, : len(path)] = torch.tensor(path, dtype=torch.long)
+    device = input_ids.device
+    return TokenTree(
+        token_ids=torch.tensor(tokens, dtype=input_ids.dtype, device=device),
+        position_ids=torch.tensor(depths, dtype=torch.long, device=device),
+        parents=torch.tensor(parents, dtype=torch.long),
+        node_of_position=node_of_position.to(device),
+    )
+
+
+def worth_a_tree(trunk: nn.Module, tree: TokenTree, real_tokens: int) -> bool:
+    """Whether `tree` runs through `trunk`: its rows share positions, it is not too large, and the
+    trunk's attention honours a custom 4D mask."""
+    implementation = getattr(getattr(trunk, "config", None), "_attn_implementation", None)
+    return tree.num_nodes < real_tokens and tree.num_nodes <= MAX_TREE_NODES and (
+        implementation in TREE_ATTENTION_IMPLEMENTATIONS
+    )
+
+
+def tree_budget_groups(input_ids: torch.Tensor, lengths: torch.Tensor, token_budget: int) -> list[torch.Tensor]:
+    """Row indices of micro-batches whose token trees have at most `token_budget` nodes each.
+
+    Rows are taken in lexicographic order of their tokens, where a row adds to
+    its micro-batch's tree exactly its length minus its common prefix with the
+    row before it (a trie's size over sorted strings), and filled greedily; rows
+    that share prompts land together. A row longer than the budget gets a
+    micro-batch of its own.
+
+    Args:
+        input_ids: [R, L] right-padded token ids.
+        lengths: [R] real tokens per row.
+        token_budget: Most distinct token positions (tree nodes) per micro-batch.
+    """
+    if token_budget < 1:
+        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+    rows = [ids[:length] for ids, length in zip(input_ids.tolist(), lengths.tolist())]
+    groups: list[list[int]] = []
+    nodes = 0
+    previous: list[int] = []
+    for row in sorted(range(len(rows)), key=rows.__getitem__):
+        added = len(rows[row]) - _common_prefix(rows[row], previous)
+        if groups and nodes + added <= token_budget:
+            groups[-1].append(row)
+            nodes += added
+        else:
+            groups.append([row])
+            nodes = len(rows[row])
+        previous = rows[row]
+    return [torch.tensor(sorted(group), dtype=torch.long) for group in groups]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def tree_hidden(trunk: nn.Module, tree: TokenTree) -> torch.Tensor:
+    """Last hidden states [R, L, H] of a Hugging Face decoder trunk, each node of `tree` run once.
+
+    Args:
+        trunk: A decoder trunk (e.g. `LlamaModel`) that takes `position_ids` and a 4D attention mask.
+        tree: `token_tree` of the rows.
+    """
+    out = trunk(
+        input_ids=tree.token_ids[None],
+        attention_mask=tree.attention_mask(),
+        position_ids=tree.position_ids[None],
+        use_cache=False,
+    )
+    nodes = out.last_hidden_state[0]  # [N, H]
+    # Differentiable gather: the rows sharing a node sum their gradients into its one pass.
+    return nodes[tree.node_of_position]
