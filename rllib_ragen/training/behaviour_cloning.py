@@ -4,8 +4,9 @@ The warm start's update. It is the learner's own arithmetic (the same
 scoring of generated tokens, token-mean aggregation, micro-batches by token
 budget, AdamW with the learner's betas, weight decay and global-norm clip),
 without an RLlib iteration around each step: no Ray Data pass, no learner
-connector, no weight sync to an engine that never samples. The rows' common
-prefix is run once per micro-batch (`trunk_hidden`).
+connector, no weight sync to an engine that never samples. Every position
+the rows of a micro-batch share (the chat template and instructions) runs
+once (`trunk_hidden`'s token tree).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class SupervisedSettings:
         weight_decay: AdamW weight decay (the learner's default).
         adam_betas: AdamW betas (the learner's default).
         grad_clip: Global gradient-norm clip (the learner's default).
-        micro_batch_tokens: Padded tokens per forward/backward; bounds the activations' memory.
+        micro_batch_tokens: Distinct token positions per forward/backward; bounds the activations' memory.
         autocast_dtype: None, or "bfloat16"/"float16" for the trunk (`ScoringSettings`).
     """
 
