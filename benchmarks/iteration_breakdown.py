@@ -144,7 +144,8 @@ def run_side(args: argparse.Namespace, source: Path, settings: list[str] = ()) -
     command = [sys.executable, str(Path(__file__).resolve()), "--measure", "--env", args.env,
                "--iters", str(args.iters), "--warmup", str(args.warmup), *(f"--set={s}" for s in settings)]
     env = dict(os.environ, PYTHONPATH=str(source))
-    out = subprocess.run(command, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
+    # In `source` too: Ray puts the driver's working directory on its workers' path, ahead of PYTHONPATH.
+    out = subprocess.run(command, env=env, cwd=source, check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

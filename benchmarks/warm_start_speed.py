@@ -65,7 +65,7 @@ def run_side(args: argparse.Namespace, source: Path, cache: Path) -> dict:
     command = [sys.executable, str(Path(__file__).resolve()), "--measure", str(cache), "--env", args.env,
                "--model", args.model]
     env = dict(os.environ, PYTHONPATH=str(source), RLLIB_RAGEN_CACHE=str(cache))
-    out = subprocess.run(command, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
+    out = subprocess.run(command, env=env, cwd=source, check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
