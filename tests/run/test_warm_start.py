@@ -8,12 +8,14 @@ import pytest
 import torch
 
 from envs import make_env
+from rllib_ragen.algorithm.offline import response_token_nll
 from rllib_ragen.models import load_causal_lm, load_tokenizer
 from rllib_ragen.rollout.env_group import TurnBudgetSettings
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
 from rllib_ragen.rollout.prompt.protocol import PromptProtocol, ProtocolSettings
 from rllib_ragen.rollout.trajectory_record import trajectory_start, turn_record
 from rllib_ragen.run.warm_start import WarmStartSettings, demonstrations, warm_start
+from rllib_ragen.training.behaviour_cloning import train_top_layers_only
 
 AGENT = "traj_0"
 PROTOCOL = ProtocolSettings(max_actions_per_turn=3, think=True)
@@ -125,3 +127,32 @@ def test_each_state_opens_with_every_action_equally_often(tiny_tokenizer):
     assert len(set(pairs)) > 1
     high_first = [arm == pair[1] for arm, pair in zip(arms[0::2], pairs)]
     assert sum(high_first) not in (0, 16)
+
+
+def test_a_top_layers_warm_start_trains_only_those_and_learns(tiny_model_path, tmp_path):
+    """The tiny model's last of 2 layers (and final norm) move and its NLL falls; the embeddings (tied to
+    the LM head) and the first layer stay the base model's bit for bit."""
+    config = WarmStartSettings(
+        env="bandit_phoenix_dragon", protocol=ProtocolSettings(max_actions_per_turn=1, think=False, prefill=True),
+        budget=TurnBudgetSettings(max_turns=1, max_actions_per_traj=1), num_examples=32, answers_per_prompt=2,
+        epochs=2, batch_size=8, lr=3e-3, trained_top_layers=1,
+    )
+    base = load_causal_lm(tiny_model_path).state_dict()
+    path = warm_start(str(tiny_model_path), config, cache_dir=tmp_path)
+    trained = load_causal_lm(path).state_dict()
+    moved = {name for name, value in trained.items() if not torch.equal(value, base[name])}
+    assert moved and all(name.startswith(("model.layers.1.", "model.norm.")) for name in moved)
+    assert "model.embed_tokens.weight" not in moved and not any(name.startswith("model.layers.0.") for name in moved)
+    tokenizer = load_tokenizer(tiny_model_path)
+    episodes = demonstrations(tokenizer, config)
+    before = response_token_nll(load_causal_lm(tiny_model_path), episodes, history_window=None)
+    after = response_token_nll(load_causal_lm(path), episodes, history_window=None)
+    assert after < before
+
+
+def test_top_layers_beyond_the_model_are_refused(tiny_model_path):
+    policy = load_causal_lm(tiny_model_path)
+    with pytest.raises(ValueError, match=r"top_layers must be in \[1, 2\]"):
+        train_top_layers_only(policy, 3)
+    with pytest.raises(ValueError, match="trained_top_layers"):
+        WarmStartSettings(trained_top_layers=0)
