@@ -293,10 +293,10 @@ def micro_batch_weights(
     """Splits a mini-batch into micro-batches with the weight of each one's loss.
 
     Without a `token_budget`, consecutive runs of `micro_batch_size` rows;
-    with one, micro-batches of at most that many distinct token positions (`tree_budget_groups`). With "token-mean" a micro-batch's
-    mean counts by its share of generated tokens, otherwise by its share of
-    rows, so the accumulated gradient equals that of the whole mini-batch
-    for any split. Each micro-batch is cut to its longest row.
+    with one, micro-batches of at most that many distinct token positions
+    (`tree_budget_groups`). With "token-mean" a micro-batch's mean counts
+    by its share of generated tokens, otherwise by its share of rows, so the
+    accumulated gradient equals that of the whole mini-batch for any split. Each micro-batch is cut to its longest row.
     """
     mask = mask_or_generated(batch, Columns.LOSS_MASK)
     n_rows = mask.shape[0]

@@ -95,8 +95,10 @@ def worth_a_tree(trunk: nn.Module, tree: TokenTree, real_tokens: int) -> bool:
     """Whether `tree` runs through `trunk`: its rows share positions, it is not too large, and the
     trunk's attention honours a custom 4D mask."""
     implementation = getattr(getattr(trunk, "config", None), "_attn_implementation", None)
-    return tree.num_nodes < real_tokens and tree.num_nodes <= MAX_TREE_NODES and (
-        implementation in TREE_ATTENTION_IMPLEMENTATIONS
+    return (
+        tree.num_nodes < real_tokens
+        and tree.num_nodes <= MAX_TREE_NODES
+        and (implementation in TREE_ATTENTION_IMPLEMENTATIONS)
     )
 
 
