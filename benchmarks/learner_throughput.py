@@ -116,7 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-turns", type=int, default=5, help="most turns of a trajectory")
     parser.add_argument("--response-tokens", type=int, default=48, help="generated tokens per turn")
     parser.add_argument("--micro-batch-tokens", type=int, default=2048,
-                        help="fast variants: padded-token budget per micro-batch")
+                        help="fast variants: distinct token positions per micro-batch")
     parser.add_argument("--logit-chunk-size", type=int, default=1024,
                         help="fast variants: generated positions whose logits exist at once")
     parser.add_argument("--gradient-checkpointing", action="store_true",
