@@ -96,7 +96,10 @@ def cpu_preset(env: str) -> StarPOConfig:
             rollout_filter_ratio=0.125,
             # mini_batch_size unset: one optimiser step on the rows the filter keeps.
             micro_batch_size=2,
-            micro_batch_tokens=2048,
+            # Distinct token positions a forward/backward (a token tree's nodes): on FrozenLake 1024 ran
+            # 1.23x the trajectories a minute of 2048 at a 1.3 GB lower peak (the tree's N^2 attention
+            # outgrows the saved per-call costs; docs/results/iteration_breakdown_token_tree.md).
+            micro_batch_tokens=1024,
             autocast_dtype="bfloat16" if bf16 else None,
             # A CPU run makes tens of updates, not RAGEN's 200 at 1e-6: the Bandit
             # preset's step size, with which it learned within 7 iterations.
