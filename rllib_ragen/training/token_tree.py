@@ -91,10 +91,14 @@ def token_tree(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TokenTr
     )
 
 
+def _attention_implementation(trunk: nn.Module) -> str | None:
+    return getattr(getattr(trunk, "config", None), "_attn_implementation", None)
+
+
 def worth_a_tree(trunk: nn.Module, tree: TokenTree, real_tokens: int) -> bool:
     """Whether `tree` runs through `trunk`: its rows share positions, it is not too large, and the
     trunk's attention honours a custom 4D mask."""
-    implementation = getattr(getattr(trunk, "config", None), "_attn_implementation", None)
+    implementation = _attention_implementation(trunk)
     return (
         tree.num_nodes < real_tokens
         and tree.num_nodes <= MAX_TREE_NODES
@@ -150,9 +154,14 @@ def tree_hidden(trunk: nn.Module, tree: TokenTree) -> torch.Tensor:
         trunk: A decoder trunk (e.g. `LlamaModel`) that takes `position_ids` and a 4D attention mask.
         tree: `token_tree` of the rows.
     """
+    mask = tree.attention_mask()
+    if _attention_implementation(trunk) == "eager":
+        # Eager attention adds its mask to the scores: 0 where a node is seen, the lowest float elsewhere.
+        lowest = torch.finfo(torch.float32).min
+        mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, lowest)
     out = trunk(
         input_ids=tree.token_ids[None],
-        attention_mask=tree.attention_mask(),
+        attention_mask=mask,
         position_ids=tree.position_ids[None],
         use_cache=False,
     )

@@ -83,6 +83,15 @@ def test_the_tree_gives_the_per_row_hidden_states_loss_and_gradients(tiny_model_
     assert grads["model.embed_tokens.weight"][PREFIX].abs().sum() > 0
 
 
+def test_the_tree_holds_under_eager_attention(tiny_model_path):
+    """Eager attention adds its mask to the scores (sdpa reads it as booleans): the tree gives it a float one."""
+    model = load_causal_lm(tiny_model_path, dtype=torch.float32).train()
+    model.config._attn_implementation = "eager"
+    batch = _batch(ROWS)
+    assert tree_plan(model.base_model, batch) is not None
+    assert_equals_per_row_pass(model, batch, lambda trunk, b: tree_hidden(trunk, token_tree(b[INPUT_IDS], b[ATTENTION_MASK])))
+
+
 def test_the_tree_holds_under_gradient_checkpointing(tiny_model_path):
     model = load_causal_lm(tiny_model_path, dtype=torch.float32).train()
     model.gradient_checkpointing_enable()
