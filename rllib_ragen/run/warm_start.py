@@ -65,7 +65,10 @@ from rllib_ragen.training.host_memory import release_freed_memory
 
 # Part of the cache key: a change to how the warm start trains, or to the text of the
 # demonstrations it trains on (e.g. an expert's thought), must bump it so old results are not reused.
-WARM_START_METHOD = "bc-7"
+WARM_START_METHOD = "bc-8"
+# The first demonstration seed: far above the evaluation (123..), held-out (50_000..) and training
+# (10_000..) seeds, so a warm start of any size never plays a state it is later scored on.
+DEMONSTRATION_SEED_START = 1_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +168,12 @@ def warm_start(
     return path
 
 
+def demonstration_seeds(config: WarmStartSettings) -> list[int]:
+    """The `num_examples` env seeds the warm start plays, from `DEMONSTRATION_SEED_START` (per `seed`)."""
+    first = DEMONSTRATION_SEED_START + config.seed * 1_000_003
+    return list(range(first, first + config.num_examples))
+
+
 def demonstrations(tokenizer: Any, config: WarmStartSettings) -> list[MultiAgentEpisode]:
     """The warm start's data, played from `num_examples` states (seeds far from training and evaluation).
 
@@ -172,7 +181,7 @@ def demonstrations(tokenizer: Any, config: WarmStartSettings) -> list[MultiAgent
     plays each state once (its answer does not vary); states it cannot play
     within the budget are skipped.
     """
-    seeds = [config.seed * 1_000_003 + index for index in range(config.num_examples)]
+    seeds = demonstration_seeds(config)
     common: dict[str, Any] = dict(
         env=config.env, env_config=dict(config.env_config), protocol=config.protocol, budget=config.budget
     )

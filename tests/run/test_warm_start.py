@@ -10,11 +10,12 @@ import torch
 from envs import make_env
 from rllib_ragen.algorithm.offline import response_token_nll
 from rllib_ragen.models import load_causal_lm, load_tokenizer
-from rllib_ragen.rollout.env_group import TurnBudgetSettings
+from rllib_ragen.rollout.env_group import RolloutSettings, TurnBudgetSettings
+from rllib_ragen.rollout.evaluation import EvalSettings
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
 from rllib_ragen.rollout.prompt.protocol import PromptProtocol, ProtocolSettings
 from rllib_ragen.rollout.trajectory_record import trajectory_start, turn_record
-from rllib_ragen.run.warm_start import WarmStartSettings, demonstrations, warm_start
+from rllib_ragen.run.warm_start import WarmStartSettings, demonstration_seeds, demonstrations, warm_start
 from rllib_ragen.training.behaviour_cloning import train_top_layers_only
 
 AGENT = "traj_0"
@@ -24,8 +25,10 @@ PROTOCOL = ProtocolSettings(max_actions_per_turn=3, think=True)
 def _protocol(tokenizer, env_name, protocol_settings):
     env = make_env(env_name)
     return PromptProtocol(
-        ChatTemplate.from_tokenizer(tokenizer), instructions=env.instructions,
-        action_vocabulary=env.action_vocabulary, config=protocol_settings,
+        ChatTemplate.from_tokenizer(tokenizer),
+        instructions=env.instructions,
+        action_vocabulary=env.action_vocabulary,
+        config=protocol_settings,
     )
 
 
@@ -52,7 +55,9 @@ def test_demonstrations_is_multi_turn_well_formed_and_random(tiny_tokenizer):
     counts = {a: chosen.count(a) for a in ("Up", "Down", "Left", "Right")}
     assert min(counts.values()) > 0.15 * len(chosen), counts
     # Two trajectories per initial state, played differently.
-    assert episodes[0].agent_episodes[AGENT].get_infos(0)["seed"] == episodes[1].agent_episodes[AGENT].get_infos(0)["seed"]
+    assert (
+        episodes[0].agent_episodes[AGENT].get_infos(0)["seed"] == episodes[1].agent_episodes[AGENT].get_infos(0)["seed"]
+    )
 
 
 def _first_prompts(episodes):
@@ -68,9 +73,15 @@ def _valid_ratio(lm, prompts, protocol, *, samples=4):
     valid = 0
     for prompt in prompts:
         ids = torch.tensor([prompt] * samples)
-        out = lm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=True,
-                          eos_token_id=protocol.template.eos_token_id, pad_token_id=protocol.template.eos_token_id)
-        valid += sum(protocol.parse(row[len(prompt):].tolist())[1].has_valid_action for row in out)
+        out = lm.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=8,
+            do_sample=True,
+            eos_token_id=protocol.template.eos_token_id,
+            pad_token_id=protocol.template.eos_token_id,
+        )
+        valid += sum(protocol.parse(row[len(prompt) :].tolist())[1].has_valid_action for row in out)
     return valid / (samples * len(prompts))
 
 
@@ -80,8 +91,14 @@ def test_warm_start_teaches_the_format_and_is_cached(tiny_model_path, tmp_path):
     budget = TurnBudgetSettings(max_turns=1, max_actions_per_traj=1)
     # One pair of names (RAGEN v1's): a random tiny model learns the format, not 24 names.
     config = WarmStartSettings(
-        env="bandit_phoenix_dragon", protocol=protocol, budget=budget, num_examples=64, answers_per_prompt=4,
-        epochs=4, batch_size=8, lr=3e-3,
+        env="bandit_phoenix_dragon",
+        protocol=protocol,
+        budget=budget,
+        num_examples=64,
+        answers_per_prompt=4,
+        epochs=4,
+        batch_size=8,
+        lr=3e-3,
     )
     path = warm_start(str(tiny_model_path), config, cache_dir=tmp_path)
     built = sorted(p.name for p in (tmp_path / "models").iterdir())
@@ -92,6 +109,17 @@ def test_warm_start_teaches_the_format_and_is_cached(tiny_model_path, tmp_path):
     held_out = _first_prompts(demonstrations(tokenizer, dataclasses.replace(config, num_examples=8, seed=99)))
     assert _valid_ratio(load_causal_lm(tiny_model_path), held_out, proto) == 0.0
     assert _valid_ratio(load_causal_lm(path), held_out, proto) >= 0.8
+
+
+def test_demonstrations_never_play_an_evaluation_held_out_or_training_state():
+    # A warm start of 4096 states (more than any preset plays) against the default evaluation seeds, the
+    # benchmarks' held-out seeds (50_000..) and a long run's training seeds (train_seed_start..).
+    seeds = set(demonstration_seeds(WarmStartSettings(num_examples=4096)))
+    evaluation = EvalSettings()
+    scored = set(range(evaluation.eval_seed, evaluation.eval_seed + 10_000)) | set(range(50_000, 60_000))
+    training = set(range(RolloutSettings().train_seed_start, RolloutSettings().train_seed_start + 100_000))
+    assert len(seeds) == 4096 and not seeds & scored and not seeds & training
+    assert set(demonstration_seeds(WarmStartSettings(num_examples=8, seed=1))).isdisjoint(seeds)
 
 
 def test_the_cache_key_depends_on_model_and_prompt_format():
@@ -117,8 +145,7 @@ def _bandit_pair(seed: int) -> tuple[str, str]:
 def test_each_state_opens_with_every_action_equally_often(tiny_tokenizer):
     protocol = ProtocolSettings(max_actions_per_turn=1, think=False, prefill=True)
     budget = TurnBudgetSettings(max_turns=1, max_actions_per_traj=1)
-    config = WarmStartSettings(env="bandit", protocol=protocol, budget=budget,
-                               num_examples=16, answers_per_prompt=2)
+    config = WarmStartSettings(env="bandit", protocol=protocol, budget=budget, num_examples=16, answers_per_prompt=2)
     episodes = demonstrations(tiny_tokenizer, config)
     arms = [e.agent_episodes[AGENT].get_infos(1)["arm"] for e in episodes]
     pairs = [_bandit_pair(e.agent_episodes[AGENT].get_infos(0)["seed"]) for e in episodes[0::2]]
@@ -133,9 +160,15 @@ def test_a_top_layers_warm_start_trains_only_those_and_learns(tiny_model_path, t
     """The tiny model's last of 2 layers (and final norm) move and its NLL falls; the embeddings (tied to
     the LM head) and the first layer stay the base model's bit for bit."""
     config = WarmStartSettings(
-        env="bandit_phoenix_dragon", protocol=ProtocolSettings(max_actions_per_turn=1, think=False, prefill=True),
-        budget=TurnBudgetSettings(max_turns=1, max_actions_per_traj=1), num_examples=32, answers_per_prompt=2,
-        epochs=2, batch_size=8, lr=3e-3, trained_top_layers=1,
+        env="bandit_phoenix_dragon",
+        protocol=ProtocolSettings(max_actions_per_turn=1, think=False, prefill=True),
+        budget=TurnBudgetSettings(max_turns=1, max_actions_per_traj=1),
+        num_examples=32,
+        answers_per_prompt=2,
+        epochs=2,
+        batch_size=8,
+        lr=3e-3,
+        trained_top_layers=1,
     )
     base = load_causal_lm(tiny_model_path).state_dict()
     path = warm_start(str(tiny_model_path), config, cache_dir=tmp_path)
