@@ -3,6 +3,7 @@ success before and after RL with intervals, and the `--as-test` verdict."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -58,21 +59,66 @@ def summarize(before: list[float], after: list[float], *, iterations: int, minut
     }
 
 
+@dataclasses.dataclass
+class BudgetSpent:
+    """What a run's training budget bought: one row per iteration of this process (the minutes of RL
+    at its end, the trajectories it trained, its training success and, when it evaluated, the
+    evaluation's), i.e. the learning curve against minutes."""
+
+    rows: list[dict[str, float]] = dataclasses.field(default_factory=list)
+
+    def add(self, *, iteration: int, minutes: float, result: dict[str, Any]) -> None:
+        learner = result.get("learners", {}).get("default_policy", {})
+        row = {
+            "iteration": float(iteration),
+            "minutes": minutes,
+            "trajectories_trained": float(learner.get("num_trained_trajectories", 0.0)),
+            "success": float(result.get("env_runners", {}).get("success_rate", math.nan)),
+        }
+        evaluation = result.get("evaluation", {})
+        if "success_rate" in evaluation:
+            row["eval_success"] = float(evaluation["success_rate"])
+        self.rows.append(row)
+
+    @property
+    def trajectories_trained(self) -> int:
+        return int(sum(row["trajectories_trained"] for row in self.rows))
+
+    def line(self, *, job_minutes: float) -> str:
+        """One line: iterations, trajectories trained and minutes of RL, within the job's minutes."""
+        minutes = self.rows[-1]["minutes"] if self.rows else 0.0
+        return (
+            f"the budget bought {len(self.rows)} iterations, {self.trajectories_trained} trajectories trained "
+            f"and {minutes:.1f} min of RL, in a job of {job_minutes:.1f} min (the rest: model, warm start, "
+            "Ray and engines, the evaluation before RL)"
+        )
+
+
 def report_learning(
     algo: Algorithm,
     before: tuple[dict[str, float], list[float]],
     result: dict[str, Any],
     *,
     minutes: float,
+    budget: BudgetSpent,
+    job_minutes: float,
     path: str | None,
 ) -> None:
-    """Prints success before and after RL (`summarize`); with `path`, also writes it there as JSON,
-    with both evaluations' statistics and the starting model."""
+    """Prints success before and after RL (`summarize`) and what the budget bought; with `path`, also writes
+    them there as JSON, with both evaluations' statistics, the starting model and the learning curve."""
     from rllib_ragen.run.atomic_files import write_text_atomic
 
     summary = summarize(before[1], algo.last_evaluation_successes, iterations=algo.iteration, minutes=minutes)
+    print(budget.line(job_minutes=job_minutes), flush=True)
     if path:
-        summary.update(stats_before=before[0], stats_after=result["evaluation"], starting_model=algo.config.llm_model)
+        summary.update(
+            stats_before=before[0],
+            stats_after=result["evaluation"],
+            starting_model=algo.config.llm_model,
+            job_minutes=job_minutes,
+            trajectories_trained=budget.trajectories_trained,
+            curve=budget.rows,
+        )
         write_text_atomic(path, json.dumps(summary, default=float))
 
 

@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rllib_ragen.run.console import IterationProgress
-from rllib_ragen.run.report import check_success, evaluate_before_training, progress_line, report_learning
+from rllib_ragen.run.report import (
+    BudgetSpent,
+    check_success,
+    evaluate_before_training,
+    progress_line,
+    report_learning,
+)
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm import Algorithm
@@ -76,10 +82,19 @@ def run(
             flush=True,
         )
         before = evaluate_before_training(algo, callback) if algo.iteration == 0 and algo.config.eval_interval else None
-        began = time.perf_counter()
-        result = _train(algo, callback, stop_iters=args.stop_iters, budget_s=training_budget_s(args, job_started))
+        began, budget = time.perf_counter(), BudgetSpent()
+        budget_s = training_budget_s(args, job_started)
+        result = _train(algo, callback, stop_iters=args.stop_iters, budget_s=budget_s, budget=budget)
         if before is not None and "success_rate" in result.get("evaluation", {}):
-            report_learning(algo, before, result, minutes=(time.perf_counter() - began) / 60, path=args.summary_json)
+            report_learning(
+                algo,
+                before,
+                result,
+                minutes=(time.perf_counter() - began) / 60,
+                budget=budget,
+                job_minutes=(time.perf_counter() - job_started) / 60,
+                path=args.summary_json,
+            )
     finally:
         algo.stop()
     print(f"done. MLflow run: {tracker.run_url}; final policy (HF format): {checkpoint_dir / FINAL_POLICY}")
@@ -125,10 +140,16 @@ def training_budget_s(args: argparse.Namespace, job_started: float) -> float | N
 
 
 def _train(
-    algo: Algorithm, callback: MLflowCallback, *, stop_iters: int, budget_s: float | None = None
+    algo: Algorithm,
+    callback: MLflowCallback,
+    *,
+    stop_iters: int,
+    budget_s: float | None,
+    budget: BudgetSpent,
 ) -> dict[str, Any]:
     """Iterates up to `stop_iters`, or until `budget_s` seconds would be passed; the
     callback checkpoints and closes the run at the last iteration, which evaluates.
+    Each iteration is added to `budget`.
 
     Ctrl-C stops after the running iteration: it is checkpointed, the run is
     closed KILLED and KeyboardInterrupt raised. A second Ctrl-C, or an error,
@@ -156,6 +177,7 @@ def _train(
                 result = algo.train()
                 longest = max(longest, time.perf_counter() - began)
                 progress.line(progress_line(algo.iteration, stop_iters, result, time.perf_counter() - began))
+                budget.add(iteration=algo.iteration, minutes=(time.perf_counter() - started) / 60, result=result)
                 progress.advance(total=stop_iters)
         except KeyboardInterrupt:
             callback.end("KILLED")
