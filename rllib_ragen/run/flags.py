@@ -114,6 +114,12 @@ def add_result_flags(parser: argparse.ArgumentParser, *, success_threshold: floa
     )
 
 
+# A checkpoint of SmolLM2-135M with its AdamW state is 1.7 GB and takes 4-6 s to write: at every
+# iteration of a 20 s CPU-preset iteration that was a fifth of the RL time (docs/results/tuned_example_runs.md).
+# Every 5th bounds what a crash loses to 5 iterations (and MLflow's lag, see docs/fault_tolerance.md).
+CHECKPOINT_EVERY = 5
+
+
 def add_checkpoint_flags(parser: argparse.ArgumentParser) -> None:
     """Where checkpoints go, how often, how many are kept, and resuming from them."""
     parser.add_argument(
@@ -123,7 +129,7 @@ def add_checkpoint_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpoint-every",
         type=positive_int,
-        default=1,
+        default=CHECKPOINT_EVERY,
         help="save a local checkpoint every N iterations (and at the end, or on Ctrl-C); "
         "metrics reach MLflow with the checkpoint",
     )

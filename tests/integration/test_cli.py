@@ -95,6 +95,8 @@ def test_readme_env_on_a_remote_runner_with_a_clean_console_and_bounded_checkpoi
         "2",
         "--eval-size",
         "2",
+        "--checkpoint-every",
+        "1",
         "--keep-checkpoints",
         "2",
         "--checkpoint-dir",
