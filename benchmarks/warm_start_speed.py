@@ -1,9 +1,12 @@
 """Seconds and final answer NLL of a tuned example's warm start, against a baseline commit's, in one run.
 
 Each side builds the warm start `apply_warm_start` gives the CPU preset of
-`--env` (same demonstrations, steps and learning rate) into an empty cache of
-its own, with the already built base model linked in, so only the warm start
-itself is timed. The baseline side imports `rllib_ragen` from a git worktree of
+`--env` at its own commit into an empty cache of its own, with the already
+built base model linked in, so only the warm start itself is timed. Up to
+d386d15 both sides played the same 48 expert states twice; since then the
+expert's default is 192 states once each on the last 10 layers, so the ratio
+is the tuned example's warm start then and now (the same-demonstration ratio
+is in docs/results/warm_start_speed.md, measured at d386d15). The baseline side imports `rllib_ragen` from a git worktree of
 `--baseline-rev`, so "today" is today's code. Both resulting models are then
 scored by one yardstick in this process: the mean NLL per answer token of the
 demonstrations they were trained on. Prints both sides and the ratio.

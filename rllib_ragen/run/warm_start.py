@@ -69,6 +69,8 @@ WARM_START_METHOD = "bc-8"
 # The first demonstration seed: far above the evaluation (123..), held-out (50_000..) and training
 # (10_000..) seeds, so a warm start of any size never plays a state it is later scored on.
 DEMONSTRATION_SEED_START = 1_000_000
+# Decoder layers an expert warm start trains (the last ones; see `warm_start_config`).
+EXPERT_TRAINED_TOP_LAYERS = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,8 +113,6 @@ class WarmStartSettings:
     seed: int = 0
     player: str = "random"
     autocast_dtype: str | None = None
-    # Every weight by default: SmolLM2's last 10 layers alone train 2x faster to a lower answer NLL, but that
-    # FrozenLake policy started RL at 0.406 success against 0.508 (docs/results/warm_start_speed.md).
     trained_top_layers: int | None = None
 
     def __post_init__(self) -> None:
@@ -239,6 +239,7 @@ def warm_start_config(
     """
     player = player or ("expert" if has_expert(config.env) else "random")
     tiny = config.llm_model == "tiny-random"
+    expert = player == "expert"
     return WarmStartSettings(
         env=config.env,
         env_config=dict(config.env_config),
@@ -246,12 +247,16 @@ def warm_start_config(
         budget=config.turn_budget_settings,
         num_examples=num_examples or WARM_START_STATES[player],
         answers_per_prompt=2,
-        epochs=2,
+        # The expert's many states once each (WARM_START_STATES); random play's few twice.
+        epochs=1 if expert else 2,
         batch_size=8,
         # A random tiny model needs large steps to learn the format in a test's few steps.
-        lr=3e-3 if tiny else (3e-4 if player == "expert" else 1e-4),
+        lr=3e-3 if tiny else (3e-4 if expert else 1e-4),
         player=player,
         autocast_dtype=config.autocast_dtype,
+        # SmolLM2's last 10 of 30 layers: x4 faster than every weight at a lower answer NLL
+        # (docs/results/warm_start_speed.md); a tiny test model has too few layers.
+        trained_top_layers=EXPERT_TRAINED_TOP_LAYERS if expert and not tiny else None,
     )
 
 

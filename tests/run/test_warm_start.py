@@ -189,3 +189,15 @@ def test_top_layers_beyond_the_model_are_refused(tiny_model_path):
         train_top_layers_only(policy, 3)
     with pytest.raises(ValueError, match="trained_top_layers"):
         WarmStartSettings(trained_top_layers=0)
+
+
+def test_the_expert_default_is_many_states_once_on_the_top_layers_and_random_play_every_weight():
+    from rllib_ragen.algorithm.presets import cpu_preset
+    from rllib_ragen.run.warm_start import warm_start_config
+
+    expert = warm_start_config(cpu_preset("frozenlake"))
+    assert (expert.player, expert.num_examples, expert.epochs, expert.trained_top_layers) == ("expert", 192, 1, 10)
+    random_play = warm_start_config(cpu_preset("frozenlake"), player="random")
+    assert (random_play.num_examples, random_play.epochs, random_play.trained_top_layers) == (16, 2, None)
+    tiny = warm_start_config(cpu_preset("frozenlake").llm(model="tiny-random"))
+    assert tiny.trained_top_layers is None  # a tiny test model has too few layers
