@@ -11,6 +11,7 @@ the map and the player's cell, so the render loses nothing.
     You are at (2,1) on a 4x4 lake.
     Goal: 2 Down and 1 Right.
     Next to you: Left edge, Down ice, Right ice, Up hole.
+    Holes next to you: Up.
     Holes at: (1,1), (4,3).
 
 Cells are (row,column), counted from 1 at the top left. In a hole the first
@@ -48,6 +49,11 @@ def describe(desc: np.ndarray, player: tuple[int, int]) -> str:
         "Next to you: "
         + ", ".join(f"{name} {_neighbour(desc, row + dr, col + dc)}" for name, dr, dc in DIRECTIONS)
         + ".",
+        # The same fact again, as the action names alone: SmolLM2 read the line above poorly (warm starts
+        # and RL policies stepped into a hole beside them on a third of such turns).
+        "Holes next to you: "
+        + (", ".join(name for name, dr, dc in DIRECTIONS if _neighbour(desc, row + dr, col + dc) == "hole") or "none")
+        + ".",
         "Holes at: " + (", ".join(f"({r + 1},{c + 1})" for r, c in holes) or "none") + ".",
     ]
     return "\n".join(lines)
@@ -68,8 +74,8 @@ def parse_words(text: str) -> tuple[tuple[str, ...], tuple[int, int]]:
         ValueError: naming the line that does not read as `describe` writes it.
     """
     lines = text.split("\n")
-    if len(lines) != 4:
-        raise ValueError(f"a FrozenLake words render has 4 lines, got {len(lines)}: {text!r}")
+    if len(lines) != 5:
+        raise ValueError(f"a FrozenLake words render has 5 lines, got {len(lines)}: {text!r}")
     first = _FIRST_LINE.match(lines[0])
     if first is None:
         raise ValueError(f"unreadable position line {lines[0]!r}")
@@ -83,8 +89,8 @@ def parse_words(text: str) -> tuple[tuple[str, ...], tuple[int, int]]:
     except ValueError:
         raise ValueError(f"unreadable goal line {lines[1]!r}") from None
     grid[row + d_row, col + d_col] = "G"
-    if not lines[3].startswith("Holes at: "):
-        raise ValueError(f"unreadable holes line {lines[3]!r}")
-    for r, c in _CELL.findall(lines[3]):
+    if not lines[4].startswith("Holes at: "):
+        raise ValueError(f"unreadable holes line {lines[4]!r}")
+    for r, c in _CELL.findall(lines[4]):
         grid[int(r) - 1, int(c) - 1] = "H"
     return tuple("".join(r) for r in grid), (row, col)

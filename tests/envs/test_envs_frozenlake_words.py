@@ -18,8 +18,17 @@ def test_render_states_goal_neighbours_holes_and_position():
         "You are at (2,3) on a 4x4 lake.\n"
         "Goal: 2 Down.\n"
         "Next to you: Left hole, Down ice, Right ice, Up ice.\n"
+        "Holes next to you: Left.\n"
         "Holes at: (2,2), (3,1), (3,2), (4,1)."
     )
+
+
+def test_the_holes_beside_the_player_are_named_by_their_actions():
+    env = FrozenLakeEnv(render="words", is_slippery=False)
+    obs, _ = env.reset(seed=0, options={"desc": ("FHFF", "HSHF", "FHFF", "FFFG")})
+    assert obs.splitlines()[3] == "Holes next to you: Left, Down, Right, Up."
+    obs, _ = env.reset(seed=0, options={"desc": ("SFFF", "FFFF", "FFFF", "FFFG")})
+    assert obs.splitlines()[3] == "Holes next to you: none."
 
 
 def test_render_after_the_last_step_says_where_the_player_ended():
@@ -63,12 +72,13 @@ def test_every_state_reads_back_to_the_same_map_and_player(size):
 
 
 @pytest.mark.parametrize("text", [
-    "", "You are somewhere.\nGoal: here.\nNext to you: .\nHoles at: none.",
-    "You are at (1,1) on a 2x2 lake.\nGoal: north.\nNext to you: .\nHoles at: none.",
-    "You are at (1,1) on a 2x2 lake.\nGoal: 1 Down.\nNext to you: .\nPits: none.",
+    "", "You are somewhere.\nGoal: here.\nNext to you: .\nHoles next to you: none.\nHoles at: none.",
+    "You are at (1,1) on a 2x2 lake.\nGoal: north.\nNext to you: .\nHoles next to you: none.\nHoles at: none.",
+    "You are at (1,1) on a 2x2 lake.\nGoal: 1 Down.\nNext to you: .\nHoles next to you: none.\nPits: none.",
+    "You are at (1,1) on a 2x2 lake.\nGoal: 1 Down.\nNext to you: .\nHoles at: none.",  # the 4-line render
 ])
 def test_unreadable_text_is_an_error_naming_the_line(text):
-    with pytest.raises(ValueError, match="FrozenLake words render has 4 lines|unreadable"):
+    with pytest.raises(ValueError, match="FrozenLake words render has 5 lines|unreadable"):
         parse_words(text)
 
 
