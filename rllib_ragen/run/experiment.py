@@ -69,9 +69,9 @@ TUNED_RUNS: dict[str, TunedRun] = {
     ),
     "sokoban": TunedRun(
         "Train an LLM agent to solve Sokoban rooms (6x6, one box, in words) with StarPO.",
-        # Measured: 0.234-0.250 before and after RL (docs/results/learnable_sokoban.md), the random
-        # player 0.113: below 0.2 the policy has lost the warm start's play.
-        success_threshold=0.2,
+        # Measured (docs/results/tuned_example_runs.md): the 192-state warm start alone 0.266, after
+        # 15 iterations of RL 0.383; a run that did not learn fails.
+        success_threshold=0.33,
         stop_iters=200,
         job_budget_min=27.0,
     ),

@@ -187,11 +187,11 @@ def _env() -> dict[str, str]:
 
 
 @pytest.mark.parametrize(
-    ("env", "learned", "not_learned"), [("frozenlake", 0.672, 0.484), ("sokoban", 0.25, 0.113), ("bandit", 0.648, 0.445)]
+    ("env", "learned", "not_learned"), [("frozenlake", 0.672, 0.508), ("sokoban", 0.383, 0.266), ("bandit", 0.648, 0.445)]
 )
 def test_as_test_thresholds_pass_measured_runs_and_fail_below_them(env, learned, not_learned, capsys):
-    """`--as-test` can fail: the tuned threshold sits between a measured run after RL and a start that
-    did not learn (FrozenLake and the Bandit: the warm start alone; Sokoban: the random player)."""
+    """`--as-test` can fail: the tuned threshold sits between a measured run after RL and the warm start
+    alone (a run that did not learn)."""
     from rllib_ragen.run.experiment import tuned_run
     from rllib_ragen.run.report import check_success
 
