@@ -180,7 +180,7 @@ def _readable_grid_settings(config: StarPOConfig, *, env_config: dict[str, Any],
         prefill=True,
         response_length=12,
     )
-    # A Markov prompt is one state: at most 282 tokens for Sokoban in words, 198 for FrozenLake (the
+    # A Markov prompt is one state: at most 282 tokens for Sokoban in words, 213 for FrozenLake (the
     # warm starts' demonstrations). The KV cache is sized to the model and one rollout batch of such
     # sequences (rllib_ragen.inference.kv_cache: 0.75 GiB in bf16 for SmolLM2), not a fixed 2 GiB.
     config.inference(max_model_len=512, kv_cache_gb=None, max_batch_size=config.n_groups * config.group_size)
