@@ -61,9 +61,9 @@ TUNED_RUNS: dict[str, TunedRun] = {
     "countdown": TunedRun("Train an LLM agent on Countdown equations with StarPO.", stop_iters=20),
     "frozenlake": TunedRun(
         "Train an LLM agent on FrozenLake (deterministic ice, the state in words) with StarPO.",
-        # Measured after RL: 0.672-0.688 on the evaluation seeds (docs/results/learnable_frozenlake.md);
-        # the expert warm start alone reaches 0.484, so a run that did not learn fails.
-        success_threshold=0.6,
+        # Measured (docs/results/tuned_example_runs.md): the warm start alone 0.602, after 50 iterations
+        # of RL 0.875; a run that did not learn fails.
+        success_threshold=0.75,
         stop_iters=200,
         job_budget_min=27.0,
     ),
