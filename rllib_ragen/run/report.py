@@ -75,9 +75,9 @@ class BudgetSpent:
             "trajectories_trained": float(learner.get("num_trained_trajectories", 0.0)),
             "success": float(result.get("env_runners", {}).get("success_rate", math.nan)),
         }
-        evaluation = result.get("evaluation", {})
-        if "success_rate" in evaluation:
-            row["eval_success"] = float(evaluation["success_rate"])
+        eval_success = float(result.get("evaluation", {}).get("success_rate", math.nan))
+        if not math.isnan(eval_success):  # NaN in an iteration that did not evaluate
+            row["eval_success"] = eval_success
         self.rows.append(row)
 
     @property

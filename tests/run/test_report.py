@@ -20,6 +20,7 @@ def test_budget_spent_sums_trajectories_and_keeps_the_curve():
     budget.add(iteration=1, minutes=0.5, result=_result(48.0, 0.25))
     budget.add(iteration=2, minutes=1.25, result=_result(16.0, 0.5, eval_success=0.625))
     budget.add(iteration=3, minutes=2.0, result={})  # an iteration that trained nothing logs no count
+    budget.add(iteration=4, minutes=2.5, result={"evaluation": {"success_rate": math.nan}})  # did not evaluate
     assert budget.trajectories_trained == 64
     assert budget.rows[1] == {
         "iteration": 2.0,
@@ -28,9 +29,10 @@ def test_budget_spent_sums_trajectories_and_keeps_the_curve():
         "success": 0.5,
         "eval_success": 0.625,
     }
-    assert "eval_success" not in budget.rows[0] and math.isnan(budget.rows[2]["success"])
+    assert "eval_success" not in budget.rows[0] and "eval_success" not in budget.rows[3]
+    assert math.isnan(budget.rows[2]["success"])
     assert budget.line(job_minutes=3.0).startswith(
-        "the budget bought 3 iterations, 64 trajectories trained and 2.0 min of RL, in a job of 3.0 min"
+        "the budget bought 4 iterations, 64 trajectories trained and 2.5 min of RL, in a job of 3.0 min"
     )
 
 
