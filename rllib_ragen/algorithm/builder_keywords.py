@@ -16,6 +16,7 @@ class LlmKeywords(TypedDict, total=False):
     critic: str
     dtype: str
     gradient_checkpointing: bool
+    trained_top_layers: int | None
     lora_rank: int
     lora_alpha: float
     lora_target_modules: str | tuple[str, ...]

@@ -59,9 +59,9 @@ from rllib_ragen.training.behaviour_cloning import (
     SupervisedSettings,
     cloning_passes,
     supervised_step,
-    train_top_layers_only,
 )
 from rllib_ragen.training.host_memory import release_freed_memory
+from rllib_ragen.training.top_layers import train_top_layers_only
 
 # Part of the cache key: a change to how the warm start trains, or to the text of the
 # demonstrations it trains on (e.g. an expert's thought), must bump it so old results are not reused.

@@ -73,26 +73,6 @@ class SupervisedSettings:
         return torch.autocast(device_type=device.type, dtype=getattr(torch, self.autocast_dtype))
 
 
-def train_top_layers_only(policy: PreTrainedModel, top_layers: int) -> None:
-    """Freezes all of a Hugging Face causal LM but its last `top_layers` decoder layers and final norm.
-
-    The embeddings, and the LM head tied to them, stay the base model's, and
-    backward stops at the first trained layer: the layers below run forward
-    only, so a step costs about (1 + 2 x top_layers / layers) / 3 of a full
-    fine-tuning step (docs/results/warm_start_speed.md).
-    """
-    layers = getattr(policy.get_decoder(), "layers", None)
-    if not isinstance(layers, nn.ModuleList):
-        raise ValueError(f"{type(policy).__name__} has no decoder `layers` list to train the top of")
-    if not 1 <= top_layers <= len(layers):
-        raise ValueError(f"top_layers must be in [1, {len(layers)}] for this model, got {top_layers}")
-    policy.requires_grad_(False)
-    layers[len(layers) - top_layers :].requires_grad_(True)
-    norm = getattr(policy.get_decoder(), "norm", None)
-    if isinstance(norm, nn.Module):
-        norm.requires_grad_(True)
-
-
 def answer_nll(policy: PreTrainedModel, batch: dict[str, torch.Tensor], settings: SupervisedSettings) -> torch.Tensor:
     """Mean NLL per generated token of `batch` (rows [R, L]) under a Hugging Face causal LM, a scalar."""
     with settings.autocast(batch[GENERATED_MASK].device):

@@ -44,6 +44,7 @@ from rllib_ragen.lora import (
 from rllib_ragen.models import load_causal_lm, resolve_model
 from rllib_ragen.training.advantages import critic_free_estimators
 from rllib_ragen.training.token_tree import TokenTree, token_tree, tree_hidden, worth_a_tree
+from rllib_ragen.training.top_layers import train_top_layers_only
 
 CRITIC_KINDS = ("none", "head", "separate")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -72,6 +73,12 @@ class LLMModuleSettings:
         gradient_checkpointing: Recompute activations in backward to save memory.
         lora: LoRA adapters (`LoraSettings`, or its fields as a dict); rank 0
             trains every weight.
+        trained_top_layers: None trains every weight of the policy; N trains
+            only its last N decoder layers and final norm (the embeddings and
+            the LM head tied to them stay the base model's). Backward stops at
+            the first trained layer, and frozen weights keep neither gradients
+            nor optimiser state: less memory and a cheaper update. A separate
+            critic trunk trains every weight.
     """
 
     model: str = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -80,10 +87,19 @@ class LLMModuleSettings:
     logit_temperature: float = 1.0
     gradient_checkpointing: bool = False
     lora: LoraSettings = dataclasses.field(default_factory=LoraSettings)
+    trained_top_layers: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.lora, dict):
             object.__setattr__(self, "lora", LoraSettings(**self.lora))
+        if self.trained_top_layers is not None:
+            if self.trained_top_layers < 1:
+                raise ValueError(f"trained_top_layers must be >= 1 or None, got {self.trained_top_layers}")
+            if self.lora.enabled:
+                raise ValueError(
+                    "trained_top_layers trains whole layers and lora_rank > 0 trains adapters: set one of them "
+                    "(LoRA on the last layers only is lora_top_layers)"
+                )
         if self.critic not in CRITIC_KINDS:
             raise ValueError(f"critic must be one of {CRITIC_KINDS}, got {self.critic!r}")
         if self.dtype not in _DTYPES:
@@ -147,6 +163,8 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
             )
         if lora.enabled:
             add_adapters(self.policy, lora)
+        if self.llm_config.trained_top_layers is not None:
+            train_top_layers_only(self.policy, self.llm_config.trained_top_layers)
         if self.llm_config.gradient_checkpointing:
             # Non-reentrant: it also passes gradients to adapters when the frozen embeddings' outputs need none.
             kwargs: dict[str, Any] = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
