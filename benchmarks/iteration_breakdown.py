@@ -85,13 +85,17 @@ def measure(env: str, iters: int, warmup: int, settings: list[str]) -> dict:
     return {**_figures(config, results, timings, seconds, iters, params), **_memory_figures(memory)}
 
 
-def _policy_parameters(learner) -> int:
-    return sum(p.numel() for p in learner.module["default_policy"].policy.parameters())
+def _policy_parameters(learner) -> tuple[int, int]:
+    """The policy's parameters, and those that train (backward computes weight gradients for these only)."""
+    parameters = list(learner.module["default_policy"].policy.parameters())
+    return sum(p.numel() for p in parameters), sum(p.numel() for p in parameters if p.requires_grad)
 
 
-def _figures(config, results: list[dict], timings: list[dict], seconds: float, iters: int, params: int) -> dict:
+def _figures(config, results: list[dict], timings: list[dict], seconds: float, iters: int,
+             params: tuple[int, int]) -> dict:
     """Per-iteration means of the timed iterations, and each phase's achieved GFLOP/s."""
     learner = [r["learners"]["default_policy"] for r in results]
+    params, trained = params
     rollout = sum(t["total_s"] for t in timings)
     generation = sum(t["engine_s"] for t in timings)
     generated = sum(r["env_runners"]["rollout_tokens_per_s"] * t["total_s"] for r, t in zip(results, timings))
@@ -118,10 +122,12 @@ def _figures(config, results: list[dict], timings: list[dict], seconds: float, i
         "weight_sync_s": sync / iters,
         # The learner connector and update, the weight sync and the metrics: all but the rollout.
         "update_sync_rest_s": (seconds - rollout) / iters,
-        # 6 x parameters x tokens (forward 2, backward 4), over the update's time: every row token (what a
-        # per-row pass computes: the work done), and the positions really run (the shared prefix once: the hardware's).
+        # 6 x parameters x tokens (forward 2, backward 4), over the update's time, for every row token (what a
+        # per-row pass of every weight computes: the issue's measure). The hardware's: the positions really run
+        # (the shared prefix once), forward through every weight and backward (4) through the trained ones only
+        # (frozen bottom layers run forward only).
         "update_gflops": 6 * params * row_tokens / update / 1e9,
-        "update_hardware_gflops": 6 * params * computed_tokens / update / 1e9,
+        "update_hardware_gflops": (2 * params + 4 * trained) * computed_tokens / update / 1e9,
         # 2 x parameters x generated token over the engine's time (prompts' prefill not counted).
         "generation_gflops": 2 * params * generated / generation / 1e9,
         "policy_loss": sum(r["policy_loss"] for r in learner) / iters,
