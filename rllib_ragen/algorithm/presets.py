@@ -170,7 +170,9 @@ def _readable_grid_settings(config: StarPOConfig, *, env_config: dict[str, Any],
     dearest part, is one on-policy GRPO step over the quarter of the groups
     whose members disagree most. Chosen by screening on FrozenLake
     (docs/results/learnable_frozenlake.md): full fine-tuning at the CPU
-    preset's actor_lr 2e-5 beat LoRA on the last 10 layers (at 2e-4 and 5e-4).
+    preset's actor_lr 2e-5 beat LoRA on the last 10 layers (at 2e-4 and 5e-4);
+    whole last layers (the CPU preset's `trained_top_layers`) update at 0.42x
+    the cost in 2 GiB less (docs/results/top_layers.md).
     """
     config.environment(env_config=env_config)
     config.llm(critic="none")
@@ -228,7 +230,8 @@ def _single_choice_settings(config: StarPOConfig) -> None:
     negative, `benchmarks/group_randomness.py`), and a critic would first have
     to learn the mean payout. 64 evaluation seeds resolve a success rate to about 0.05.
     """
-    config.llm(critic="none")
+    # Every weight, as measured (docs/results/bandit.md): a one-token answer's update is cheap already.
+    config.llm(critic="none", trained_top_layers=None)
     config.rollouts(n_groups=8, group_size=8, response_length=16, think=False, prefill=True)
     config.training(
         advantage_estimator="brpo",
