@@ -22,8 +22,10 @@ import dataclasses
 import torch
 from torch import nn
 
+from rllib_ragen.training.tree_attention import QUERY_BLOCK, TREE_SDPA, attention_blocks
+
 # Attention implementations that read a custom 4D mask (flash-attention kernels do not).
-TREE_ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
+TREE_ATTENTION_IMPLEMENTATIONS = ("sdpa", TREE_SDPA, "eager")
 # Most nodes run as one tree: its dense [N, N] mask and N^2 attention outgrow what sharing saves
 # (the learner's micro-batches, bounded by `micro_batch_tokens` distinct positions, stay below it).
 MAX_TREE_NODES = 8192
@@ -147,15 +149,25 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def tree_hidden(trunk: nn.Module, tree: TokenTree) -> torch.Tensor:
+def tree_hidden(trunk: nn.Module, tree: TokenTree, *, query_block: int = QUERY_BLOCK) -> torch.Tensor:
     """Last hidden states [R, L, H] of a Hugging Face decoder trunk, each node of `tree` run once.
+
+    Under sdpa the nodes attend block by block, `query_block` queries against
+    only the keys they see (`rllib_ragen.training.tree_attention`).
 
     Args:
         trunk: A decoder trunk (e.g. `LlamaModel`) that takes `position_ids` and a 4D attention mask.
         tree: `token_tree` of the rows.
+        query_block: Queries per attention block under sdpa.
     """
     mask = tree.attention_mask()
-    if _attention_implementation(trunk) == "eager":
+    blocks = {}
+    if _attention_implementation(trunk) in ("sdpa", TREE_SDPA):
+        # For good, not for this pass only: a recompute under gradient checkpointing must run the attention
+        # of the pass it recomputes, and without blocks the tree implementation is sdpa's own.
+        trunk.config._attn_implementation = TREE_SDPA
+        blocks["tree_blocks"] = attention_blocks(mask, query_block)
+    elif _attention_implementation(trunk) == "eager":
         # Eager attention adds its mask to the scores: 0 where a node is seen, the lowest float elsewhere.
         lowest = torch.finfo(torch.float32).min
         mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, lowest)
@@ -164,6 +176,7 @@ def tree_hidden(trunk: nn.Module, tree: TokenTree) -> torch.Tensor:
         attention_mask=mask,
         position_ids=tree.position_ids[None],
         use_cache=False,
+        **blocks,
     )
     nodes = out.last_hidden_state[0]  # [N, H]
     # Differentiable gather: the rows sharing a node sum their gradients into its one pass.

@@ -119,6 +119,10 @@ def test_demonstrations_never_play_an_evaluation_held_out_or_training_state():
     training = set(range(RolloutSettings().train_seed_start, RolloutSettings().train_seed_start + 100_000))
     assert len(seeds) == 4096 and not seeds & scored and not seeds & training
     assert set(demonstration_seeds(WarmStartSettings(num_examples=8, seed=1))).isdisjoint(seeds)
+    # A chosen first seed (the same demonstrations as an earlier warm start, e.g. seeds 0..47) is played.
+    assert demonstration_seeds(WarmStartSettings(num_examples=3, first_seed=0)) == [0, 1, 2]
+    with pytest.raises(ValueError, match="first_seed"):
+        WarmStartSettings(first_seed=-1)
 
 
 def test_the_cache_key_depends_on_model_and_prompt_format():
@@ -195,5 +199,6 @@ def test_the_expert_default_is_many_states_once_on_the_top_layers_and_random_pla
     assert (expert.player, expert.num_examples, expert.epochs, expert.trained_top_layers) == ("expert", 192, 1, 10)
     random_play = warm_start_config(cpu_preset("frozenlake"), player="random")
     assert (random_play.num_examples, random_play.epochs, random_play.trained_top_layers) == (16, 2, None)
+    # The same setting for a 2-layer test model: a model of 10 layers or fewer trains every weight.
     tiny = warm_start_config(cpu_preset("frozenlake").llm(model="tiny-random"))
-    assert tiny.trained_top_layers is None  # a tiny test model has too few layers
+    assert tiny.trained_top_layers == 10
