@@ -11,8 +11,8 @@ at and before it in its row (causal attention), so each row's hidden states
 equal the per-row pass, and autograd sums the gradients of the rows that
 share a node into its one pass. Unlike a key/value cache repeated to the rows,
 nothing is copied per row: activations grow with the distinct positions N.
-Attention costs N^2 per layer (a masked dense score matrix), small beside the
-matmuls for the N of a micro-batch (a few hundred to a few thousand).
+Under sdpa the nodes attend in blocks, each against only the nodes its
+queries see (`rllib_ragen.training.tree_attention`), not the masked N^2 scores.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from rllib_ragen.training.tree_attention import QUERY_BLOCK, TREE_SDPA, attentio
 
 # Attention implementations that read a custom 4D mask (flash-attention kernels do not).
 TREE_ATTENTION_IMPLEMENTATIONS = ("sdpa", TREE_SDPA, "eager")
-# Most nodes run as one tree: its dense [N, N] mask and N^2 attention outgrow what sharing saves
+# Most nodes run as one tree: its [N, N] bool mask is N^2 bytes, 64 MiB at this size
 # (the learner's micro-batches, bounded by `micro_batch_tokens` distinct positions, stay below it).
 MAX_TREE_NODES = 8192
 
