@@ -18,6 +18,7 @@ queries see (`rllib_ragen.training.tree_attention`), not the masked N^2 scores.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 from torch import nn
@@ -165,7 +166,8 @@ def tree_hidden(trunk: nn.Module, tree: TokenTree, *, query_block: int = QUERY_B
     if _attention_implementation(trunk) in ("sdpa", TREE_SDPA):
         # For good, not for this pass only: a recompute under gradient checkpointing must run the attention
         # of the pass it recomputes, and without blocks the tree implementation is sdpa's own.
-        trunk.config._attn_implementation = TREE_SDPA
+        config: Any = trunk.config  # a transformers config (nn.Module types attributes as Tensor | Module)
+        config._attn_implementation = TREE_SDPA
         blocks["tree_blocks"] = attention_blocks(mask, query_block)
     elif _attention_implementation(trunk) == "eager":
         # Eager attention adds its mask to the scores: 0 where a node is seen, the lowest float elsewhere.
