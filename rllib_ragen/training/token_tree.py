@@ -23,10 +23,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from rllib_ragen.training.tree_attention import QUERY_BLOCK, TREE_SDPA, attention_blocks
+from rllib_ragen.training.tree_attention import QUERY_BLOCK, TREE_ATTENTION, attention_blocks
 
 # Attention implementations that read a custom 4D mask (flash-attention kernels do not).
-TREE_ATTENTION_IMPLEMENTATIONS = ("sdpa", TREE_SDPA, "eager")
+TREE_ATTENTION_IMPLEMENTATIONS = ("sdpa", TREE_ATTENTION, "eager")
 # Most nodes run as one tree: its [N, N] bool mask is N^2 bytes, 64 MiB at this size
 # (the learner's micro-batches, bounded by `micro_batch_tokens` distinct positions, stay below it).
 MAX_TREE_NODES = 8192
@@ -163,11 +163,11 @@ def tree_hidden(trunk: nn.Module, tree: TokenTree, *, query_block: int = QUERY_B
     """
     mask = tree.attention_mask()
     blocks = {}
-    if _attention_implementation(trunk) in ("sdpa", TREE_SDPA):
+    if _attention_implementation(trunk) in ("sdpa", TREE_ATTENTION):
         # For good, not for this pass only: a recompute under gradient checkpointing must run the attention
         # of the pass it recomputes, and without blocks the tree implementation is sdpa's own.
         config: Any = trunk.config  # a transformers config (nn.Module types attributes as Tensor | Module)
-        config._attn_implementation = TREE_SDPA
+        config._attn_implementation = TREE_ATTENTION
         blocks["tree_blocks"] = attention_blocks(mask, query_block)
     elif _attention_implementation(trunk) == "eager":
         # Eager attention adds its mask to the scores: 0 where a node is seen, the lowest float elsewhere.

@@ -8,11 +8,20 @@ nodes, attention took 43% of a step on 2 cores
 against only the keys some query of the block attends to, with the mask cut to
 them: the same softmax over the same keys (a masked key adds exp(-inf) = 0),
 so the same outputs and gradients, at a fraction of the scores.
+
+On CPU a block runs the model's own eager attention (the `eager_attention_forward`
+of its modeling file, so whatever a model adds there is kept): at a block's shape
+(128 queries, a few hundred keys) its forward and backward took 26 ms a layer
+against 47 ms for SDPA's flash kernel with a mask, whose backward dominated
+(Sokoban's warm start, 2 cores; docs/results/warm_start_speed.md). Elsewhere a
+block runs transformers' sdpa attention.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -21,7 +30,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 # The attention implementation a tree pass switches an sdpa trunk to (registered with transformers below).
-TREE_SDPA = "token_tree_sdpa"
+TREE_ATTENTION = "token_tree_attention"
 # Queries per block: small enough that a block spans few rows' branches (so few keys), large enough that
 # a block's SDPA call is a matmul and not per-call overhead (64, 128, 256 timed on Sokoban's warm start).
 QUERY_BLOCK = 128
@@ -57,7 +66,7 @@ def attention_blocks(mask: torch.Tensor, query_block: int = QUERY_BLOCK) -> list
     return blocks
 
 
-def tree_sdpa_attention(
+def tree_attention(
     module: nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -67,9 +76,10 @@ def tree_sdpa_attention(
     tree_blocks: list[AttentionBlock] | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' sdpa attention, run block by block over `tree_blocks` when given.
+    """transformers' sdpa attention, or block by block over `tree_blocks` when given.
 
     Args:
+        module: The attention layer (its modeling file's eager attention runs the blocks on CPU).
         query: [1, heads, N, D]; key, value: [1, kv_heads, N, D].
         attention_mask: The tree's [1, 1, N, N] mask (read only without `tree_blocks`).
         tree_blocks: `attention_blocks` of that mask.
@@ -77,20 +87,37 @@ def tree_sdpa_attention(
     """
     if tree_blocks is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    block_attention = _block_attention(module, query.device)
     outputs = [
-        sdpa_attention_forward(
+        block_attention(
             module,
             query[:, :, block.start : block.end],
             key[:, :, block.keys],
             value[:, :, block.keys],
             block.mask,
             **kwargs,
-        )[0]
+        )
         for block in tree_blocks
     ]
     return torch.cat(outputs, dim=1), None
 
 
-AttentionInterface.register(TREE_SDPA, tree_sdpa_attention)
+def _block_attention(module: nn.Module, device: torch.device) -> Callable[..., torch.Tensor]:
+    """One block's attention output [1, Q, heads, D] from (module, query, key, value, bool mask, **kwargs)."""
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if device.type != "cpu" or eager is None:
+        return lambda *args, **kwargs: sdpa_attention_forward(*args, **kwargs)[0]
+
+    def eager_block(module, query, key, value, mask, **kwargs):
+        # Eager attention adds its mask to the scores: 0 where a key is seen, the lowest value elsewhere.
+        additive = torch.zeros(mask.shape, dtype=query.dtype, device=device).masked_fill(
+            ~mask, torch.finfo(query.dtype).min
+        )
+        return eager(module, query, key, value, additive, **kwargs)[0]
+
+    return eager_block
+
+
+AttentionInterface.register(TREE_ATTENTION, tree_attention)
 # A trunk under this implementation builds its padding masks as sdpa does (a tree pass passes its own 4D mask).
-ALL_MASK_ATTENTION_FUNCTIONS.register(TREE_SDPA, sdpa_mask)
+ALL_MASK_ATTENTION_FUNCTIONS.register(TREE_ATTENTION, sdpa_mask)

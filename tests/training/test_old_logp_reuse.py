@@ -71,7 +71,9 @@ def test_skipping_the_old_logp_pass_changes_nothing(tiny_model_path, ray_session
         algo.stop()
     assert OLD_LOGP not in batch_r
     mask = batch[GENERATED_MASK].bool()
-    torch.testing.assert_close(batch[OLD_LOGP][mask], fwd[TOKEN_LOGP].detach()[mask], atol=1e-6, rtol=0)
+    # Float32 rounding only: the two passes may group rows (so attention's sums) differently; log-probs
+    # near -10 differ in their last bits (rtol 1e-6 is about 8 float32 ulps).
+    torch.testing.assert_close(batch[OLD_LOGP][mask], fwd[TOKEN_LOGP].detach()[mask], atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(loss_r, loss, atol=1e-6, rtol=0)
     assert grads.keys() == grads_r.keys() and grads
     for name in grads:

@@ -10,7 +10,7 @@ from trunk_passes import assert_equals_per_row_pass, per_row_hidden
 from rllib_ragen.columns import ATTENTION_MASK, GENERATED_MASK, INPUT_IDS
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.training.token_tree import token_tree, tree_hidden
-from rllib_ragen.training.tree_attention import TREE_SDPA, AttentionBlock, attention_blocks
+from rllib_ragen.training.tree_attention import TREE_ATTENTION, AttentionBlock, attention_blocks
 
 
 def test_each_block_attends_to_the_nodes_its_queries_see():
@@ -44,7 +44,7 @@ def test_the_tree_in_blocks_gives_the_per_row_hidden_states_loss_and_gradients(t
     assert_equals_per_row_pass(
         model, batch, lambda trunk, b: tree_hidden(trunk, tree, query_block=8), position_weighted=True
     )
-    assert model.config._attn_implementation == TREE_SDPA
+    assert model.config._attn_implementation == TREE_ATTENTION
 
 
 def test_a_block_missing_a_key_would_show(tiny_model_path, monkeypatch):
