@@ -166,7 +166,11 @@ def add_config_flags(parser: argparse.ArgumentParser, *, env: str, stop_iters: i
     parser.add_argument("--max-turns", type=positive_int, help="turns per trajectory")
     parser.add_argument("--estimator", choices=sorted(ADVANTAGE_ESTIMATORS), help="advantage estimator")
     parser.add_argument("--no-think", action="store_true", help="answer with <answer> only (no-think mode)")
-    parser.add_argument("--no-warm-start", action="store_true", help="skip the supervised format warm start")
+    parser.add_argument(
+        "--no-warm-start",
+        action="store_true",
+        help="skip the supervised warm start (on the preset's player: the env's expert, or random moves)",
+    )
     parser.add_argument(
         "--warm-start-model",
         metavar="DIR",

@@ -145,8 +145,8 @@ def check_success(result: dict[str, Any], threshold: float) -> None:
     """`--as-test`: exits 1 unless the success rate reached the threshold."""
     evaluation = result.get("evaluation", {})
     source = evaluation if "success_rate" in evaluation else result.get("env_runners", {})
-    success = float(source.get("success_rate", 0.0))
-    if success < threshold:
+    success = float(source.get("success_rate", math.nan))
+    if not success >= threshold:  # a NaN or missing success fails too: nothing was shown to be learned
         print(f"--as-test FAILED: success {success:.3f} < {threshold}", file=sys.stderr)
         sys.exit(1)
     print(f"--as-test passed: success {success:.3f} >= {threshold}")

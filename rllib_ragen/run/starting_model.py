@@ -20,7 +20,8 @@ def check_starting_model(args: argparse.Namespace) -> None:
 
 
 def choose_starting_model(config: StarPOConfig, args: argparse.Namespace) -> dict[str, str]:
-    """The model RL starts from: a given warm-started one, none, or the (cached) format warm start.
+    """The model RL starts from: a given warm-started one, none, or the (cached) warm start
+    on the preset's player (the env's expert, or random moves that teach the format only).
 
     Returns:
         The run's model tags: `base_model` and `warm_start_model` ("none" without a warm start).

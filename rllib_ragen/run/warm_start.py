@@ -162,7 +162,7 @@ def warm_start(
     builtin = BuiltinModel(
         name=f"warm-start-{config.fingerprint(str(base_path))}",
         description=f"{model} warm-started on {config.env} ({config.player} play)",
-        source=f"{base_path} + format warm start {dataclasses.asdict(config)}",
+        source=f"{base_path} + {config.player}-play warm start {dataclasses.asdict(config)}",
         n_steps=config.num_steps,
         build=lambda out_dir, report: _train(base_path, config, out_dir, report),
     )

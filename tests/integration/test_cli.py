@@ -204,6 +204,17 @@ def test_as_test_thresholds_pass_measured_runs_and_fail_below_them(env, learned,
     assert exit_info.value.code == 1 and "--as-test FAILED" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("result", [{"evaluation": {"success_rate": float("nan")}}, {"env_runners": {}}, {}])
+def test_as_test_fails_when_no_success_was_measured(result, capsys):
+    """A NaN success (an evaluation with no episodes) or none at all is no evidence of learning:
+    `--as-test` fails, whatever the threshold (`nan < t` alone would let it pass)."""
+    from rllib_ragen.run.report import check_success
+
+    with pytest.raises(SystemExit) as exit_info:
+        check_success(result, 0.0)
+    assert exit_info.value.code == 1 and "--as-test FAILED" in capsys.readouterr().err
+
+
 def test_as_test_without_a_measured_threshold_is_a_flag_error(capsys):
     """Countdown has no measured run to set a threshold from: `--as-test` asks for one rather than
     passing on any success (a 0.0 threshold could never fail); given one, the flags parse."""
