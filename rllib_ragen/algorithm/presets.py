@@ -39,7 +39,7 @@ def ragen_preset(env: str) -> StarPOConfig:
         StarPOConfig()
         .environment(env)
         # bf16 compute on float32 weights, as RAGEN's FSDP mixed precision: with bfloat16
-        # weights, AdamW steps of lr 1e-6 round to nothing (measured; StarPOConfig warns).
+        # weights, AdamW steps of lr 1e-6 round to nothing (StarPOConfig warns).
         .llm(model="Qwen/Qwen2.5-0.5B-Instruct", critic="separate", dtype="float32")
         .rollouts(n_groups=8, group_size=16, response_length=400, temperature=1.0, **ENV_BUDGETS.get(env, {}))
         .inference(engine="vllm", num_gpus_per_engine=1.0, max_model_len=3600, engine_dtype="bfloat16")
@@ -78,8 +78,8 @@ def cpu_preset(env: str) -> StarPOConfig:
         StarPOConfig()
         .environment(env)
         # RL moves SmolLM2's last 10 of 30 layers, as its warm start does: backward stops there and the
-        # frozen 20 keep no gradients, AdamW moments or saved activations, so an update costs about half
-        # and the learner's process about 2 GB less (docs/results/top_layers.md).
+        # frozen 20 keep no gradients, AdamW moments or saved activations (cost and memory:
+        # docs/results/top_layers.md).
         .llm(model="smollm2-135m-instruct", critic="head", dtype="float32", trained_top_layers=10)
         # 64 trajectories a turn in one engine call (vLLM's CPU decode step costs
         # far less than twice as much at twice the batch); StarPO-S keeps the 2
@@ -99,9 +99,9 @@ def cpu_preset(env: str) -> StarPOConfig:
             rollout_filter_ratio=0.125,
             # mini_batch_size unset: one optimiser step on the rows the filter keeps.
             micro_batch_size=2,
-            # Distinct token positions a forward/backward (a token tree's nodes): on FrozenLake 1024 ran
-            # 1.23x the trajectories a minute of 2048 at a 1.3 GB lower peak (the tree's N^2 attention
-            # outgrows the saved per-call costs; docs/results/iteration_breakdown_token_tree.md).
+            # Distinct token positions a forward/backward (a token tree's nodes): past this the tree's
+            # N^2 attention outgrows the per-call costs it saves
+            # (docs/results/iteration_breakdown_token_tree.md compares 1024 with 2048).
             micro_batch_tokens=1024,
             autocast_dtype="bfloat16" if bf16 else None,
             # A CPU run makes tens of updates, not RAGEN's 200 at 1e-6: the Bandit
@@ -114,9 +114,8 @@ def cpu_preset(env: str) -> StarPOConfig:
         # On the same fixed seeds every few iterations: the success curve from the
         # warm-started policy (evaluated before RL by the tuned examples) on.
         .starpo_evaluation(eval_interval=5, eval_size=64, eval_temperature=0.5)
-        # Cross-scoring costs M x N forward rows (N <= M groups); with SmolLM2 on Sokoban first turns
-        # (~220-token prompts) M=8 took 34 CPU-seconds, M=16 100 (docs/results/diagnostics.md): 8 keeps
-        # the measurement every 5 iterations to a few percent of the run.
+        # Cross-scoring costs M x N forward rows (N <= M groups), so it grows with M squared:
+        # 8 keeps the measurement every 5 iterations a small part of the run (docs/results/diagnostics.md).
         .diagnostics(collapse_metrics_samples=8)
         .debugging(seed=0)
     )
@@ -171,8 +170,8 @@ def _readable_grid_settings(config: StarPOConfig, *, env_config: dict[str, Any],
     whose members disagree most. Chosen by screening on FrozenLake
     (docs/results/learnable_frozenlake.md): full fine-tuning at the CPU
     preset's actor_lr 2e-5 beat LoRA on the last 10 layers (at 2e-4 and 5e-4);
-    whole last layers (the CPU preset's `trained_top_layers`) update at 0.42x
-    the cost in 2 GiB less (docs/results/top_layers.md).
+    whole last layers (the CPU preset's `trained_top_layers`) update at a
+    fraction of the cost and memory (docs/results/top_layers.md).
     """
     config.environment(env_config=env_config)
     config.llm(critic="none")
@@ -185,16 +184,16 @@ def _readable_grid_settings(config: StarPOConfig, *, env_config: dict[str, Any],
         prefill=True,
         response_length=12,
     )
-    # A Markov prompt is one state: at most 282 tokens for Sokoban in words, 213 for FrozenLake (the
-    # warm starts' demonstrations). The KV cache is sized to the model and one rollout batch of such
-    # sequences (rllib_ragen.inference.kv_cache: 0.75 GiB in bf16 for SmolLM2), not a fixed 2 GiB.
+    # A Markov prompt is one state, well within 512 tokens for both readable grids (the warm starts'
+    # demonstrations are the longest). The KV cache is sized to the model and one rollout batch of such
+    # sequences (rllib_ragen.inference.kv_cache), not a fixed size.
     config.inference(max_model_len=512, kv_cache_gb=None, max_batch_size=config.n_groups * config.group_size)
     # mini_batch_size unset: one on-policy step on the kept rows, so no separate forward pass scores
     # the old log-probs.
     # actor_lr: the CPU preset trains SmolLM2's last 10 layers only, and at its 2e-5 Sokoban gained less an
     # iteration than with every weight (docs/results/top_layers.md): larger steps on fewer weights.
     config.training(advantage_estimator="grpo", rollout_filter_ratio=0.25, micro_batch_size=8, actor_lr=5e-5)
-    # An evaluation of 128 episodes costs about 1.5 Sokoban iterations: every 8th iteration, not every 4th.
+    # An evaluation of 128 episodes costs more than a Sokoban iteration: every 8th iteration, not every 4th.
     config.starpo_evaluation(eval_size=128, eval_interval=8)
 
 
@@ -224,13 +223,11 @@ def _single_choice_settings(config: StarPOConfig) -> None:
     win the batch comparison far more often. No-think answers keep each
     sample cheap (the learner's cost is the prompt). BRPO's batch baseline
     favours the better arm, while GRPO's per-group std blows up the advantages
-    of groups with no payout, which favour the low arm (measured with shared
-    payout draws: success 0.78 -> 0.09 in 3 iterations; even with each member
-    drawing its own payout GRPO's mean advantage of the better arm stays
-    negative, `benchmarks/group_randomness.py`), and a critic would first have
-    to learn the mean payout. 64 evaluation seeds resolve a success rate to about 0.05.
+    of groups with no payout, which favour the low arm (docs/results/group_randomness.md,
+    `benchmarks/group_randomness.py`), and a critic would first have
+    to learn the mean payout.
     """
-    # Every weight, as measured (docs/results/bandit.md): a one-token answer's update is cheap already.
+    # Every weight (docs/results/bandit.md): a one-token answer's update is cheap already.
     config.llm(critic="none", trained_top_layers=None)
     config.rollouts(n_groups=8, group_size=8, response_length=16, think=False, prefill=True)
     config.training(

@@ -112,8 +112,7 @@ def _check_precision(config: AlgorithmConfig) -> None:
         logger.warning(
             "dtype='bfloat16' with actor_lr=%g: AdamW moves a weight by about the learning rate per step, and "
             "a bfloat16 weight w only changes when the step exceeds half its spacing (about |w|/256, %.1g for "
-            "|w|=0.01), so most weights never move (measured on tiny-random at 1e-6: 1.8%% of the policy's "
-            "weights changed in 2 steps, 99.99%% with float32). Prefer dtype='float32' with "
+            "|w|=0.01), so most weights never move. Prefer dtype='float32' with "
             ".training(autocast_dtype='bfloat16')",
             config.actor_lr,
             _BF16_SMALLEST_VISIBLE_STEP,

@@ -73,9 +73,9 @@ def choose_tokens(logprobs: Tensor, *, greedy: bool, generator: torch.Generator 
 def draw_by_inverse_cdf(probs: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
     """One draw per row from `probs`: a single uniform number per row, located in the row's cumulative sum.
 
-    The same distribution as `torch.multinomial(probs, 1)`, about 3x faster on
-    [64, 49152] rows on CPU (`benchmarks/token_sampling.py`): multinomial spends
-    its time on per-element random numbers. The sum runs in float64, so
+    The same distribution as `torch.multinomial(probs, 1)`, faster on CPU
+    (`benchmarks/token_sampling.py`): multinomial spends its time on
+    per-element random numbers. The sum runs in float64, so
     rare tokens keep their mass, and the right-sided search never returns a token
     of zero probability.
 

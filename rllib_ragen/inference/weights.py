@@ -1,8 +1,7 @@
 """HF-named policy weights: validation, and a zero-copy form for Ray's object store.
 
 Torch tensors go through Ray's object store by pickling (a copy on `put`, a copy
-on every `get`: about 5 s for 0.5 GB on two cores), numpy arrays zero-copy
-(about 0.1 s). `pack_weights` turns a state dict into numpy arrays (bfloat16, which numpy
+on every `get`), numpy arrays zero-copy. `pack_weights` turns a state dict into numpy arrays (bfloat16, which numpy
 lacks, as a same-width integer view: never through float32) and `unpack_weights`
 turns them back into torch views of the original dtype without copying.
 """

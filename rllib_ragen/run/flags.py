@@ -114,9 +114,9 @@ def add_result_flags(parser: argparse.ArgumentParser, *, success_threshold: floa
     )
 
 
-# A checkpoint of SmolLM2-135M with its AdamW state is 1.7 GB and takes 4-6 s to write: at every
-# iteration of a 20 s CPU-preset iteration that was a fifth of the RL time (docs/results/tuned_example_runs.md).
-# Every 5th bounds what a crash loses to 5 iterations (and MLflow's lag, see docs/fault_tolerance.md).
+# A checkpoint holds the policy and its AdamW state: written every iteration it took a large share of the
+# RL time (docs/results/checkpoint_sizes.md, tuned_example_runs.md). Every 5th bounds what a crash loses to
+# 5 iterations (and MLflow's lag, see docs/fault_tolerance.md).
 CHECKPOINT_EVERY = 5
 
 

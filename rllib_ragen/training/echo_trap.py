@@ -14,8 +14,7 @@ measured in the monitor's first `baseline_iters` iterations; a later
 measurement below `ratio` x that level is low, and `patience` low
 measurements in a row raise the warning, repeated while the signal stays low.
 A short baseline and a streak, rather than RAGEN's 10 + 10 iterations, let a
-20-iteration run warn: on the in-group std measured in such a run (0.215 ->
-0.025 by iteration 11, 0 at 15) it fires at iteration 13, while single or
+20-iteration run warn on a spread that collapses within it, while single or
 paired dips of a healthy run do not (tests/training/test_echo_trap.py). A signal whose
 early level is not positive cannot fall below it and never warns.
 """

@@ -2,18 +2,16 @@
 
 A token tree's [N, N] mask is mostly False: a row's own nodes see the shared
 prefix and their own ancestors, never another row's branch. SDPA computes
-every masked score anyway, so at the warm start's trees of about a thousand
-nodes, attention took 43% of a step on 2 cores
-(docs/results/warm_start_speed.md). Here the queries run in blocks, each
+every masked score anyway, and at the warm start's trees of about a thousand
+nodes that was a large share of a step (docs/results/warm_start_speed.md). Here the queries run in blocks, each
 against only the keys some query of the block attends to, with the mask cut to
 them: the same softmax over the same keys (a masked key adds exp(-inf) = 0),
 so the same outputs and gradients, at a fraction of the scores.
 
 On CPU a block runs the model's own eager attention (the `eager_attention_forward`
 of its modeling file, so whatever a model adds there is kept): at a block's shape
-(128 queries, a few hundred keys) its forward and backward took 26 ms a layer
-against 47 ms for SDPA's flash kernel with a mask, whose backward dominated
-(Sokoban's warm start, 2 cores; docs/results/warm_start_speed.md). Elsewhere a
+(a hundred-odd queries, a few hundred keys) its backward is cheaper than that of
+SDPA's flash kernel with a mask (docs/results/warm_start_speed.md). Elsewhere a
 block runs transformers' sdpa attention.
 """
 

@@ -2,7 +2,7 @@
 
 Runs in vLLM's worker process through `LLM.collective_rpc(reload_in_worker, ...)`.
 
-The tied-head trap (vLLM 0.32, measured): with `tie_word_embeddings`, vLLM's
+The tied-head trap (vLLM 0.32): with `tie_word_embeddings`, vLLM's
 `lm_head` shares its parameter with `embed_tokens`, but on the CPU backend the
 head computes logits from a *repacked copy* of that weight made at load time
 (`UnquantizedEmbeddingMethod.process_weights_after_loading` ->
