@@ -20,7 +20,10 @@ import torch
 from ray._common.utils import get_ray_address_file
 from ray._private.services import canonicalize_bootstrap_address, parse_address
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from ray.rllib.connectors.learner.learner_connector_pipeline import LearnerConnectorPipeline
+from ray.rllib.core.learner.learner_group import LearnerGroup
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+from ray.rllib.env.env_runner_group import EnvRunnerGroup
 from ray.rllib.utils.annotations import override
 
 logger = logging.getLogger(__name__)
@@ -86,7 +89,7 @@ class MiniBatchStepLearner(TorchLearner):
         return super()._get_optimizer_state()
 
     @override(TorchLearner)
-    def _uncompiled_update(self, batch: dict, **kwargs):
+    def _uncompiled_update(self, batch: dict, **kwargs: Any) -> tuple[Any, Any, Any]:
         return self.update_minibatch(batch)
 
     @override(TorchLearner)
@@ -114,29 +117,29 @@ def optimizer_module_id(learner: TorchLearner, optimizer_name: str) -> str:
     return learner._optimizer_name_to_module[optimizer_name]
 
 
-def learner_connector(learner: TorchLearner):
+def learner_connector(learner: TorchLearner) -> LearnerConnectorPipeline:
     """The learner connector pipeline of `learner` (episodes -> train batch)."""
     return learner._learner_connector
 
 
-def set_learner_connector(learner: TorchLearner, pipeline) -> None:
+def set_learner_connector(learner: TorchLearner, pipeline: LearnerConnectorPipeline) -> None:
     """Replaces the learner connector pipeline `learner` built from its config."""
     learner._learner_connector = pipeline
 
 
-def local_learner(learner_group) -> TorchLearner:
+def local_learner(learner_group: LearnerGroup) -> TorchLearner:
     """The learner of a learner group without remote learners (num_learners=0)."""
     if learner_group._learner is None:
         raise ValueError("this learner group has remote learners (num_learners >= 1): no local learner")
     return learner_group._learner
 
 
-def env_runner_actors(env_runner_group) -> dict[int, Any]:
+def env_runner_actors(env_runner_group: EnvRunnerGroup) -> dict[int, Any]:
     """The remote env-runner actor handles of an `EnvRunnerGroup`, by runner id."""
     return env_runner_group._worker_manager.actors()
 
 
-def mark_env_runner_healthy(env_runner_group, runner_id: int, healthy: bool) -> None:
+def mark_env_runner_healthy(env_runner_group: EnvRunnerGroup, runner_id: int, healthy: bool) -> None:
     """Marks remote env runner `runner_id` in or out of service, as RLlib does after a failed call."""
     env_runner_group._worker_manager.set_actor_state(runner_id, healthy=healthy)
 

@@ -201,7 +201,7 @@ def _device(spec: GroupSpec) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if spec.backend == "nccl" else torch.device("cpu")
 
 
-def _wait(work, spec: GroupSpec, deadline: float, step: str) -> None:
+def _wait(work: dist.Work, spec: GroupSpec, deadline: float, step: str) -> None:
     """Waits for a collective op until `deadline`, polling: NCCL's `wait()` would not block the CPU."""
     while not work.is_completed():
         if time.monotonic() > deadline:

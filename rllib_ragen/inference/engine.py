@@ -71,6 +71,8 @@ class InferenceEngine(abc.ABC):
 
     #: The model lives in this process (the weight sync may then copy tensors into it directly).
     in_process: bool = True
+    #: Brings an out-of-process engine's replaced actors up to date (set by the weight sync where it can).
+    resync: Callable[[], object] | None = None
 
     @abc.abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+    from transformers import PretrainedConfig, PreTrainedModel
 
 from rllib_ragen.inference.batching import check_score_inputs, check_token_ids, left_pad
 from rllib_ragen.inference.engine import Completion, InferenceEngine, SamplingParams
@@ -195,7 +195,7 @@ class HFEngine(InferenceEngine):
             )
 
 
-def _pad_token_id(config) -> int:
+def _pad_token_id(config: PretrainedConfig) -> int:
     for candidate in (getattr(config, "pad_token_id", None), getattr(config, "eos_token_id", None)):
         if isinstance(candidate, (list, tuple)):
             candidate = candidate[0] if candidate else None

@@ -39,10 +39,14 @@ import ray
 import torch
 import torch.distributed as dist
 from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.learner.learner_group import LearnerGroup
+from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+from ray.rllib.env.env_runner import EnvRunner
+from ray.rllib.env.env_runner_group import EnvRunnerGroup
 from torch import Tensor
 
 from rllib_ragen.inference.collective import GroupHost, GroupSpec, TensorLayout, send
-from rllib_ragen.inference.engine import EngineTimeoutError
+from rllib_ragen.inference.engine import EngineTimeoutError, InferenceEngine
 from rllib_ragen.inference.engine_settings import EngineSettings
 from rllib_ragen.inference.weights import pack_weights, unique_weights
 from rllib_ragen.logits import token_logprobs
@@ -99,7 +103,9 @@ class PolicyWeightSync:
             runner, or remote runners).
     """
 
-    def __init__(self, *, config: EngineSettings, learner_group, env_runner_group) -> None:
+    def __init__(
+        self, *, config: EngineSettings, learner_group: LearnerGroup, env_runner_group: EnvRunnerGroup
+    ) -> None:
         self.config = config
         self.learner_group, self.env_runner_group = learner_group, env_runner_group
         self._host = None
@@ -116,7 +122,7 @@ class PolicyWeightSync:
         self._probe: tuple[list[int], list[int]] | None = None
 
     @property
-    def _local_engine(self):
+    def _local_engine(self) -> InferenceEngine | None:
         runner = self.env_runner_group.local_env_runner
         return None if runner is None else runner.engine
 
@@ -163,7 +169,7 @@ class PolicyWeightSync:
     def close(self) -> None:
         """Releases the collective group's store (the engines stay)."""
         engine = self._local_engine
-        if engine is not None and getattr(engine, "resync", None) == self.sync:
+        if engine is not None and engine.resync == self.sync:
             engine.resync = None
         self._host = None
 
@@ -325,11 +331,11 @@ def _is_rank_zero() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
-def _module(learner):
+def _module(learner: TorchLearner) -> Any:
     return learner.module[DEFAULT_MODULE_ID].unwrapped()
 
 
-def _policy_tensors(learner, payload: Payload) -> dict[str, Tensor] | None:
+def _policy_tensors(learner: TorchLearner, payload: Payload) -> dict[str, Tensor] | None:
     """What the engines load (`LLMRLModule.policy_state_dict`), on rank 0, in the dtype they hold it in."""
     if not _is_rank_zero():
         return None
@@ -349,32 +355,32 @@ def _policy_tensors(learner, payload: Payload) -> dict[str, Tensor] | None:
     return out
 
 
-def _rank_zero_tensors(learner, payload: Payload) -> dict[str, Tensor]:
+def _rank_zero_tensors(learner: TorchLearner, payload: Payload) -> dict[str, Tensor]:
     """`_policy_tensors` where the caller already checked that this learner is rank 0."""
     tensors = _policy_tensors(learner, payload)
     assert tensors is not None, "called on rank 0 only"
     return tensors
 
 
-def _vocab_size(learner) -> int | None:
+def _vocab_size(learner: TorchLearner) -> int | None:
     return _module(learner).policy.get_input_embeddings().num_embeddings if _is_rank_zero() else None
 
 
-def _put_policy(learner, payload: Payload) -> tuple[ray.ObjectRef, int] | None:
+def _put_policy(learner: TorchLearner, payload: Payload) -> tuple[ray.ObjectRef, int] | None:
     if not _is_rank_zero():
         return None
     packed = pack_weights(_rank_zero_tensors(learner, payload))
     return ray.put(packed), packed.nbytes
 
 
-def _policy_layout(learner, payload: Payload) -> tuple[TensorLayout, torch.device] | None:
+def _policy_layout(learner: TorchLearner, payload: Payload) -> tuple[TensorLayout, torch.device] | None:
     if not _is_rank_zero():
         return None
     pairs = unique_weights(_rank_zero_tensors(learner, payload))
     return TensorLayout.of(pairs), pairs[0][1].device
 
 
-def _send_from_learner(learner, payload: Payload, spec: GroupSpec, layout: TensorLayout) -> bool | None:
+def _send_from_learner(learner: TorchLearner, payload: Payload, spec: GroupSpec, layout: TensorLayout) -> bool | None:
     if not _is_rank_zero():
         return None
     send(spec, [tensor for _, tensor in unique_weights(_rank_zero_tensors(learner, payload))], layout)
@@ -382,7 +388,7 @@ def _send_from_learner(learner, payload: Payload, spec: GroupSpec, layout: Tenso
 
 
 @torch.no_grad()
-def _learner_logprobs(learner, prompt: list[int], continuation: list[int]) -> list[float] | None:
+def _learner_logprobs(learner: TorchLearner, prompt: list[int], continuation: list[int]) -> list[float] | None:
     """The policy's log-probs (temperature 1) of `continuation` after `prompt`, as the engines' `score`."""
     if not _is_rank_zero():
         return None
@@ -393,29 +399,31 @@ def _learner_logprobs(learner, prompt: list[int], continuation: list[int]) -> li
 
 
 # ---------------------------------------------------------------------- run on an env runner
-def _tagged(runner, fn: Callable[[Any], Any]) -> tuple[int, Any]:
+def _tagged(runner: EnvRunner, fn: Callable[[Any], Any]) -> tuple[int, Any]:
     return runner.worker_index, fn(runner)
 
 
-def _load_on_runner(runner, ref: ray.ObjectRef, version: int | None) -> None:
+def _load_on_runner(runner: EnvRunner, ref: ray.ObjectRef, version: int | None) -> None:
     runner.engine.load_packed(ref)
     _set_version(runner, version)
 
 
-def _receive_on_runner(runner, spec: GroupSpec, first_rank: int, layout: TensorLayout, version: int | None) -> None:
+def _receive_on_runner(
+    runner: EnvRunner, spec: GroupSpec, first_rank: int, layout: TensorLayout, version: int | None
+) -> None:
     runner.engine.start_receive(spec, first_rank, layout)()
     _set_version(runner, version)
 
 
-def _set_version(runner, version: int | None) -> None:
+def _set_version(runner: EnvRunner, version: int | None) -> None:
     """The runner now samples with the weights of `version` (after they loaded, never before)."""
     if version is not None:
         runner.policy_version = version
 
 
-def _receivers_on_runner(runner) -> tuple[int, int]:
+def _receivers_on_runner(runner: EnvRunner) -> tuple[int, int]:
     return runner.engine.weight_receivers()
 
 
-def _score_each_on_runner(runner, prompt: list[int], continuation: list[int]) -> list[list[float]]:
+def _score_each_on_runner(runner: EnvRunner, prompt: list[int], continuation: list[int]) -> list[list[float]]:
     return runner.engine.score_each(prompt, continuation)

@@ -12,14 +12,16 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 if TYPE_CHECKING:
-    from vllm.outputs import RequestOutput
+    from vllm import SamplingParams as VLLMSamplingParams
+    from vllm.lora.request import LoRARequest
+    from vllm.outputs import CompletionOutput, RequestOutput
 
 from rllib_ragen.inference.collective import GroupSpec, TensorLayout, receive
 from rllib_ragen.inference.engine import Completion, SamplingParams
@@ -102,7 +104,7 @@ def kv_cache_kwargs(config: EngineSettings, model_path: str) -> dict[str, object
     return kwargs
 
 
-def to_vllm_params(params: SamplingParams, seed: int | None):
+def to_vllm_params(params: SamplingParams, seed: int | None) -> VLLMSamplingParams:
     """One `vllm.SamplingParams` for one prompt (EOS does not stop: only `stop_token_ids` do)."""
     import vllm
 
@@ -119,10 +121,14 @@ def to_vllm_params(params: SamplingParams, seed: int | None):
     )
 
 
-def to_completion(output) -> Completion:
+def to_completion(output: CompletionOutput) -> Completion:
     """`Completion` from a vLLM `CompletionOutput` (logprobs requested with logprobs=0)."""
+    if output.logprobs is None:
+        raise RuntimeError("vLLM returned a completion without the log-probs every request asks for (logprobs=0)")
     token_ids = list(output.token_ids)
-    logprobs = [step[token].logprob for token, step in zip(token_ids, output.logprobs)]
+    # One {token: Logprob} per sampled token (a list, or vLLM's flat form that iterates the same way).
+    steps = cast(Sequence[Mapping[int, Any]], output.logprobs)
+    logprobs = [step[token].logprob for token, step in zip(token_ids, steps)]
     return Completion(token_ids, logprobs, "stop" if output.finish_reason == "stop" else "length")
 
 
@@ -198,7 +204,7 @@ class VLLMEngineActor:
         return time.perf_counter() - start
 
     @property
-    def _lora_request(self):
+    def _lora_request(self) -> LoRARequest | None:
         """The served adapter's request; None (the base model) without one, or before the first sync."""
         return None if self.adapter is None else self.adapter.request
 

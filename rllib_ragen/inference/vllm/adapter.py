@@ -16,9 +16,12 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from vllm import LLM
 
 from rllib_ragen.lora import LoraSettings
 
@@ -61,7 +64,7 @@ class ServedAdapter:
         self._directory = tempfile.TemporaryDirectory(prefix="rllib_ragen_lora_")
         self.request: Any = None  # a vllm LoRARequest once loaded
 
-    def load(self, llm, weights: Sequence[tuple[str, Tensor]]) -> None:
+    def load(self, llm: LLM, weights: Sequence[tuple[str, Tensor]]) -> None:
         """Writes `weights` (PEFT-named adapter tensors) as the adapter and loads it in place of the last."""
         from peft.utils import SAFETENSORS_WEIGHTS_NAME
         from safetensors.torch import save_file

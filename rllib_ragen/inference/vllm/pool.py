@@ -23,6 +23,7 @@ from typing import Any
 
 import ray
 import torch
+from ray.actor import ActorHandle
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from torch import Tensor
 
@@ -89,7 +90,7 @@ class VLLMEnginePool(InferenceEngine):
         self.restarts = 0
         self.last_sync_seconds: float | None = None
         self.last_sync_nbytes = 0
-        self.resync: Callable[[], None] | None = None
+        self.resync = None
         # What a replaced actor needs: the last packed weights, or (after a broadcast) a resync.
         self._latest_packed: ray.ObjectRef | None = None
         self._broadcast_received = False
@@ -305,7 +306,7 @@ class VLLMEnginePool(InferenceEngine):
                 )
             self.resync()
 
-    def _wait_started(self, rank: int, actor) -> None:
+    def _wait_started(self, rank: int, actor: ActorHandle) -> None:
         timeout_s = self.config.start_timeout_s
         try:
             ray.get(actor.info.remote(), timeout=timeout_s)

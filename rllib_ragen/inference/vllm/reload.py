@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 
-def reload_in_worker(worker, weights: Sequence[tuple[str, Tensor]]) -> list[str]:
+def reload_in_worker(worker: Any, weights: Sequence[tuple[str, Tensor]]) -> list[str]:
     """Loads HF-named `weights` into the worker's model in place; repacks tied heads.
 
     Args:
