@@ -60,7 +60,7 @@ class TrajectoryRowError(ValueError):
         super().__init__(f"trajectory {row}: field {field!r} {problem}")
         self.row, self.field, self.problem = row, field, problem
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[TrajectoryRowError], tuple[str, str, str]]:
         # Ray ships errors raised in Ray Data workers to the driver by pickling.
         return type(self), (self.row, self.field, self.problem)
 

@@ -34,6 +34,7 @@ import numpy as np
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
+from envs.base import TextEnv
 from envs.sokoban_solver import DEFAULT_MAX_STATES
 from rllib_ragen.data.experts import Turn, TurnBudgetLeft, expert_for
 from rllib_ragen.rollout.env_group import EnvGroup, TurnBudgetSettings, agent_id
@@ -153,7 +154,7 @@ def random_demonstrations(tokenizer: Any, config: RandomPlaySettings) -> list[Mu
             opening = first_actions.draw(seed, group.template_env.available_actions)
             pending = [opening] if opening is not None else []
 
-            def next_turn(env, left: TurnBudgetLeft, pending=pending) -> Turn:
+            def next_turn(env: TextEnv, left: TurnBudgetLeft, pending: list[str] = pending) -> Turn:
                 count = int(rng.integers(1, left.per_turn + 1))
                 actions = [pending.pop() if pending else env.random_action(rng) for _ in range(count)]
                 return Turn(actions, f"I will try {', '.join(actions)}.")

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ray.rllib.env.env_runner_group import EnvRunnerGroup
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
 from rllib_ragen.rollout.trajectory_record import policy_version
@@ -85,7 +86,7 @@ class RunAheadShards:
 
     def __init__(
         self,
-        env_runner_group,
+        env_runner_group: EnvRunnerGroup,
         *,
         sample_call: Callable[[list[int]], Callable[[Any], ShardResult]],
         shard_timeout_s: float,

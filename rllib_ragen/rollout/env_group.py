@@ -277,7 +277,9 @@ class EnvGroup(MultiAgentEnv):
         """Marks `agent`'s trajectory finished from outside (e.g. its next prompt is too long)."""
         self._done[agent] = True
 
-    def step(self, action_dict: Mapping[str, Sequence[str]]):
+    def step(
+        self, action_dict: Mapping[str, Sequence[str]]
+    ) -> tuple[dict[str, str], dict[str, float], dict[str, bool], dict[str, bool], dict[str, dict[str, Any]]]:
         """Steps each agent through the actions of its turn.
 
         Returns RLlib's multi-agent 5-tuple; agents absent from `action_dict`
@@ -294,7 +296,9 @@ class EnvGroup(MultiAgentEnv):
         terminateds["__all__"] = truncateds["__all__"] = self.all_done
         return obs, rewards, terminateds, truncateds, infos
 
-    def _step_one(self, agent: str, env: TextEnv, actions: Sequence[str]):
+    def _step_one(
+        self, agent: str, env: TextEnv, actions: Sequence[str]
+    ) -> tuple[str, float, bool, bool, dict[str, Any]]:
         budget_left = self.budget.max_actions_per_traj - self._actions[agent]
         to_run = list(actions)[:budget_left]
         reward, terminated, truncated = 0.0, False, False

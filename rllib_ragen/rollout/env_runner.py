@@ -28,11 +28,12 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import numpy as np
 import torch
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.env import INPUT_ENV_SPACES
 from ray.rllib.env.env_runner import EnvRunner
@@ -45,6 +46,7 @@ from rllib_ragen.inference.factory import make_engine
 from rllib_ragen.models import load_tokenizer, resolve_model
 from rllib_ragen.rollout.env_group import EnvGroup, training_env_config
 from rllib_ragen.rollout.episode_readers import rollout_statistics
+from rllib_ragen.rollout.prompt.answer_parser import ParsedAnswer
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
 from rllib_ragen.rollout.prompt.protocol import PromptProtocol, feedback_for
 from rllib_ragen.rollout.prompt.token_history import TokenHistory
@@ -69,7 +71,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     cursor and passes each call its seeds.
     """
 
-    def __init__(self, *, config, **kwargs) -> None:
+    def __init__(self, *, config: AlgorithmConfig, **kwargs: Any) -> None:
         super().__init__(config=config, **kwargs)
         self.model_path = resolve_model(config.llm_model)
         self.make_env()
@@ -157,7 +159,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         group_size: int | None = None,
         temperature: float | None = None,
         evaluation: bool = False,
-        **kwargs,
+        **kwargs: Any,
     ) -> list[MultiAgentEpisode]:
         """Rolls out one group per seed; returns one finished episode per group.
 
@@ -213,7 +215,13 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return self.metrics.reduce()
 
     @override(Checkpointable)
-    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
+    def get_state(
+        self,
+        components: str | Collection[str] | None = None,
+        *,
+        not_components: str | Collection[str] | None = None,
+        **kwargs: Any,
+    ) -> dict:
         """Nothing: the training-seed cursor is the algorithm's, and the weights are the learner's."""
         return {}
 
@@ -224,7 +232,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         keeps the dtype and checks the result."""
 
     @override(Checkpointable)
-    def get_ctor_args_and_kwargs(self):
+    def get_ctor_args_and_kwargs(self) -> tuple[tuple, dict[str, Any]]:
         return (), {"config": self.config}
 
     @override(EnvRunner)
@@ -406,7 +414,9 @@ class _GroupRollout:
             extra_model_outputs={agent: turn_model_outputs(turn) for agent, turn in turns.items()},
         )
 
-    def _continue(self, history: TokenHistory, observation: str, reward: float, parsed, info: dict) -> bool:
+    def _continue(
+        self, history: TokenHistory, observation: str, reward: float, parsed: ParsedAnswer, info: dict
+    ) -> bool:
         """Appends the next user turn; False (and `info["prompt_truncated"]`) when that prompt is too long.
 
         The unanswered user turn left in `history` is never trained on.

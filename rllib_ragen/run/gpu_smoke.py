@@ -111,7 +111,7 @@ def check_iteration(result: dict, *, max_logp_gap: float) -> None:
         )
 
 
-def check_sync_carries_a_change(algo) -> None:
+def check_sync_carries_a_change(algo: StarPO) -> None:
     """Doubles the learner's tied embedding: engines must differ before the sync and follow after it.
 
     Doubling and halving are exact, so the weights end as they started. The

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -38,6 +39,9 @@ import torch
 from rllib_ragen.rollout.episode_readers import think_text
 from rllib_ragen.rollout.trajectory_record import response_text, trajectory_start, turn_record
 from rllib_ragen.training.learner_connector import score_rows
+
+if TYPE_CHECKING:
+    from rllib_ragen.training.module import LLMRLModule
 
 Tensor = torch.Tensor
 
@@ -132,7 +136,7 @@ class _Rows:
 
 @torch.no_grad()
 def cross_log_probs(
-    module, prompts: Sequence[Sequence[int]], reasonings: Sequence[Sequence[int]], *, micro_batch_size: int
+    module: LLMRLModule, prompts: Sequence[Sequence[int]], reasonings: Sequence[Sequence[int]], *, micro_batch_size: int
 ) -> Tensor:
     """[M, P] summed log-prob of reasoning i after prompt j under `module`'s policy (teacher forcing).
 
@@ -180,7 +184,9 @@ def information_estimates(cross_logp: Tensor, own_prompt: Tensor) -> dict[str, f
     }
 
 
-def collapse_metrics(module, samples: Sequence[ReasoningSample], *, micro_batch_size: int) -> dict[str, float]:
+def collapse_metrics(
+    module: LLMRLModule, samples: Sequence[ReasoningSample], *, micro_batch_size: int
+) -> dict[str, float]:
     """The diagnostics of `samples` under `module` (runs where the learner's module is).
 
     Columns are the samples' groups (>= 2 needed); a prompt shared by several

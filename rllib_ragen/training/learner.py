@@ -24,9 +24,11 @@ import dataclasses
 from typing import Any
 
 import torch
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 from ray.rllib.utils.annotations import override
+from ray.rllib.utils.typing import ModuleID
 
 from rllib_ragen.checks import check_at_least_one
 from rllib_ragen.columns import (
@@ -146,7 +148,8 @@ class StarPOTorchLearner(MiniBatchStepLearner):
             self._reference.requires_grad_(False)
 
     @override(MiniBatchStepLearner)
-    def configure_optimizers_for_module(self, module_id, config=None) -> None:
+    def configure_optimizers_for_module(self, module_id: ModuleID, config: AlgorithmConfig | None = None) -> None:
+        config = self.config.get_config_for_module(module_id) if config is None else config
         module = self.module[module_id]
         critic_names = set(module.get_non_inference_attributes())
         policy_params: list[torch.nn.Parameter] = []
@@ -185,7 +188,7 @@ class StarPOTorchLearner(MiniBatchStepLearner):
         }
 
     @override(MiniBatchStepLearner)
-    def update_minibatch(self, batch: dict):
+    def update_minibatch(self, batch: dict) -> tuple[Any, Any, Any]:
         """One optimiser step on a mini-batch, accumulating micro-batch gradients."""
         module_batch = batch[DEFAULT_MODULE_ID]
         for optimizer in learner_optimizers(self):
@@ -219,7 +222,9 @@ class StarPOTorchLearner(MiniBatchStepLearner):
         return fwd_out, {DEFAULT_MODULE_ID: total_loss}, {}
 
     @override(MiniBatchStepLearner)
-    def compute_loss_for_module(self, *, module_id, config, batch: dict[str, Any], fwd_out: dict[str, Any]):
+    def compute_loss_for_module(
+        self, *, module_id: ModuleID, config: AlgorithmConfig, batch: dict[str, Any], fwd_out: dict[str, Any]
+    ) -> torch.Tensor:
         mask = mask_or_generated(batch, Columns.LOSS_MASK)
         loss_agg_mode = config.loss_agg_mode
         # No scored old log-probs: the update is one on-policy step, so the old policy is this one.

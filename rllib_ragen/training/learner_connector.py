@@ -18,13 +18,17 @@ share the `TokenBatch` (rows <-> trajectories) through RLlib's `shared_data`.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+import gymnasium as gym
 import torch
 from ray.rllib.connectors.connector_v2 import ConnectorV2
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
+from ray.rllib.core.rl_module.multi_rl_module import MultiRLModule
+from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.annotations import override
+from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from rllib_ragen.columns import (
     ADVANTAGE_MASK,
@@ -46,14 +50,26 @@ from rllib_ragen.training.token_masks import (
     build_token_mask,
 )
 
+if TYPE_CHECKING:
+    from rllib_ragen.training.module import LLMRLModule
+
 # The `shared_data` keys the pieces pass on: the token batch and the old values [R, L] (None without critic).
 TOKEN_BATCH = "token_batch"
 OLD_VALUES = "old_values"
 
 
-def _module_batch(batch: dict[str, Any], rl_module) -> tuple[dict[str, torch.Tensor], torch.device]:
+def _module_batch(batch: dict[str, Any], rl_module: MultiRLModule) -> tuple[dict[str, torch.Tensor], torch.device]:
     module = rl_module[DEFAULT_MODULE_ID].unwrapped()
     return batch.setdefault(DEFAULT_MODULE_ID, {}), module.policy.device
+
+
+def _pipeline_data(shared_data: dict[str, Any] | None) -> dict[str, Any]:
+    """The data the pipeline's pieces share: `TokenRows` puts the token batch there for the pieces after it."""
+    if shared_data is None:
+        raise ValueError(
+            "the StarPO learner connectors run inside a learner connector pipeline, which passes shared_data"
+        )
+    return shared_data
 
 
 class TokenRows(ConnectorV2):
@@ -67,19 +83,28 @@ class TokenRows(ConnectorV2):
 
     def __init__(
         self,
-        input_observation_space=None,
-        input_action_space=None,
+        input_observation_space: gym.Space | None = None,
+        input_action_space: gym.Space | None = None,
         *,
         history_window: int | None,
         log_trained_tokens: bool = False,
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
         super().__init__(input_observation_space, input_action_space, **kwargs)
         self.history_window = history_window
         self.log_trained_tokens = log_trained_tokens
 
     @override(ConnectorV2)
-    def __call__(self, *, rl_module, batch, episodes, shared_data=None, metrics=None, **kwargs) -> dict[str, Any]:
+    def __call__(
+        self,
+        *,
+        rl_module: MultiRLModule,
+        batch: dict[str, Any],
+        episodes: list[MultiAgentEpisode],
+        shared_data: dict[str, Any] | None = None,
+        metrics: MetricsLogger | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
         tokens = token_batch_of_episodes(episodes, history_window=self.history_window)
         if shared_data is not None:
             shared_data[TOKEN_BATCH] = tokens
@@ -105,13 +130,13 @@ class OldLogProbsAndValues(ConnectorV2):
 
     def __init__(
         self,
-        input_observation_space=None,
-        input_action_space=None,
+        input_observation_space: gym.Space | None = None,
+        input_action_space: gym.Space | None = None,
         *,
         micro_batch_size: int,
         score_old_logp: bool = True,
         with_values: bool,
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
         super().__init__(input_observation_space, input_action_space, **kwargs)
         self.micro_batch_size = micro_batch_size
@@ -119,10 +144,20 @@ class OldLogProbsAndValues(ConnectorV2):
         self.with_values = with_values
 
     @override(ConnectorV2)
-    def __call__(self, *, rl_module, batch, episodes, shared_data=None, metrics=None, **kwargs) -> dict[str, Any]:
+    def __call__(
+        self,
+        *,
+        rl_module: MultiRLModule,
+        batch: dict[str, Any],
+        episodes: list[MultiAgentEpisode],
+        shared_data: dict[str, Any] | None = None,
+        metrics: MetricsLogger | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
         # The module itself, not its DDP wrapper (num_learners >= 2): scoring is no training
         # step, so it must not run DDP's collective forward hooks.
         module = rl_module[DEFAULT_MODULE_ID].unwrapped()
+        shared_data = _pipeline_data(shared_data)
         old_logp, old_values = score_rows(
             module,
             shared_data[TOKEN_BATCH],
@@ -154,15 +189,15 @@ class GroupAdvantages(ConnectorV2):
 
     def __init__(
         self,
-        input_observation_space=None,
-        input_action_space=None,
+        input_observation_space: gym.Space | None = None,
+        input_action_space: gym.Space | None = None,
         *,
         advantages: AdvantageSettings,
         loss_token_mask: str = ALL_TOKENS,
         advantage_token_mask: str = ALL_TOKENS,
         span_labeller: ResponseSpanLabeller | None = None,
         advantage_length_weight: float = RewardShapingSettings.advantage_length_weight,
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
         super().__init__(input_observation_space, input_action_space, **kwargs)
         self.advantages = advantages
@@ -172,7 +207,17 @@ class GroupAdvantages(ConnectorV2):
         self.advantage_length_weight = advantage_length_weight
 
     @override(ConnectorV2)
-    def __call__(self, *, rl_module, batch, episodes, shared_data=None, metrics=None, **kwargs) -> dict[str, Any]:
+    def __call__(
+        self,
+        *,
+        rl_module: MultiRLModule,
+        batch: dict[str, Any],
+        episodes: list[MultiAgentEpisode],
+        shared_data: dict[str, Any] | None = None,
+        metrics: MetricsLogger | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        shared_data = _pipeline_data(shared_data)
         tokens, old_values = shared_data[TOKEN_BATCH], shared_data.get(OLD_VALUES)
         spans, layout = self.token_spans(tokens), tokens.trajectories
         advantage_mask = self.advantage_token_mask
@@ -241,7 +286,7 @@ def micro_batches(tokens: PaddedRows, micro_batch_size: int, device: torch.devic
 
 @torch.no_grad()
 def score_rows(
-    module, tokens: PaddedRows, micro_batch_size: int, *, with_logp: bool = True, with_values: bool
+    module: LLMRLModule, tokens: PaddedRows, micro_batch_size: int, *, with_logp: bool = True, with_values: bool
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Log-probs and/or critic values of every row under the current weights, [R, L] each (None if not asked)."""
     logps, values = [], []
@@ -261,7 +306,9 @@ def _row_mask(tokens: TokenBatch, mask: torch.Tensor) -> torch.Tensor:
     return tokens.to_rows(mask).to(tokens.generated_mask.dtype)
 
 
-def _log_batch_metrics(metrics, tokens: TokenBatch, advantages: torch.Tensor, loss_mask: torch.Tensor) -> None:
+def _log_batch_metrics(
+    metrics: MetricsLogger, tokens: TokenBatch, advantages: torch.Tensor, loss_mask: torch.Tensor
+) -> None:
     generated_mask = tokens.trajectories.generated_mask
     values = {
         "advantage_mean": masked_mean(advantages, generated_mask).item(),
@@ -274,6 +321,6 @@ def _log_batch_metrics(metrics, tokens: TokenBatch, advantages: torch.Tensor, lo
         metrics.log_value((DEFAULT_MODULE_ID, key), value, window=1)
 
 
-def _log_length_weights(metrics, weights: torch.Tensor) -> None:
+def _log_length_weights(metrics: MetricsLogger, weights: torch.Tensor) -> None:
     for key, value in (("advantage_length_weight_min", weights.min()), ("advantage_length_weight_max", weights.max())):
         metrics.log_value((DEFAULT_MODULE_ID, key), float(value), window=1)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -188,7 +189,7 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
         return ["value_head", "critic_trunk"]
 
     @override(TorchRLModule)
-    def _forward_train(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
+    def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         return self.score(batch, with_logp=True, with_entropy=True, with_values=self.has_critic)
 
     def score(self, batch: dict[str, Any], *, with_logp: bool, with_entropy: bool, with_values: bool) -> dict[str, Any]:
@@ -253,7 +254,14 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
         return merged_state_dict(self.policy) if self.llm_config.lora.enabled else self.policy.state_dict()
 
     @override(TorchRLModule)
-    def get_state(self, components=None, *, not_components=None, inference_only: bool = False, **kwargs) -> dict:
+    def get_state(
+        self,
+        components: str | Collection[str] | None = None,
+        *,
+        not_components: str | Collection[str] | None = None,
+        inference_only: bool = False,
+        **kwargs: Any,
+    ) -> dict:
         """A snapshot of the module's tensors on the host, each in its own dtype.
 
         RLlib's version converts them to numpy, which has no bfloat16 (a bf16

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -72,7 +73,7 @@ def tree_attention(
     attention_mask: torch.Tensor | None,
     *,
     tree_blocks: list[AttentionBlock] | None = None,
-    **kwargs,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' sdpa attention, or block by block over `tree_blocks` when given.
 
@@ -106,7 +107,14 @@ def _block_attention(module: nn.Module, device: torch.device) -> Callable[..., t
     if device.type != "cpu" or eager is None:
         return lambda *args, **kwargs: sdpa_attention_forward(*args, **kwargs)[0]
 
-    def eager_block(module, query, key, value, mask, **kwargs):
+    def eager_block(
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor,
+        **kwargs: Any,
+    ) -> torch.Tensor:
         # Eager attention adds its mask to the scores: 0 where a key is seen, the lowest value elsewhere.
         additive = torch.zeros(mask.shape, dtype=query.dtype, device=device).masked_fill(
             ~mask, torch.finfo(query.dtype).min

@@ -11,6 +11,7 @@ template's own rendering of a two-turn conversation.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 _SYSTEM = "\x00SYSTEM\x00"
@@ -120,7 +121,7 @@ def _msg(role: str, content: str) -> dict[str, str]:
     return {"role": role, "content": content}
 
 
-def _renderer(tokenizer: Any):
+def _renderer(tokenizer: Any) -> Callable[..., str]:
     def render(messages: list[dict[str, str]], *, generation_prompt: bool) -> str:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
 
