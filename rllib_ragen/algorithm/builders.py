@@ -44,7 +44,7 @@ def settings_builder(method: BuilderT) -> BuilderT:
     takes_others = name in RLLIB_KEYWORDS
 
     @functools.wraps(method)
-    def builder(self, *args: Any, **kwargs: Any) -> Any:
+    def builder(self: AlgorithmConfig, *args: Any, **kwargs: Any) -> Any:
         if args:
             raise TypeError(f"{type(self).__name__}.{name}() takes keyword arguments only, got {len(args)} positional")
         others = {keyword: kwargs.pop(keyword) for keyword in list(kwargs) if keyword not in settings}

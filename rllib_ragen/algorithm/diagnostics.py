@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import TYPE_CHECKING
 
 import numpy as np
 from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.learner.learner_group import LearnerGroup
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.metrics import TIMERS
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
@@ -30,6 +32,10 @@ from rllib_ragen.training.collapse_metrics import (
 from rllib_ragen.training.echo_trap import REWARD_VARIANCE, EchoTrapMonitor
 from rllib_ragen.training.filtering import FILTER_RESULTS, IN_GROUP_STD_BEFORE
 
+if TYPE_CHECKING:
+    from rllib_ragen.algorithm.starpo import StarPOConfig
+    from rllib_ragen.training.learner import StarPOTorchLearner
+
 logger = logging.getLogger(__name__)
 
 COLLAPSE_TIMER = "collapse_metrics"
@@ -45,7 +51,7 @@ class BatchDiagnostics:
         metrics: The algorithm's metrics logger.
     """
 
-    def __init__(self, config, metrics: MetricsLogger) -> None:
+    def __init__(self, config: StarPOConfig, metrics: MetricsLogger) -> None:
         self.config = config
         self.metrics = metrics
         self.echo_trap = EchoTrapMonitor(config.echo_trap_settings)
@@ -60,7 +66,9 @@ class BatchDiagnostics:
             self._chat_template = ChatTemplate.from_tokenizer(load_tokenizer(resolve_model(self.config.llm_model)))
         return self._chat_template
 
-    def measure_collapse(self, episodes: list[MultiAgentEpisode], *, iteration: int, learner_group) -> dict[str, float]:
+    def measure_collapse(
+        self, episodes: list[MultiAgentEpisode], *, iteration: int, learner_group: LearnerGroup
+    ) -> dict[str, float]:
         """The collapse diagnostics of this batch when due, scored on a learner; {} when not due or
         when the sampled thoughts come from fewer than 2 groups."""
         settings = self.config.collapse_metrics_settings
@@ -108,6 +116,8 @@ class BatchDiagnostics:
         self._echo_trap_active = set(warnings)
 
 
-def _collapse_metrics_on_learner(learner, *, samples: list, micro_batch_size: int) -> dict[str, float]:
+def _collapse_metrics_on_learner(
+    learner: StarPOTorchLearner, *, samples: list, micro_batch_size: int
+) -> dict[str, float]:
     """Runs on a learner: the collapse diagnostics under its current module."""
     return collapse_metrics(learner.module[DEFAULT_MODULE_ID].unwrapped(), samples, micro_batch_size=micro_batch_size)

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.connectors.learner.learner_connector_pipeline import (
     LearnerConnectorPipeline,
 )
@@ -51,6 +52,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.offline.offline_data import OfflineData
 from ray.rllib.utils.annotations import override
+from ray.rllib.utils.typing import ModuleID
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -201,7 +203,9 @@ class BCTorchLearner(StarPOTorchLearner):
         )
 
     @override(StarPOTorchLearner)
-    def compute_loss_for_module(self, *, module_id, config, batch: dict[str, Any], fwd_out: dict[str, Any]):
+    def compute_loss_for_module(
+        self, *, module_id: ModuleID, config: AlgorithmConfig, batch: dict[str, Any], fwd_out: dict[str, Any]
+    ) -> torch.Tensor:
         mask = batch[GENERATED_MASK]  # a likelihood loss trains on every generated token
         nll = aggregate_loss(-fwd_out[TOKEN_LOGP], mask, loss_agg_mode=config.loss_agg_mode)
         entropy = aggregate_loss(fwd_out[TOKEN_ENTROPY], mask, loss_agg_mode=config.loss_agg_mode)
@@ -214,7 +218,7 @@ def learner_nll(algo: StarPO, episodes: Sequence[MultiAgentEpisode]) -> float:
     """Mean NLL per response token of `episodes` under the (first) learner's current policy."""
     window = algo.config.history_window
 
-    def nll(learner) -> float:
+    def nll(learner: StarPOTorchLearner) -> float:
         return response_token_nll(learner.module[DEFAULT_MODULE_ID].policy, episodes, history_window=window)
 
     return float(next(iter(algo.learner_group.foreach_learner(nll))).get())

@@ -23,10 +23,11 @@ import contextlib
 import inspect
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any, Unpack
 
+import gymnasium as gym
 import torch
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
@@ -103,7 +104,7 @@ class StarPOConfig(SettingsGroups, AlgorithmConfig):
         algo.train()
     """
 
-    def __init__(self, algo_class=None) -> None:
+    def __init__(self, algo_class: type[Algorithm] | None = None) -> None:
         super().__init__(algo_class=algo_class or StarPO)
         # RLlib plumbing: one local LLM env runner; we own the learner pipeline.
         self.env_runner_cls = LLMEnvRunner
@@ -176,7 +177,7 @@ class StarPOConfig(SettingsGroups, AlgorithmConfig):
         """Writing sampled rollouts to Parquet (layout: `rllib_ragen.data.schema`)."""
 
     @override(AlgorithmConfig)
-    def env_runners(self, **kwargs) -> StarPOConfig:
+    def env_runners(self, **kwargs: Any) -> StarPOConfig:
         """RLlib's env-runner settings (see `AlgorithmConfig.env_runners`).
 
         `num_env_runners=N > 0` samples each iteration's groups on N remote
@@ -194,11 +195,16 @@ class StarPOConfig(SettingsGroups, AlgorithmConfig):
         return RLModuleSpec(module_class=LLMRLModule, model_config=dict(vars(self.llm_module_settings)))
 
     @override(AlgorithmConfig)
-    def get_default_learner_class(self):
+    def get_default_learner_class(self) -> type[StarPOTorchLearner]:
         return StarPOTorchLearner
 
     @override(AlgorithmConfig)
-    def build_learner_connector(self, input_observation_space, input_action_space, device=None):
+    def build_learner_connector(
+        self,
+        input_observation_space: gym.Space | None,
+        input_action_space: gym.Space | None,
+        device: torch.device | None = None,
+    ) -> LearnerConnectorPipeline:
         return LearnerConnectorPipeline(
             connectors=self.learner_connector_pieces(),
             input_observation_space=input_observation_space,
@@ -295,7 +301,7 @@ class StarPO(Algorithm):
         return StarPOConfig()
 
     @override(Algorithm)
-    def setup(self, config) -> None:
+    def setup(self, config: AlgorithmConfig) -> None:
         # Ray gives actors (e.g. Tune trials) OMP_NUM_THREADS=1; the synchronous
         # loop alternates rollout and update, so each may use every core it has.
         torch.set_num_threads(config.torch_threads or os.cpu_count() or 1)
@@ -416,7 +422,13 @@ class StarPO(Algorithm):
         return episodes
 
     @override(Algorithm)
-    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
+    def get_state(
+        self,
+        components: str | Collection[str] | None = None,
+        *,
+        not_components: str | Collection[str] | None = None,
+        **kwargs: Any,
+    ) -> dict:
         state = super().get_state(components, not_components=not_components, **kwargs)
         state.update(self.sampler.get_state())  # the training-seed cursor
         return state
@@ -429,7 +441,7 @@ class StarPO(Algorithm):
             self.sync_engine_weights()
 
     @override(Algorithm)
-    def restore_from_path(self, path, *args, **kwargs) -> None:
+    def restore_from_path(self, path: str | Path, *args: Any, **kwargs: Any) -> None:
         super().restore_from_path(path, *args, **kwargs)
         # RLlib restores the learner group from its own directory, not through set_state.
         self.sync_engine_weights()

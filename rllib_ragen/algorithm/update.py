@@ -8,17 +8,24 @@ passes of the loss over mini-batches (`rllib_ragen.training.learner`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 import torch
+from ray.rllib.core.learner.learner_group import LearnerGroup
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
 from rllib_ragen.training.distributed import count_training_rows, learner_minibatch_sizes, shard_groups
 
+if TYPE_CHECKING:
+    from rllib_ragen.algorithm.starpo import StarPOConfig
+    from rllib_ragen.training.learner import StarPOTorchLearner
 
-def update_learners(learner_group, kept: list[MultiAgentEpisode], config, *, iteration: int) -> list[dict]:
+
+def update_learners(
+    learner_group: LearnerGroup, kept: list[MultiAgentEpisode], config: StarPOConfig, *, iteration: int
+) -> list[dict]:
     """One `rollout_frequency`-epoch update on the kept groups; returns the learners' results.
 
     With num_learners >= 2 each learner trains on whole groups (RLlib's own
@@ -59,7 +66,7 @@ def update_learners(learner_group, kept: list[MultiAgentEpisode], config, *, ite
 
 
 def _update_on_own_shard(
-    learner, *, shards: list[ray.ObjectRef], minibatch_sizes: list[int], **update_kwargs: Any
+    learner: StarPOTorchLearner, *, shards: list[ray.ObjectRef], minibatch_sizes: list[int], **update_kwargs: Any
 ) -> dict:
     """Runs on every learner of a DDP group: updates on the shard of its torch.distributed rank."""
     rank = torch.distributed.get_rank()

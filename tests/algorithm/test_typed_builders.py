@@ -1,6 +1,6 @@
 """The type checker sees every builder keyword and settings group: mypy flags a misspelled or mistyped
-keyword, or a misspelled group field, in a planted file, and passes the same calls spelled right (the
-negative control, in the same file)."""
+keyword, a misspelled group field or an unannotated function in a planted file, and passes the same calls
+spelled right (the negative control, in the same file)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,10 @@ StarPOConfig().training(actor_lr=1e-5, grad_clip=1.0).rollouts(n_groups=8, histo
 StarPOConfig().llm(model="tiny-random").inference(engine="hf").starpo_evaluation(eval_size=4).diagnostics()
 StarPOConfig().engine_settings.kv_blok_size
 block: int | None = StarPOConfig().engine_settings.kv_block_size
+
+
+def unannotated(config):
+    return config.engine_settings.kv_block_size
 """
 
 
@@ -45,4 +49,6 @@ def test_mypy_flags_a_misspelled_or_mistyped_builder_keyword(tmp_path):
             "[arg-type]"],
         # A settings group's property is typed as its group: a misspelled field is flagged too.
         8: ['"EngineSettings" has no attribute "kv_blok_size"; maybe "kv_block_size" or "block_size"?  [attr-defined]'],
+        # disallow_untyped_defs: a function must say what it takes (the package's every function does).
+        12: ["Function is missing a type annotation  [no-untyped-def]"],
     }, out.stdout

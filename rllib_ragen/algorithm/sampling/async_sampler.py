@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from ray.rllib.env.env_runner_group import EnvRunnerGroup
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, TIMERS
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
@@ -18,6 +20,9 @@ from rllib_ragen.algorithm.sampling.online import OnlineSampler
 from rllib_ragen.algorithm.sampling.remote import episodes_of, sample_shard
 from rllib_ragen.algorithm.sampling.runner_metrics import merge_runner_metrics
 from rllib_ragen.rollout.async_rollouts import RunAheadShards, policy_version_of, staleness_counts
+
+if TYPE_CHECKING:
+    from rllib_ragen.algorithm.starpo import StarPOConfig
 
 ASYNC_ROLLOUT_RESULTS = "async_rollouts"
 # The wait, after the update, for the shards still sampling before the weight sync.
@@ -40,7 +45,14 @@ class AsyncSampler(OnlineSampler):
             this minus the version that sampled it).
     """
 
-    def __init__(self, config, metrics: MetricsLogger, *, env_runner_group, policy_version: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        config: StarPOConfig,
+        metrics: MetricsLogger,
+        *,
+        env_runner_group: EnvRunnerGroup,
+        policy_version: Callable[[], int],
+    ) -> None:
         super().__init__(config, metrics)
         self.policy_version = policy_version
         self.shards = RunAheadShards(

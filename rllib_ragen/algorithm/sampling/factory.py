@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from ray.rllib.env.env_runner_group import EnvRunnerGroup
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from rllib_ragen.algorithm.sampling.async_sampler import AsyncSampler
@@ -11,10 +13,21 @@ from rllib_ragen.algorithm.sampling.local import LocalSampler
 from rllib_ragen.algorithm.sampling.offline import OfflineSampler
 from rllib_ragen.algorithm.sampling.protocol import GroupSampler
 from rllib_ragen.algorithm.sampling.remote import RemoteSampler
+from rllib_ragen.rollout.env_runner import LLMEnvRunner
+
+if TYPE_CHECKING:
+    from rllib_ragen.algorithm.offline import TrajectoryOfflineData
+    from rllib_ragen.algorithm.starpo import StarPOConfig
 
 
 def make_group_sampler(
-    config, metrics: MetricsLogger, *, offline_data, env_runner, env_runner_group, policy_version: Callable[[], int]
+    config: StarPOConfig,
+    metrics: MetricsLogger,
+    *,
+    offline_data: TrajectoryOfflineData | None,
+    env_runner: LLMEnvRunner | None,
+    env_runner_group: EnvRunnerGroup,
+    policy_version: Callable[[], int],
 ) -> GroupSampler:
     """An offline dataset if one is configured, else the local runner if there is one, else the
     remote runners: sampling ahead with `async_rollouts`, one iteration at a time otherwise.

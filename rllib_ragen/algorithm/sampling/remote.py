@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ray.rllib.env.env_runner_group import EnvRunnerGroup
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
@@ -16,6 +17,9 @@ from rllib_ragen.rollout.async_rollouts import ShardResult
 from rllib_ragen.rollout.env_runner import LLMEnvRunner
 from rllib_ragen.sharding import split_contiguous
 
+if TYPE_CHECKING:
+    from rllib_ragen.algorithm.starpo import StarPOConfig
+
 logger = logging.getLogger(__name__)
 
 
@@ -25,7 +29,9 @@ def sample_shard(runner: LLMEnvRunner, *, seeds: list[int], **sample_kwargs: Any
     return seeds[0], episodes, runner.get_metrics()
 
 
-def sample_on_remote_runners(env_runner_group, seeds: list[int], **sample_kwargs: Any) -> list[ShardResult]:
+def sample_on_remote_runners(
+    env_runner_group: EnvRunnerGroup, seeds: list[int], **sample_kwargs: Any
+) -> list[ShardResult]:
     """The shards of `seeds`, in seed order, sampled in parallel on the healthy remote runners.
 
     Each runner rolls out a contiguous run of the seeds, so every group is whole and
@@ -66,7 +72,7 @@ class RemoteSampler(OnlineSampler):
     The runners' metrics, merged (`merge_runner_metrics`), go to `env_runners/`.
     """
 
-    def __init__(self, config, metrics: MetricsLogger, *, env_runner_group) -> None:
+    def __init__(self, config: StarPOConfig, metrics: MetricsLogger, *, env_runner_group: EnvRunnerGroup) -> None:
         super().__init__(config, metrics)
         self.env_runner_group = env_runner_group
 
