@@ -13,6 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 import numpy as np
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.learner.learner_group import LearnerGroup
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
@@ -33,7 +34,6 @@ from rllib_ragen.training.echo_trap import REWARD_VARIANCE, EchoTrapMonitor
 from rllib_ragen.training.filtering import FILTER_RESULTS, IN_GROUP_STD_BEFORE
 
 if TYPE_CHECKING:
-    from rllib_ragen.algorithm.starpo import StarPOConfig
     from rllib_ragen.training.learner import StarPOTorchLearner
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class BatchDiagnostics:
         metrics: The algorithm's metrics logger.
     """
 
-    def __init__(self, config: StarPOConfig, metrics: MetricsLogger) -> None:
+    def __init__(self, config: AlgorithmConfig, metrics: MetricsLogger) -> None:
         self.config = config
         self.metrics = metrics
         self.echo_trap = EchoTrapMonitor(config.echo_trap_settings)

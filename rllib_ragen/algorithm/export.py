@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.learner.learner_group import LearnerGroup
 
@@ -13,12 +14,9 @@ from rllib_ragen.lora import LoraSettings, peft_model_with_adapters
 from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model
 from rllib_ragen.rollout.env_runner import policy_weights
 
-if TYPE_CHECKING:
-    from rllib_ragen.algorithm.starpo import StarPOConfig
-
 
 def export_policy(
-    learner_group: LearnerGroup, config: StarPOConfig, directory: str | Path, *, adapter: bool = False
+    learner_group: LearnerGroup, config: AlgorithmConfig, directory: str | Path, *, adapter: bool = False
 ) -> Path:
     """Writes the learners' policy as a plain Hugging Face model directory (LoRA adapters merged in).
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 import torch
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core.learner.learner_group import LearnerGroup
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
@@ -19,12 +20,11 @@ from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 from rllib_ragen.training.distributed import count_training_rows, learner_minibatch_sizes, shard_groups
 
 if TYPE_CHECKING:
-    from rllib_ragen.algorithm.starpo import StarPOConfig
     from rllib_ragen.training.learner import StarPOTorchLearner
 
 
 def update_learners(
-    learner_group: LearnerGroup, kept: list[MultiAgentEpisode], config: StarPOConfig, *, iteration: int
+    learner_group: LearnerGroup, kept: list[MultiAgentEpisode], config: AlgorithmConfig, *, iteration: int
 ) -> list[dict]:
     """One `rollout_frequency`-epoch update on the kept groups; returns the learners' results.
 

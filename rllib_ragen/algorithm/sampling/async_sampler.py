@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.env.env_runner_group import EnvRunnerGroup
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, TIMERS
@@ -20,9 +20,6 @@ from rllib_ragen.algorithm.sampling.online import OnlineSampler
 from rllib_ragen.algorithm.sampling.remote import episodes_of, sample_shard
 from rllib_ragen.algorithm.sampling.runner_metrics import merge_runner_metrics
 from rllib_ragen.rollout.async_rollouts import RunAheadShards, policy_version_of, staleness_counts
-
-if TYPE_CHECKING:
-    from rllib_ragen.algorithm.starpo import StarPOConfig
 
 ASYNC_ROLLOUT_RESULTS = "async_rollouts"
 # The wait, after the update, for the shards still sampling before the weight sync.
@@ -47,7 +44,7 @@ class AsyncSampler(OnlineSampler):
 
     def __init__(
         self,
-        config: StarPOConfig,
+        config: AlgorithmConfig,
         metrics: MetricsLogger,
         *,
         env_runner_group: EnvRunnerGroup,

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.env.env_runner_group import EnvRunnerGroup
+from ray.rllib.offline.offline_data import OfflineData
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from rllib_ragen.algorithm.sampling.async_sampler import AsyncSampler
@@ -15,16 +16,12 @@ from rllib_ragen.algorithm.sampling.protocol import GroupSampler
 from rllib_ragen.algorithm.sampling.remote import RemoteSampler
 from rllib_ragen.rollout.env_runner import LLMEnvRunner
 
-if TYPE_CHECKING:
-    from rllib_ragen.algorithm.offline import TrajectoryOfflineData
-    from rllib_ragen.algorithm.starpo import StarPOConfig
-
 
 def make_group_sampler(
-    config: StarPOConfig,
+    config: AlgorithmConfig,
     metrics: MetricsLogger,
     *,
-    offline_data: TrajectoryOfflineData | None,
+    offline_data: OfflineData | None,
     env_runner: LLMEnvRunner | None,
     env_runner_group: EnvRunnerGroup,
     policy_version: Callable[[], int],

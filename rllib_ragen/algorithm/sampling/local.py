@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
@@ -11,14 +10,11 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 from rllib_ragen.algorithm.sampling.online import OnlineSampler
 from rllib_ragen.rollout.env_runner import LLMEnvRunner
 
-if TYPE_CHECKING:
-    from rllib_ragen.algorithm.starpo import StarPOConfig
-
 
 class LocalSampler(OnlineSampler):
     """Samples on the local runner, in this process; its metrics go to `env_runners/`."""
 
-    def __init__(self, config: StarPOConfig, metrics: MetricsLogger, *, env_runner: LLMEnvRunner) -> None:
+    def __init__(self, config: AlgorithmConfig, metrics: MetricsLogger, *, env_runner: LLMEnvRunner) -> None:
         super().__init__(config, metrics)
         self.env_runner = env_runner
 

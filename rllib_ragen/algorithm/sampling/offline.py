@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
+from ray.rllib.offline.offline_data import OfflineData
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from rllib_ragen.rollout.episode_readers import rollout_statistics
-
-if TYPE_CHECKING:
-    from rllib_ragen.algorithm.offline import TrajectoryOfflineData
 
 OFFLINE_DATA_RESULTS = "offline_data"
 
@@ -25,7 +23,7 @@ class OfflineSampler:
         n_groups: Groups per iteration.
     """
 
-    def __init__(self, offline_data: TrajectoryOfflineData, metrics: MetricsLogger, *, n_groups: int) -> None:
+    def __init__(self, offline_data: OfflineData, metrics: MetricsLogger, *, n_groups: int) -> None:
         self.offline_data = offline_data
         self.metrics = metrics
         self.n_groups = n_groups

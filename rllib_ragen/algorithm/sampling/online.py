@@ -9,17 +9,15 @@ Parquet when `rollout_parquet_dir` is set (`.rollout_recording()`).
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from rllib_ragen.algorithm.sampling.seed_cursor import TRAIN_SEED_CURSOR, TrainSeedCursor
 from rllib_ragen.data.parquet import write_rollouts
 from rllib_ragen.rollout.env_group import training_env_config
-
-if TYPE_CHECKING:
-    from rllib_ragen.algorithm.starpo import StarPOConfig
 
 
 class OnlineSampler(abc.ABC):
@@ -30,7 +28,7 @@ class OnlineSampler(abc.ABC):
         metrics: The algorithm's metrics logger (the rollout metrics go to `env_runners/`).
     """
 
-    def __init__(self, config: StarPOConfig, metrics: MetricsLogger) -> None:
+    def __init__(self, config: AlgorithmConfig, metrics: MetricsLogger) -> None:
         self.config = config
         self.metrics = metrics
         self.seeds = TrainSeedCursor(start=config.train_seed_start, n_groups=config.n_groups)

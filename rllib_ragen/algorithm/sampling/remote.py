@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.env.env_runner_group import EnvRunnerGroup
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS
@@ -16,9 +17,6 @@ from rllib_ragen.algorithm.sampling.runner_metrics import merge_runner_metrics
 from rllib_ragen.rollout.async_rollouts import ShardResult
 from rllib_ragen.rollout.env_runner import LLMEnvRunner
 from rllib_ragen.sharding import split_contiguous
-
-if TYPE_CHECKING:
-    from rllib_ragen.algorithm.starpo import StarPOConfig
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +70,7 @@ class RemoteSampler(OnlineSampler):
     The runners' metrics, merged (`merge_runner_metrics`), go to `env_runners/`.
     """
 
-    def __init__(self, config: StarPOConfig, metrics: MetricsLogger, *, env_runner_group: EnvRunnerGroup) -> None:
+    def __init__(self, config: AlgorithmConfig, metrics: MetricsLogger, *, env_runner_group: EnvRunnerGroup) -> None:
         super().__init__(config, metrics)
         self.env_runner_group = env_runner_group
 
