@@ -45,6 +45,8 @@ DYNAMICS_STREAM = "dynamics_stream"
 # reset and step; the env's own failure kinds, in the reset info.
 BOARD_INFO = "board"
 FAILURE_KINDS_INFO = "failure_kinds"
+# Step-info key: the env ended the episode (a trajectory's end may also be the caller's budget).
+TERMINATED_INFO = "terminated"
 
 # Failure kinds every env shares (`rllib_ragen.rollout.failure_kinds` tells them apart): kind -> what happened.
 INVALID_ANSWER = "invalid_answer"
@@ -56,8 +58,8 @@ ENV_ERROR = "env_error"
 FAILURE_KINDS: dict[str, str] = {
     INVALID_ANSWER: "invalid answer: the last answer held no valid action",
     REPEATED_NO_OP: "repeated no-op: the last moves (two or more) changed nothing",
-    ENDED_UNSOLVED: "the env ended the episode unsolved (e.g. a wrong final answer, its own step limit)",
-    OUT_OF_TURNS: "ran out of turns: the turn or action budget ran out",
+    ENDED_UNSOLVED: "the env ended the episode unsolved (e.g. a wrong final answer)",
+    OUT_OF_TURNS: "ran out of turns: the turn or action budget, or the env's own step limit, ran out",
     PROMPT_TOO_LONG: "the next prompt would not fit the model's context",
     ENV_ERROR: "the env failed (an error, a timeout or malformed output)",
 }
@@ -78,7 +80,8 @@ class TextEnv(gym.Env, abc.ABC):
     `DYNAMICS_STREAM` reset option can give each group member its own draws.
 
     `info` always carries `success` (bool: the task is solved) and, after
-    `step`, `action_is_valid` (bool: the action was understood and legal).
+    `step`, `action_is_valid` (bool: the action was understood and legal) and
+    `terminated` (bool: the env ended the episode, as step's `terminated`).
     Stepping before `reset` or after the episode ended raises RuntimeError.
 
     Optional, for the trajectory page and the failure counts: `board` draws the
@@ -152,6 +155,8 @@ class TextEnv(gym.Env, abc.ABC):
         reward, terminated, truncated, info = self._step(action)
         info.setdefault("success", False)
         info.setdefault("action_is_valid", True)
+        # Whether the env itself ended the episode: a trajectory also ends when the caller's budget runs out.
+        info[TERMINATED_INFO] = bool(terminated)
         self._episode_open = not (terminated or truncated)
         return self.render_text(), float(reward), terminated, truncated, self._with_board(info)
 

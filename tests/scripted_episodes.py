@@ -41,8 +41,18 @@ class HandMadeRoom(SokobanEnv):
         return super()._reset(rng, {"room": ROOM, **options})
 
 
+class BrokenLake(HandMadeLake):
+    """`HandMadeLake` whose step raises on "Up": an env failing mid-trajectory."""
+
+    def _step(self, action):
+        if action == "Up":
+            raise RuntimeError("the ice cracked")
+        return super()._step(action)
+
+
 LAKE_ENV = "scripted_episodes:HandMadeLake"
 ROOM_ENV = "scripted_episodes:HandMadeRoom"
+BROKEN_LAKE_ENV = "scripted_episodes:BrokenLake"
 
 
 def scripted_episode(

@@ -10,8 +10,8 @@ Otherwise the kind follows from how the trajectory ended, the same way on every 
 3. `invalid_answer`: the last answer held no valid action;
 4. `repeated_no_op`: the last two or more moves changed nothing (into an edge, a wall, a stuck box);
 5. `prompt_too_long`: the next prompt would not have fit the model's context;
-6. `out_of_turns`: the turn or action budget ran out;
-7. `ended_unsolved`: the env ended the episode (e.g. a wrong final answer, its own step limit).
+6. `ended_unsolved`: the env ended the episode (e.g. a wrong final answer);
+7. `out_of_turns`: the turn or action budget, or the env's own step limit, ran out.
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ from envs.base import (
     OUT_OF_TURNS,
     PROMPT_TOO_LONG,
     REPEATED_NO_OP,
+    TERMINATED_INFO,
 )
 from envs.board import trailing_no_ops
 from rllib_ragen.rollout.episode_readers import succeeded
-from rllib_ragen.rollout.trajectory_record import board_of
+from rllib_ragen.rollout.trajectory_record import state_boards
 
 # Metric name prefix of the counts (`evaluation/failures/<kind>` in MLflow).
 FAILURES_PREFIX = "failures/"
@@ -44,8 +45,7 @@ def failure_kind(trajectory: Any) -> str | None:
     if succeeded(trajectory):
         return None
     infos = trajectory.get_infos()
-    last = infos[-1]
-    board = board_of(last)
+    last, board = infos[-1], state_boards(trajectory)[-1]
     if "env_error" in last:
         return ENV_ERROR
     if board is not None and board.fault is not None:
@@ -56,9 +56,9 @@ def failure_kind(trajectory: Any) -> str | None:
         return REPEATED_NO_OP
     if last.get("prompt_truncated", False):
         return PROMPT_TOO_LONG
-    if last.get("turns_left", 0) <= 0 or last.get("actions_left", 0) <= 0:
-        return OUT_OF_TURNS
-    return ENDED_UNSOLVED
+    if last.get(TERMINATED_INFO, False):
+        return ENDED_UNSOLVED
+    return OUT_OF_TURNS
 
 
 def trajectories_of(episodes: Iterable[Any]) -> list[Any]:

@@ -10,7 +10,7 @@ them); this module owns where a trajectory's pieces sit inside one:
   engine's sampling log-probs) in `extra_model_outputs`, the response's text
   in the step info; the sampled ids are the step's action;
 - an env with a picture adds the state's board to each info (`envs.base.BOARD_INFO`,
-  read with `board_of`): the pages draw it, and stored rows leave it out
+  read with `board_of` and `state_boards`): the pages draw it, and stored rows leave it out
   (`is_record_info_key`), so it costs them nothing.
 
 Writers (`start_info`, `turn_model_outputs`, `turn_info`) serve the env
@@ -183,6 +183,18 @@ def board_of(info: Mapping[str, Any]) -> Board | None:
     """The board an info holds (`envs.board`), None when its env draws none (or the row was stored)."""
     data = info.get(BOARD_INFO)
     return None if data is None else Board.from_json(data)
+
+
+def state_boards(episode: SingleAgentEpisode) -> list[Board | None]:
+    """The board of each state of a trajectory, the reset's first: a turn whose answer ran no action
+    left the state as it was (and the env gave no new board), so it keeps the one before."""
+    boards: list[Board | None] = []
+    for info in episode.get_infos():
+        board = board_of(info)
+        if board is None and boards and info.get("num_actions_executed") == 0:
+            board = boards[-1]
+        boards.append(board)
+    return boards
 
 
 def trajectory_from_episode(episode: SingleAgentEpisode, *, history_window: int | None) -> Trajectory:

@@ -28,7 +28,7 @@ from envs.board import Board
 from rllib_ragen.rollout.episode_readers import succeeded, turn_validity
 from rllib_ragen.rollout.failure_kinds import failure_counts, failure_kind
 from rllib_ragen.rollout.prompt.answer_parser import parse_answer
-from rllib_ragen.rollout.trajectory_record import board_of, response_text
+from rllib_ragen.rollout.trajectory_record import response_text, state_boards
 from rllib_ragen.run.board_drawing import drawing, legend
 
 # In rllib_ragen/run/templates/ (package data): the markup, style and scripts of the page.
@@ -174,7 +174,7 @@ def _state(text: str, board: Board | None, previous: Board | None) -> dict[str, 
 
 def _trajectory(group_index: int, agent: str, trajectory: Any, *, kind: str | None) -> dict[str, Any]:
     observations, infos, rewards = trajectory.get_observations(), trajectory.get_infos(), trajectory.get_rewards()
-    boards = [board_of(info) for info in infos]
+    boards = state_boards(trajectory)
     turns = []
     for t, reward in enumerate(rewards):
         info = infos[t + 1]

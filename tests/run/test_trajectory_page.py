@@ -84,6 +84,14 @@ def test_page_shows_settings_failures_by_kind_and_escaped_text():
     assert "<pre>P_O\n___\nO_G</pre>" in page
 
 
+def test_a_turn_whose_answer_ran_no_action_shows_the_board_unchanged():
+    page = trajectories_html(_episodes(ROOM_ENV, [([["Right"], []], 2)]), title="room")
+    boards = re.findall(r"<svg class='board'.*?</svg>", page, flags=re.S)
+    # The turn's move drawn after turn 1; after turn 2 the same state, without arrows.
+    assert len(boards) == 3 and "<g class='move'" in boards[1]
+    assert boards[2] == re.sub(r"<g class='move'.*?</g>", "", boards[1])
+
+
 def test_states_of_an_env_without_a_picture_stay_text_only():
     page = trajectories_html(_episodes("bandit", [([["phoenix"]], 1)]), title="bandit")
     assert "<svg" not in page and "Boards, drawn" not in page
