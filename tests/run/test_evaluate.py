@@ -136,3 +136,33 @@ def test_a_model_is_labelled_by_what_the_user_gave_and_its_architecture(tiny_mod
     # A model name resolves to a directory elsewhere: both are named.
     assert model_label("tiny", tiny_model_path) == f"tiny ({tiny_model_path}): LlamaForCausalLM"
     assert model_label("empty", tmp_path) == f"empty ({tmp_path})"
+
+
+def test_failure_counts_reach_mlflow_as_metrics_of_the_evaluation(tmp_path):
+    from mlflow import MlflowClient
+    from scripted_episodes import ROOM_ENV, scripted_episode
+
+    from rllib_ragen.rollout.evaluation import evaluate_on_seeds
+    from rllib_ragen.run.evaluate import Policy, log_to_mlflow
+
+    plays = [([["Right", "Up", "Up"]], 1), ([["Left", "Left"]], 1), ([["Left", "Left"]], 1)]
+    episodes = [scripted_episode(ROOM_ENV, answers, max_turns=turns) for answers, turns in plays]
+    evaluation = evaluate_on_seeds(lambda **_: episodes, seeds=range(3), temperature=0.0)
+    (tmp_path / "out").mkdir()
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    policy = Policy("checkpoints/sokoban-starpo", tmp_path, None, "checkpoints/sokoban-starpo: its policy")
+    log_to_mlflow(
+        policy,
+        {"sokoban": evaluation},
+        output_dir=tmp_path / "out",
+        tracking_uri=uri,
+        experiment="evaluations",
+        settings={},
+    )
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("evaluations").experiment_id])
+    failures = {k: v for k, v in run.data.metrics.items() if k.startswith("evaluation/sokoban/failures/")}
+    assert failures["evaluation/sokoban/failures/dead_box"] == 1.0
+    assert failures["evaluation/sokoban/failures/repeated_no_op"] == 2.0
+    assert failures["evaluation/sokoban/failures/env_error"] == 0.0
+    assert len(failures) == 1 + 6  # Sokoban's own kind and the six every env shares
