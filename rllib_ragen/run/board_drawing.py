@@ -87,7 +87,7 @@ def _arrow(move: Move, count: int) -> dict[str, Any]:
     """An arrow from the player's cell one cell's length in the move's direction, its head, and the
     cross of a move that changed nothing (on the far side of its cell, where it hit)."""
     x, y = _centre(move.row, move.col)
-    reach = 0.45 * CELL if not move.effective else 0.95 * CELL
+    reach = 0.3 * CELL if not move.effective else 0.95 * CELL
     tip = (x + move.d_col * reach, y + move.d_row * reach)
     # The head: a triangle at the tip, 6 px long and 8 px wide.
     back = (tip[0] - move.d_col * 6, tip[1] - move.d_row * 6)
