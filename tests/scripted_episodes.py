@@ -8,6 +8,7 @@ builds them like any user env."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
@@ -27,24 +28,24 @@ AGENT = agent_id(0)
 class HandMadeLake(FrozenLakeEnv):
     """FrozenLake on `LAKE`, not slippery."""
 
-    def __init__(self, **overrides) -> None:
+    def __init__(self, **overrides: Any) -> None:
         super().__init__(**{"is_slippery": False, **overrides})
 
-    def _reset(self, rng, options):
+    def _reset(self, rng: np.random.Generator, options: dict[str, Any]) -> dict[str, Any]:
         return super()._reset(rng, {"desc": LAKE, **options})
 
 
 class HandMadeRoom(SokobanEnv):
     """Sokoban in `ROOM`."""
 
-    def _reset(self, rng, options):
+    def _reset(self, rng: np.random.Generator, options: dict[str, Any]) -> dict[str, Any]:
         return super()._reset(rng, {"room": ROOM, **options})
 
 
 class BrokenLake(HandMadeLake):
     """`HandMadeLake` whose step raises on "Up": an env failing mid-trajectory."""
 
-    def _step(self, action):
+    def _step(self, action: str) -> tuple[float, bool, bool, dict[str, Any]]:
         if action == "Up":
             raise RuntimeError("the ice cracked")
         return super()._step(action)
