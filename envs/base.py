@@ -33,12 +33,36 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
+from envs.board import Board
+
 # Characters the text spaces accept: printable ASCII plus the symbols the
 # renders use (box/player on target, newline).
 _CHARSET = frozenset([chr(c) for c in range(32, 127)] + ["\n", "√"])
 MAX_TEXT_LENGTH = 8192
 # Reset option every TextEnv accepts: the index of the dynamics random stream (see above).
 DYNAMICS_STREAM = "dynamics_stream"
+# Info keys of the optional picture protocol: the state's board (`Board.to_json`), after every
+# reset and step; the env's own failure kinds, in the reset info.
+BOARD_INFO = "board"
+FAILURE_KINDS_INFO = "failure_kinds"
+# Step-info key: the env ended the episode (a trajectory's end may also be the caller's budget).
+TERMINATED_INFO = "terminated"
+
+# Failure kinds every env shares (`rllib_ragen.rollout.failure_kinds` tells them apart): kind -> what happened.
+INVALID_ANSWER = "invalid_answer"
+REPEATED_NO_OP = "repeated_no_op"
+ENDED_UNSOLVED = "ended_unsolved"
+OUT_OF_TURNS = "out_of_turns"
+PROMPT_TOO_LONG = "prompt_too_long"
+ENV_ERROR = "env_error"
+FAILURE_KINDS: dict[str, str] = {
+    INVALID_ANSWER: "invalid answer: the last answer held no valid action",
+    REPEATED_NO_OP: "repeated no-op: the last moves (two or more) changed nothing",
+    ENDED_UNSOLVED: "the env ended the episode unsolved (e.g. a wrong final answer)",
+    OUT_OF_TURNS: "ran out of turns: the turn or action budget, or the env's own step limit, ran out",
+    PROMPT_TOO_LONG: "the next prompt would not fit the model's context",
+    ENV_ERROR: "the env failed (an error, a timeout or malformed output)",
+}
 
 
 class TextEnv(gym.Env, abc.ABC):
@@ -56,14 +80,22 @@ class TextEnv(gym.Env, abc.ABC):
     `DYNAMICS_STREAM` reset option can give each group member its own draws.
 
     `info` always carries `success` (bool: the task is solved) and, after
-    `step`, `action_is_valid` (bool: the action was understood and legal).
+    `step`, `action_is_valid` (bool: the action was understood and legal) and
+    `terminated` (bool: the env ended the episode, as step's `terminated`).
     Stepping before `reset` or after the episode ended raises RuntimeError.
+
+    Optional, for the trajectory page and the failure counts: `board` draws the
+    state (`envs.board`; `info[BOARD_INFO]` after every reset and step), and
+    `failure_kinds` names the env's own ways to fail (a board's `fault`) and
+    words of its own for the shared ones (`FAILURE_KINDS`).
     """
 
     # gymnasium declares metadata an instance attribute, though every env sets it on the class.
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}  # type: ignore[misc]
     render_mode = "ansi"
     config_class: ClassVar[type | None] = None
+    # Failure kind -> what happened: the env's own (its boards' faults), and its words for shared ones.
+    failure_kinds: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self) -> None:
         super().__init__()
@@ -106,8 +138,11 @@ class TextEnv(gym.Env, abc.ABC):
         self.dynamics_rng = self.np_random if stream is None else dynamics_generator(seed, stream)
         info = self._reset(self.np_random, options)
         info.setdefault("success", False)
+        own_kinds = [kind for kind in self.failure_kinds if kind not in FAILURE_KINDS]
+        if own_kinds:
+            info[FAILURE_KINDS_INFO] = own_kinds
         self._episode_open = True
-        return self.render_text(), info
+        return self.render_text(), self._with_board(info)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if not self._episode_open:
@@ -120,8 +155,26 @@ class TextEnv(gym.Env, abc.ABC):
         reward, terminated, truncated, info = self._step(action)
         info.setdefault("success", False)
         info.setdefault("action_is_valid", True)
+        # Whether the env itself ended the episode: a trajectory also ends when the caller's budget runs out.
+        info[TERMINATED_INFO] = bool(terminated)
         self._episode_open = not (terminated or truncated)
-        return self.render_text(), float(reward), terminated, truncated, info
+        return self.render_text(), float(reward), terminated, truncated, self._with_board(info)
+
+    def board(self) -> Board | None:
+        """The current state as a picture draws it (`envs.board`); None (the default): no picture."""
+        return None
+
+    @classmethod
+    def failure_descriptions(cls) -> dict[str, str]:
+        """Every failure kind a trajectory on this env can end in, the env's own first: kind -> description."""
+        own = {kind: text for kind, text in cls.failure_kinds.items() if kind not in FAILURE_KINDS}
+        return {**own, **{kind: cls.failure_kinds.get(kind, text) for kind, text in FAILURE_KINDS.items()}}
+
+    def _with_board(self, info: dict[str, Any]) -> dict[str, Any]:
+        board = self.board()
+        if board is not None:
+            info[BOARD_INFO] = board.to_json()
+        return info
 
     # gymnasium's return type is a union over a TypeVar no caller binds; "ansi" renders are str.
     def render(self) -> str:  # type: ignore[override]

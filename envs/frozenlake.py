@@ -13,14 +13,15 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from collections import deque
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake
 
-from envs.base import TextEnv, build_config, check_cell_separator, match_action
-from envs.frozenlake_words import describe
+from envs.base import REPEATED_NO_OP, TextEnv, build_config, check_cell_separator, match_action
+from envs.board import Board, Move
+from envs.frozenlake_words import DIRECTIONS, describe
 
 # gymnasium's action indices: 0 Left, 1 Down, 2 Right, 3 Up.
 ACTIONS: tuple[str, ...] = ("Left", "Down", "Right", "Up")
@@ -28,6 +29,9 @@ MAX_MAP_TRIES = 1000
 
 # gymnasium map letter -> symbol without / with the player on it.
 _SYMBOLS = {"S": ("_", "P"), "F": ("_", "P"), "H": ("O", "X"), "G": ("G", "√")}
+# gymnasium map letter -> `envs.board.TERRAIN` letter.
+_TERRAIN = {"S": ".", "F": ".", "H": "H", "G": "G"}
+HOLE = "hole"
 
 # How the state is shown: RAGEN's symbol grid, or sentences relative to the player (`envs.frozenlake_words`).
 RENDERS = ("grid", "words")
@@ -84,12 +88,18 @@ class FrozenLakeEnv(TextEnv):
     """
 
     config_class = FrozenLakeConfig
+    failure_kinds: ClassVar[Mapping[str, str]] = {
+        HOLE: "fell into a hole",
+        # The lake has no walls: a move that changes nothing walks into the edge.
+        REPEATED_NO_OP: "stuck against an edge: the last moves (two or more) walked into the lake's edge",
+    }
 
     def __init__(self, config: FrozenLakeConfig | None = None, **overrides: Any) -> None:
         super().__init__()
         self.config: FrozenLakeConfig = build_config(FrozenLakeConfig, config, overrides)
         self.lake: GymFrozenLake | None = None
         self.num_steps = 0
+        self.moves: list[Move] = []
 
     @property
     def instructions(self) -> str:
@@ -112,6 +122,7 @@ class FrozenLakeEnv(TextEnv):
         assert self.dynamics_rng is not None, "TextEnv.reset sets dynamics_rng before _reset"
         self.lake.reset(seed=int(self.dynamics_rng.integers(2**63)))
         self.num_steps = 0
+        self.moves = []
         return {"success": False}
 
     def _step(self, action: str) -> tuple[float, bool, bool, dict[str, Any]]:
@@ -122,9 +133,25 @@ class FrozenLakeEnv(TextEnv):
         before = int(self.lake.s)
         _, reward, terminated, _, _ = self.lake.step(ACTIONS.index(name))
         self.num_steps += 1
+        effective = int(self.lake.s) != before
+        _, d_row, d_col = DIRECTIONS[ACTIONS.index(name)]
+        row, col = divmod(before, self.lake.ncol)
+        self.moves.append(Move(row, col, d_row, d_col, effective=effective))
         truncated = not terminated and self.num_steps >= self.config.max_steps
-        info = {"action_is_effective": int(self.lake.s) != before, "success": reward > 0}
+        info = {"action_is_effective": effective, "success": reward > 0}
         return float(reward), bool(terminated), truncated, info
+
+    def board(self) -> Board:
+        if self.lake is None:
+            raise RuntimeError("FrozenLakeEnv has no map yet: call reset() first")
+        desc = self.lake.desc.astype(str)
+        player = divmod(int(self.lake.s), self.lake.ncol)
+        return Board(
+            terrain=tuple("".join(_TERRAIN[ch] for ch in row) for row in desc),
+            player=player,
+            moves=tuple(self.moves),
+            fault=HOLE if desc[player] == "H" else None,
+        )
 
     def render_text(self) -> str:
         if self.lake is None:

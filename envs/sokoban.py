@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 
-from envs.base import TextEnv, build_config, check_cell_separator, match_action
+from envs.base import REPEATED_NO_OP, TextEnv, build_config, check_cell_separator, match_action
+from envs.board import Board, Move
 from envs.sokoban_generator import generate_room
 from envs.sokoban_room import (
     ACTIONS,
+    DIRECTIONS,
     GRID_VOCABULARIES,
     GridSymbols,
     Room,
@@ -25,12 +28,14 @@ from envs.sokoban_room import (
     parse_room,
     render_room,
 )
+from envs.sokoban_solver import live_cells
 from envs.sokoban_words import describe
 
 STEP_PENALTY = -0.1
 BOX_ON_TARGET_REWARD = 1.0
 BOX_OFF_TARGET_PENALTY = -1.0
 SOLVED_REWARD = 10.0
+DEAD_BOX = "dead_box"
 
 # How the state is shown: RAGEN's symbol grid, or sentences relative to the player (`envs.sokoban_words`).
 RENDERS = ("grid", "words")
@@ -104,12 +109,19 @@ class SokobanEnv(TextEnv):
     """
 
     config_class = SokobanConfig
+    failure_kinds: ClassVar[Mapping[str, str]] = {
+        DEAD_BOX: "box stuck: a box was pushed where it can never reach a target (a corner, along a wall)",
+        REPEATED_NO_OP: "repeated no-op: the last moves (two or more) went into a wall or an unpushable box",
+    }
 
     def __init__(self, config: SokobanConfig | None = None, **overrides: Any) -> None:
         super().__init__()
         self.config: SokobanConfig = build_config(SokobanConfig, config, overrides)
         self.room: Room | None = None
         self.num_steps = 0
+        self.moves: list[Move] = []
+        # The cells from which a box can still reach a target (the room's layout never changes).
+        self.live: frozenset[int] = frozenset()
 
     @property
     def instructions(self) -> str:
@@ -134,6 +146,8 @@ class SokobanEnv(TextEnv):
             raise TypeError(f"options['room'] must be a Room or its text, got {type(room).__name__}")
         self.room = room
         self.num_steps = 0
+        self.moves = []
+        self.live = live_cells(room.layout)
         return {"success": room.solved}
 
     def _step(self, action: str) -> tuple[float, bool, bool, dict[str, Any]]:
@@ -146,6 +160,7 @@ class SokobanEnv(TextEnv):
         move = apply_move(room.layout, room.player, room.boxes, ACTIONS.index(name))
         self.room = Room(room.layout, move.player, move.boxes)
         self.num_steps += 1
+        self.moves.append(Move(*room.coords(room.player), *DIRECTIONS[name], effective=move.player != room.player))
         reward = STEP_PENALTY + _box_reward(room, move.box_from, move.box_to)
         solved = self.room.solved
         if solved:
@@ -153,6 +168,27 @@ class SokobanEnv(TextEnv):
         truncated = not solved and self.num_steps >= self.config.max_steps
         info = {"action_is_effective": move.player != room.player, "success": solved}
         return reward, solved, truncated, info
+
+    def board(self) -> Board:
+        room = self.room
+        if room is None:
+            raise RuntimeError("SokobanEnv has no room yet: call reset() first")
+        layout = room.layout
+        terrain = tuple(
+            "".join(
+                "#" if cell in layout.walls else "T" if cell in layout.targets else "."
+                for cell in range(row * layout.width, (row + 1) * layout.width)
+            )
+            for row in range(layout.height)
+        )
+        dead = any(box not in self.live for box in room.boxes)
+        return Board(
+            terrain=terrain,
+            player=room.coords(room.player),
+            boxes=tuple(room.coords(box) for box in sorted(room.boxes)),
+            moves=tuple(self.moves),
+            fault=DEAD_BOX if dead else None,
+        )
 
     def render_text(self) -> str:
         if self.room is None:

@@ -1,5 +1,5 @@
 """Evaluation on fixed seeds: one trajectory per initial-state seed, summarised
-with 95% Wilson intervals, and the results table.
+with 95% Wilson intervals and failures counted by kind, and the results table.
 
 Every evaluation goes through `evaluate_on_seeds`: the periodic one in training
 (`StarPO.evaluate_fixed_seeds`, which the tuned examples also run before RL and
@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from rllib_ragen.checks import check_at_least_one
 from rllib_ragen.intervals import format_rate, wilson_interval
 from rllib_ragen.rollout.episode_readers import rollout_statistics, succeeded
+from rllib_ragen.rollout.failure_kinds import FAILURES_PREFIX, failure_counts
 
 TABLE_HEADER = (
     "| env | episodes | success [95% interval] | mean return | valid answers | mean turns | mean response tokens |\n"
@@ -54,13 +55,23 @@ class Evaluation:
 
     Args:
         episodes: One finished group episode (group size 1) per seed that could start, in seed order.
-        stats: Their `rollout_statistics`.
+        stats: Their `rollout_statistics`, the success rate's 95% interval and, as
+            `failures/<kind>`, the failed trajectories of each kind (`failure_counts`).
         successes: 0/1 success of each trajectory, in seed order (for intervals).
     """
 
     episodes: list
     stats: dict[str, float]
     successes: list[float]
+
+    @property
+    def failures(self) -> dict[str, int]:
+        """Failed trajectories per kind (every kind the env can name, zeros included)."""
+        return {
+            key[len(FAILURES_PREFIX) :]: int(value)
+            for key, value in self.stats.items()
+            if key.startswith(FAILURES_PREFIX)
+        }
 
 
 def evaluate_on_seeds(sample: Callable[..., list], *, seeds: Sequence[int], temperature: float) -> Evaluation:
@@ -71,6 +82,7 @@ def evaluate_on_seeds(sample: Callable[..., list], *, seeds: Sequence[int], temp
     stats = rollout_statistics(episodes)
     # The success rate's 95% Wilson interval: the evaluation seeds are a sample of the task.
     stats["success_rate_low"], stats["success_rate_high"] = wilson_interval(sum(successes), len(successes))
+    stats.update({f"{FAILURES_PREFIX}{kind}": float(n) for kind, n in failure_counts(episodes).items()})
     return Evaluation(episodes=episodes, stats=stats, successes=successes)
 
 
@@ -84,6 +96,13 @@ def table_row(label: str, stats: Mapping[str, float], successes: Sequence[float]
         f"| {label} | {len(successes)} | {format_rate(successes)} | {stats['episode_return_mean']:.3f} | "
         f"{stats['valid_action_ratio']:.2f} | {stats['num_turns_mean']:.2f} | {stats['response_length_mean']:.1f} |"
     )
+
+
+def failures_table(evaluation: Evaluation) -> str:
+    """A markdown table of the failed trajectories per kind, with their share of all trajectories."""
+    total = max(len(evaluation.successes), 1)
+    rows = [f"| {kind} | {n} | {n / total:.3f} |" for kind, n in evaluation.failures.items()]
+    return "\n".join(["| failure kind | trajectories | share |", "|---|---|---|", *rows])
 
 
 def evaluation_table(evaluations: Mapping[str, Evaluation]) -> str:

@@ -8,7 +8,10 @@ them); this module owns where a trajectory's pieces sit inside one:
 - each step holds a `TurnRecord`: the user turn's ids before the response,
   the template tokens closing it and RLlib's `Columns.ACTION_LOGP` (the
   engine's sampling log-probs) in `extra_model_outputs`, the response's text
-  in the step info; the sampled ids are the step's action.
+  in the step info; the sampled ids are the step's action;
+- an env with a picture adds the state's board to each info (`envs.base.BOARD_INFO`,
+  read with `board_of` and `state_boards`): the pages draw it, and stored rows leave it out
+  (`is_record_info_key`), so it costs them nothing.
 
 Writers (`start_info`, `turn_model_outputs`, `turn_info`) serve the env
 runner, the Parquet converter and the demonstrations; readers
@@ -28,6 +31,8 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
+from envs.base import BOARD_INFO
+from envs.board import Board
 from rllib_ragen.rollout.prompt.token_history import TokenHistory
 
 # The keys are private: every writer and reader of an episode goes through this module.
@@ -118,8 +123,9 @@ def episode_model_outputs(turns: Sequence[TurnRecord]) -> dict[str, list[np.ndar
 
 
 def is_record_info_key(key: str) -> bool:
-    """Whether a step-info key belongs to the record (stored apart from the env's own info)."""
-    return key == _RESPONSE_TEXT
+    """Whether a step-info key is kept out of the env's info in stored rows: the record's response
+    text (stored in a field of its own) or the board (for pages only: a stored row needs no picture)."""
+    return key in (_RESPONSE_TEXT, BOARD_INFO)
 
 
 # ------------------------------------------------------------------ readers
@@ -171,6 +177,24 @@ def _turn_tokens(episode: SingleAgentEpisode, turn: int) -> tuple[list[int], lis
 def response_text(info: Mapping[str, Any]) -> str:
     """A step info's response text, "" without one: the metrics and pages show whatever an episode holds."""
     return str(info.get(_RESPONSE_TEXT, ""))
+
+
+def board_of(info: Mapping[str, Any]) -> Board | None:
+    """The board an info holds (`envs.board`), None when its env draws none (or the row was stored)."""
+    data = info.get(BOARD_INFO)
+    return None if data is None else Board.from_json(data)
+
+
+def state_boards(episode: SingleAgentEpisode) -> list[Board | None]:
+    """The board of each state of a trajectory, the reset's first: a turn whose answer ran no action
+    left the state as it was (and the env gave no new board), so it keeps the one before."""
+    boards: list[Board | None] = []
+    for info in episode.get_infos():
+        board = board_of(info)
+        if board is None and boards and info.get("num_actions_executed") == 0:
+            board = boards[-1]
+        boards.append(board)
+    return boards
 
 
 def trajectory_from_episode(episode: SingleAgentEpisode, *, history_window: int | None) -> Trajectory:

@@ -5,9 +5,11 @@ share this one path, so every run looks the same in MLflow:
 
 - params: every plain `StarPOConfig` setting (logged once, at algorithm init);
 - metrics: every numeric leaf of each iteration's result, step = iteration;
-- `trajectories/eval_iter_NNNN.html`: one page per evaluation (summary
-  table, settings, then states, thoughts, actions, rewards; see
-  `rllib_ragen.run.trajectory_page`);
+- `trajectories/eval_iter_NNNN.html`: one page per evaluation (settings,
+  failures by kind, summary table, then states drawn, thoughts, actions,
+  rewards; see `rllib_ragen.run.trajectory_page`), and the pages of the
+  evaluations before RL (step 0) and after it (the last iteration) again, with
+  every trajectory, as `evaluation/before_rl.html` and `evaluation/after_rl.html`;
 - `checkpoints/iter_NNNN`: only when asked (`log_checkpoint_every` > 0): an
   RLlib checkpoint every that many iterations and at the last one (each is
   gigabytes for a 135M model: local checkpoints are the ones to resume from);
@@ -65,6 +67,9 @@ from rllib_ragen.run.tracking import (
 from rllib_ragen.run.trajectory_page import evaluation_page
 
 FINAL_POLICY = "final_policy"
+# Artifact paths of the pages of the evaluations before RL (step 0) and after it (the last iteration).
+BEFORE_RL_PAGE = "evaluation/before_rl.html"
+AFTER_RL_PAGE = "evaluation/after_rl.html"
 # Its INFO records (the stages of an iteration) go to the run's log file, not the console.
 logger = logging.getLogger(__name__)
 
@@ -90,7 +95,8 @@ class MLflowSettings:
             (older ones are removed after each save).
         log_checkpoint_every: Also log a checkpoint to MLflow every N
             iterations and at the last one (0: never).
-        trajectory_limit: Most trajectories on a trajectory page.
+        trajectory_limit: Most trajectories shown in full on a periodic trajectory page (the pages
+            before and after RL show all).
         tags: Tags of a new run, beside (or replacing) the callback's own:
             `env`, `base_model` (default: the model RL starts from) and
             `git_commit` (of this checkout, `-dirty` with local changes).
@@ -232,15 +238,19 @@ class MLflowCallback(RLlibCallback):
         if episodes:
             logger.info("iteration %d: logging the trajectory page", step)
             config = algorithm.config
+            # The evaluations before RL (step 0) and after it (the last iteration) show every trajectory.
+            stage = {0: BEFORE_RL_PAGE, self.settings.stop_iters: AFTER_RL_PAGE}.get(step)
             page = evaluation_page(
                 config,
                 episodes,
                 title=f"{config.env} evaluation at iteration {step}",
-                limit=self.settings.trajectory_limit,
+                limit=len(episodes) if stage else self.settings.trajectory_limit,
                 iteration=step,
                 seeds=f"{config.eval_seed}..{config.eval_seed + config.eval_size - 1}",
             )
             self._tracker().log_text(page, f"trajectories/eval_iter_{step:04d}.html")
+            if stage:
+                self._tracker().log_text(page, stage)
 
     def _tracker(self) -> MLflowTracker:
         if self.tracker is None:

@@ -14,8 +14,10 @@ Each env is played once per seed --seed-start .. --seed-start + --episodes - 1
 at --temperature (defaults: the run's or preset's evaluation settings). Prints
 one table row per env (success with its 95% Wilson interval, mean return,
 share of turns with a valid action, mean turns, mean response tokens per
-turn), writes a trajectory page per env and summary.json to --output-dir, and
-with --mlflow logs them as one MLflow run.
+turn) and, per env, the failed trajectories by kind (fell into a hole, a box
+stuck, a repeated no-op move, an invalid answer, out of turns, ...), writes a
+trajectory page per env and summary.json to --output-dir, and with --mlflow logs
+them as one MLflow run (the counts as `evaluation/<env>/failures/<kind>`).
 
 Also `python -m rllib_ragen.run.evaluate POLICY ...`. The one place a saved policy is evaluated:
 the flags, loading the policy (a checkpoint's with its run's settings), one
@@ -157,13 +159,15 @@ class Policy:
 
     Args:
         source: What the user named (checkpoint, directory or model name).
-        model: Local Hugging Face directory of the policy.
+        model: Local Hugging Face directory of the policy (a checkpoint's: exported to a temporary directory).
         run_config: The StarPO config of the checkpoint's run; None for a model.
+        label: What the pages call the policy: `source` and the model inside it, never the temporary copy.
     """
 
     source: str
     model: Path
     run_config: StarPOConfig | None
+    label: str
 
 
 def load_policy(source: str, *, scratch: Path) -> Policy:
@@ -186,12 +190,21 @@ def load_policy(source: str, *, scratch: Path) -> Policy:
             )
         config = checkpoint_config(checkpoint)
         print(f"exporting the policy of checkpoint {checkpoint}", flush=True)
-        return Policy(
-            source,
-            export_checkpoint_policy(checkpoint, config, scratch / "policy"),
-            config,
-        )
-    return Policy(source, resolve_model(source, progress=True), None)
+        model = export_checkpoint_policy(checkpoint, config, scratch / "policy")
+        inside = f"the policy of {checkpoint.name}" if checkpoint != path else "its policy"
+        return Policy(source, model, config, f"{source}: {inside}, trained from {config.llm_model}")
+    model = resolve_model(source, progress=True)
+    return Policy(source, model, None, model_label(source, model))
+
+
+def model_label(source: str, model: Path) -> str:
+    """`source`, with the directory it resolved to (a model name) and the architecture its config.json names."""
+    label = source if Path(source).expanduser().resolve() == model.resolve() else f"{source} ({model})"
+    try:
+        architectures = json.loads((model / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        architectures = []
+    return f"{label}: {', '.join(architectures)}" if architectures else label
 
 
 def checkpoint_config(checkpoint: Path) -> StarPOConfig:
@@ -282,6 +295,7 @@ def evaluate_policy(
     output_dir: Path,
 ) -> dict[str, Evaluation]:
     """Evaluates `policy` on each env; writes `<output_dir>/<env>.html` and `summary.json`."""
+    from rllib_ragen.rollout.evaluation import failures_table
     from rllib_ragen.run.atomic_files import write_text_atomic
     from rllib_ragen.run.trajectory_page import evaluation_page
 
@@ -289,6 +303,7 @@ def evaluate_policy(
     evaluations: dict[str, Evaluation] = {}
     summary: dict[str, Any] = {
         "policy": policy.source,
+        "model": policy.label,
         "settings": {**settings, "set": list(assignments)},
         "envs": {},
     }
@@ -312,19 +327,21 @@ def evaluate_policy(
             evaluation.episodes,
             title=f"{policy.source} on {env}",
             limit=len(seeds),
+            model=policy.label,
             seeds=f"{seeds[0]}..{seeds[-1]}",
-            policy=policy.source,
         )
         write_text_atomic(output_dir / f"{env}.html", page)
         summary["envs"][env] = {
             "seeds": [seeds[0], seeds[-1]],
             "stats": evaluation.stats,
             "successes": evaluation.successes,
+            "failures": evaluation.failures,
         }
         # After each env, so that the envs done so far survive a failure in the next one.
         write_text_atomic(output_dir / "summary.json", json.dumps(summary, indent=1, default=float))
         print(
-            f"{env}: done in {time.perf_counter() - began:.0f} s; page {output_dir / f'{env}.html'}",
+            f"{env}: done in {time.perf_counter() - began:.0f} s; page {output_dir / f'{env}.html'}\n"
+            f"{failures_table(evaluation)}",
             flush=True,
         )
     return evaluations

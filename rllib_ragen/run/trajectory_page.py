@@ -1,15 +1,17 @@
 """The trajectory page: one self-contained HTML file per evaluation, rendered from the
 Jinja2 template `templates/trajectory_page.html.j2`.
 
-At the top the run's settings and a summary table (success, return, turns and
-valid-answer ratio per trajectory; click a heading to sort, or open the page
-as `page.html#sort=-return` for a sorted view); below, each trajectory as a
-collapsible `<details>` block (the first one open; a summary link opens its own) with its turns: thought, response,
-actions, reward and the state after. Grid states (Sokoban, FrozenLake) are drawn as
-coloured cells beside their text, the colours taken from the meaning of each
-symbol in the env's legend (`grid_legend`). `evaluation_page` is the page of an
-evaluation (training's periodic one, or `rllib-ragen evaluate`'s) with the run's
-settings on top.
+At the top the run's settings (the model row names the policy as the user gave it),
+the failures by kind (`rllib_ragen.rollout.failure_kinds`: a count and links per kind)
+and a summary table (success, failure kind, return, turns and valid-answer ratio per
+trajectory; click a heading to sort, or open the page as `page.html#sort=-return`
+for a sorted view; a checkbox shows failures only); below, each trajectory as a
+collapsible `<details>` block (the first one open; a summary link opens its own) with
+its turns: thought, response, actions, reward and the state after. States of an env
+with a picture (`envs.board`: FrozenLake, Sokoban) are drawn as a small SVG beside
+their text (`rllib_ragen.run.board_drawing`), with the turn's moves as arrows;
+other states are text only. `evaluation_page` is the page of an evaluation
+(training's periodic one, or `rllib-ragen evaluate`'s) with the run's settings on top.
 """
 
 from __future__ import annotations
@@ -21,56 +23,40 @@ from typing import Any
 import jinja2
 
 from envs import make_env
+from envs.base import FAILURE_KINDS
+from envs.board import Board
 from rllib_ragen.rollout.episode_readers import succeeded, turn_validity
+from rllib_ragen.rollout.failure_kinds import failure_counts, failure_kind
 from rllib_ragen.rollout.prompt.answer_parser import parse_answer
-from rllib_ragen.rollout.trajectory_record import response_text
+from rllib_ragen.rollout.trajectory_record import response_text, state_boards
+from rllib_ragen.run.board_drawing import drawing, legend
 
-# (word in a symbol's meaning, cell colour): the first word found decides, so the
-# more specific meanings ("box on a target", "you fell") come before the general ones.
-_COLOURS = (
-    ("wall", "#4a4a4a"),
-    ("box on", "#2e9d4f"),
-    ("box", "#b5651d"),
-    ("fell", "#d32f2f"),
-    ("reached", "#2e9d4f"),
-    ("you", "#1e6fd9"),
-    ("player", "#1e6fd9"),
-    ("target", "#f2c230"),
-    ("goal", "#f2c230"),
-    ("hole", "#13294b"),
-    ("ice", "#d9f1ff"),
-    ("floor", "#f1f1f1"),
-)
-_UNKNOWN_COLOUR = "#c8c8c8"
-# In rllib_ragen/run/templates/ (package data): the markup, style and sort script of the page.
+# In rllib_ragen/run/templates/ (package data): the markup, style and scripts of the page.
 TEMPLATE = "trajectory_page.html.j2"
 # (key, heading) of the summary table's columns.
 _COLUMNS = (
     ("index", "#"),
     ("seed", "seed"),
     ("success", "success"),
+    ("failure", "failure kind"),
     ("return", "return"),
     ("turns", "turns"),
     ("valid", "valid ratio"),
 )
 
 
-def grid_legend(instructions: str) -> dict[str, str]:
-    """{symbol: meaning} from the `Symbols: # wall, _ empty floor, ...` line of an
-    env's instructions; empty when there is none (envs without a grid)."""
-    for line in instructions.splitlines():
-        if line.startswith("Symbols:"):
-            items = line[len("Symbols:") :].strip().rstrip(".").split(", ")
-            return {item[0]: item[1:].strip() for item in items if len(item) > 1}
-    return {}
-
-
-def evaluation_page(config: Any, episodes: Iterable[Any], *, title: str, limit: int, **settings: Any) -> str:
+def evaluation_page(
+    config: Any, episodes: Iterable[Any], *, title: str, limit: int, model: str | None = None, **settings: Any
+) -> str:
     """The trajectory page of an evaluation under `config` (a `StarPOConfig`), with
-    the run's settings on top (the config's that shape a rollout, plus `settings`)."""
+    the run's settings on top (the config's that shape a rollout, plus `settings`).
+
+    `model` is the model row (default: `config.llm_model`): what the user named, when
+    the config's model is a copy unpacked somewhere temporary.
+    """
     shown = {
         "env": config.env,
-        "model": config.llm_model,
+        "model": config.llm_model if model is None else model,
         "temperature": config.eval_temperature,
         "max turns": config.max_turns,
         "actions per turn / trajectory": f"{config.max_actions_per_turn} / {config.max_actions_per_traj}",
@@ -78,14 +64,8 @@ def evaluation_page(config: Any, episodes: Iterable[Any], *, title: str, limit: 
         "think": config.think,
         **settings,
     }
-    legend = grid_legend(make_env(config.env, **config.env_config).instructions)
-    return trajectories_html(episodes, title=title, settings=shown, legend=legend, limit=limit)
-
-
-def cell_colour(meaning: str) -> str:
-    """The colour of a grid cell whose symbol means `meaning`."""
-    meaning = meaning.lower()
-    return next((colour for word, colour in _COLOURS if word in meaning), _UNKNOWN_COLOUR)
+    kinds = make_env(config.env, **config.env_config).failure_descriptions()
+    return trajectories_html(episodes, title=title, settings=shown, failure_descriptions=kinds, limit=limit)
 
 
 def trajectories_html(
@@ -93,7 +73,7 @@ def trajectories_html(
     *,
     title: str,
     settings: Mapping[str, Any] | None = None,
-    legend: Mapping[str, str] | None = None,
+    failure_descriptions: Mapping[str, str] | None = None,
     limit: int = 16,
 ) -> str:
     """The page of the trajectories in `episodes` (the template `templates/trajectory_page.html.j2`).
@@ -102,25 +82,34 @@ def trajectories_html(
         episodes: Group episodes (`MultiAgentEpisode`) from `LLMEnvRunner.sample`.
         title: Page heading.
         settings: The run's settings, shown in a table at the top.
-        legend: {symbol: meaning} of the env's grid (`grid_legend`); None or
-            empty shows states as text only.
+        failure_descriptions: {failure kind: description} of the env (`TextEnv.failure_descriptions`;
+            default: the kinds every env shares).
         limit: Most trajectories shown in full (the summary lists all of them).
     """
+    episodes = list(episodes)  # read twice: the kinds and the trajectories
     trajectories = [
         (group_index, agent, trajectory)
         for group_index, episode in enumerate(episodes)
         for agent, trajectory in episode.agent_episodes.items()
     ]
-    legend = dict(legend or {})
+    kinds = [failure_kind(trajectory) for _, _, trajectory in trajectories]
+    counts = failure_counts(episodes)
+    # Sorting the summary by kind groups each kind's failures, in the table's order; successes first.
+    rank: dict[str | None, int] = {None: -1, **{kind: i for i, kind in enumerate(counts)}}
+    shown = [_trajectory(*item, kind=kinds[i]) for i, item in enumerate(trajectories[:limit])]
     return _template().render(
         title=title,
         settings=dict(settings or {}),
         columns=_COLUMNS,
-        rows=[_summary_row(index, trajectory, limit=limit) for index, (_, _, trajectory) in enumerate(trajectories)],
+        rows=[
+            _summary_row(index, t, kinds[index], rank=rank[kinds[index]], limit=limit)
+            for index, (_, _, t) in enumerate(trajectories)
+        ],
         wins=sum(succeeded(t) for _, _, t in trajectories),
         limit=limit,
-        legend=[{"symbol": s, "meaning": m, "colour": cell_colour(m)} for s, m in legend.items()],
-        trajectories=[_trajectory(*item, legend=legend) for item in trajectories[:limit]],
+        failures=_failure_table(counts, kinds, failure_descriptions or FAILURE_KINDS, limit=limit),
+        trajectories=shown,
+        legend=legend() if any(t["initial"]["drawing"] for t in shown) else [],
     )
 
 
@@ -136,8 +125,24 @@ def _template() -> jinja2.Template:
     return environment.get_template(TEMPLATE)
 
 
-def _summary_row(index: int, trajectory: Any, *, limit: int) -> list[dict[str, Any]]:
-    """The summary table's cells of one trajectory: (sort value, text), in `_COLUMNS` order."""
+def _failure_table(
+    counts: Mapping[str, int], kinds: list[str | None], descriptions: Mapping[str, str], *, limit: int
+) -> list[dict[str, Any]]:
+    """One row per failure kind that occurred: its count, description and the trajectories (linked when shown)."""
+    return [
+        {
+            "kind": kind,
+            "description": descriptions.get(kind, kind),
+            "count": count,
+            "trajectories": [{"index": i, "link": i < limit} for i, k in enumerate(kinds) if k == kind],
+        }
+        for kind, count in counts.items()
+        if count
+    ]
+
+
+def _summary_row(index: int, trajectory: Any, kind: str | None, *, rank: int, limit: int) -> dict[str, Any]:
+    """The summary table's row of one trajectory: its cells (sort value, text) in `_COLUMNS` order."""
     validity = turn_validity(trajectory)
     valid = sum(validity) / max(len(validity), 1)
     seed, total = trajectory.get_infos()[0].get("seed"), sum(trajectory.get_rewards())
@@ -145,30 +150,31 @@ def _summary_row(index: int, trajectory: Any, *, limit: int) -> list[dict[str, A
         (index, str(index)),
         (-1 if seed is None else seed, str(seed)),
         (int(succeeded(trajectory)), "yes" if succeeded(trajectory) else "no"),
+        (rank, kind or ""),
         (total, f"{total:.2f}"),
         (len(trajectory), str(len(trajectory))),
         (valid, f"{valid:.2f}"),
     )
-    return [
-        {"value": float(value), "text": text, "link": column == 0 and index < limit}
-        for column, (value, text) in enumerate(cells)
-    ]
+    return {
+        "success": succeeded(trajectory),
+        "cells": [
+            {"value": float(value), "text": text, "link": column == 0 and index < limit}
+            for column, (value, text) in enumerate(cells)
+        ],
+    }
 
 
-def _state(text: str, legend: Mapping[str, str]) -> dict[str, Any]:
-    """A state's text, with its grid of cells when every line is a row of legend symbols."""
-    rows = text.split("\n")
-    is_grid = legend and len(rows) > 1 and len({len(r) for r in rows}) == 1 and set(text) - {"\n"} <= set(legend)
-    grid = (
-        [[{"symbol": c, "meaning": legend[c], "colour": cell_colour(legend[c])} for c in row] for row in rows]
-        if is_grid
-        else None
-    )
-    return {"text": text, "grid": grid}
+def _state(text: str, board: Board | None, previous: Board | None) -> dict[str, Any]:
+    """A state's text, with its drawing when its env gives a board (the moves since `previous` as arrows)."""
+    if board is None:
+        return {"text": text, "drawing": None}
+    moves = board.moves[len(previous.moves) :] if previous is not None else board.moves
+    return {"text": text, "drawing": drawing(board, moves)}
 
 
-def _trajectory(group_index: int, agent: str, trajectory: Any, *, legend: Mapping[str, str]) -> dict[str, Any]:
+def _trajectory(group_index: int, agent: str, trajectory: Any, *, kind: str | None) -> dict[str, Any]:
     observations, infos, rewards = trajectory.get_observations(), trajectory.get_infos(), trajectory.get_rewards()
+    boards = state_boards(trajectory)
     turns = []
     for t, reward in enumerate(rewards):
         info = infos[t + 1]
@@ -179,7 +185,7 @@ def _trajectory(group_index: int, agent: str, trajectory: Any, *, legend: Mappin
                 "actions": str(info.get("parsed_actions", [])),
                 "thought": parse_answer(response, max_actions_per_turn=1, think=True).think,
                 "response": response,
-                "state": _state(str(observations[t + 1]), legend),
+                "state": _state(str(observations[t + 1]), boards[t + 1], boards[t]),
             }
         )
     return {
@@ -188,6 +194,7 @@ def _trajectory(group_index: int, agent: str, trajectory: Any, *, legend: Mappin
         "seed": infos[0].get("seed"),
         "total": sum(rewards),
         "success": succeeded(trajectory),
-        "initial": _state(str(observations[0]), legend),
+        "kind": kind,
+        "initial": _state(str(observations[0]), boards[0], None),
         "turns": turns,
     }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import ray
@@ -134,3 +136,12 @@ def test_answer_ends_with_the_end_of_turn_token(tiny_tokenizer):
 def test_bad_demonstration_config_is_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         DemonstrationSettings(**kwargs)
+
+
+def test_the_board_of_each_turn_stays_out_of_stored_rows(demos):
+    # The live episodes carry Sokoban's board (for the pages): a stored row needs no picture.
+    infos = [info for e in demos for a in e.agent_episodes.values() for info in a.get_infos()[1:]]
+    assert infos and all("board" in info for info in infos)
+    rows = episodes_to_rows(demos, env="sokoban")
+    assert not any("board" in json.loads(info) for row in rows for info in row["turn_infos"])
+    assert all("parsed_actions" in json.loads(info) for row in rows for info in row["turn_infos"])

@@ -128,3 +128,16 @@ def test_an_episode_not_made_by_the_env_runner_is_refused_with_the_missing_piece
     # The learner needs no text: the token pieces alone rebuild the trajectory; metrics read "".
     assert trajectory_from_episode(no_text, history_window=None).history.turns[0].user_ids == list(turn.user_ids)
     assert response_text(no_text.get_infos(1)) == ""
+
+
+def test_the_board_is_read_from_an_info_and_kept_out_of_stored_rows():
+    from envs import make_env
+    from envs.base import BOARD_INFO
+    from rllib_ragen.rollout.trajectory_record import board_of, is_record_info_key
+
+    _, info = make_env("frozenlake").reset(seed=1)
+    board = board_of(info)
+    assert board is not None and board.to_json() == info[BOARD_INFO]
+    assert board_of({"success": False}) is None
+    # A stored row leaves the picture out (the Parquet converter drops the record's keys from the env info).
+    assert is_record_info_key(BOARD_INFO) and not is_record_info_key("success")

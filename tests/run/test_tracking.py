@@ -145,7 +145,18 @@ def test_run_logs_params_metrics_pages_checkpoints_and_policy_then_resumes(
     page = Path(client.download_artifacts(run_id, pages[-1], str(tmp_path / "dl"))).read_text()
     # eval_size=2 instances (seeds 123, 124), 2 turns each.
     assert page.count("<details") == 2 and "(seed 123)" in page and "(seed 124)" in page
-    assert page.count("<b>turn 2</b>") == 2 and "<b>initial state</b><div class='state'><table class='grid'>" in page
+    assert page.count("<b>turn 2</b>") == 2 and "<b>initial state</b><div class='state'><svg class='board'" in page
+    # The evaluations before and after RL, each on a page of its own with every trajectory; the failure counts
+    # of each evaluation as metrics.
+    assert [a.path for a in client.list_artifacts(run_id, "evaluation")] == [
+        "evaluation/after_rl.html", "evaluation/before_rl.html"
+    ]
+    after = Path(client.download_artifacts(run_id, "evaluation/after_rl.html", str(tmp_path / "dl"))).read_text()
+    assert after == page
+    dead_box = _metric_steps(client, run_id, "evaluation/failures/dead_box")
+    assert sorted(dead_box) == [0, 1, 2]
+    kinds = [key for key in logged.data.metrics if key.startswith("evaluation/failures/")]
+    assert sum(logged.data.metrics[key] for key in kinds) == 2 - 2 * evaluation[2]
 
     # The logged checkpoint is the local one of iteration 2, file for file.
     checkpoint = Path(client.download_artifacts(run_id, "checkpoints/iter_0002", str(tmp_path / "dl")))

@@ -1,5 +1,6 @@
-"""The trajectory page: summary table, settings, grids as coloured cells and
-collapsible trajectories, checked as markup and in a real headless Chromium."""
+"""The trajectory page: settings, failures by kind, summary, boards drawn as SVG from the env's
+own state, checked as markup and in a real headless Chromium (DOM after the page's scripts ran,
+and screenshots of a FrozenLake and a Sokoban page)."""
 
 from __future__ import annotations
 
@@ -8,128 +9,135 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from html.parser import HTMLParser
+from pathlib import Path
 
-import numpy as np
 import pytest
-from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
+from PIL import Image
+from scripted_episodes import LAKE_ENV, ROOM_ENV, scripted_episode
 
 from envs import make_env
-from rllib_ragen.rollout.trajectory_record import TurnRecord, turn_info
-from rllib_ragen.run.trajectory_page import cell_colour, grid_legend, trajectories_html
+from rllib_ragen.algorithm.presets import preset
+from rllib_ragen.run.board_drawing import legend
+from rllib_ragen.run.trajectory_page import evaluation_page, trajectories_html
 
-SOKOBAN_LEGEND = grid_legend(make_env("sokoban").instructions)
 # .ci/run sets this: there a missing Chromium is a failure, not a skip.
 REQUIRE_CHROMIUM = os.environ.get("RLLIB_RAGEN_REQUIRE_CHROMIUM") == "1"
+COLOURS = {item["meaning"]: item["colour"] for item in legend()}
 
-
-def _episode(
-    seed: int, rewards: list[float], *, success: bool, valid: list[int]
-) -> MultiAgentEpisode:
-    """One trajectory on a 3x4 Sokoban-like grid, one turn per reward."""
-    states = ["####\n#PX#\n####", "####\n#_P#\n####"]
-    episode = MultiAgentEpisode()
-    episode.add_env_reset(
-        observations={"traj_0": states[0]}, infos={"traj_0": {"seed": seed}}
-    )
-    for turn, (reward, valid_actions) in enumerate(zip(rewards, valid)):
-        last = turn == len(rewards) - 1
-        info = {
-            **turn_info(TurnRecord([], [], [], f"<think>push {seed}</think><answer>Right</answer>")),
-            "parsed_actions": ["Right"],
-            "num_valid_actions": valid_actions,
-            "success": success and last,
-        }
-        episode.add_env_step(
-            observations={"traj_0": states[(turn + 1) % 2]},
-            actions={"traj_0": np.array([5, 6])},
-            rewards={"traj_0": reward},
-            infos={"traj_0": info},
-            terminateds={"traj_0": last, "__all__": last},
-            truncateds={"traj_0": False, "__all__": False},
-        )
-    return episode
-
-
-EPISODES = [
-    _episode(123, [0.5, -0.1], success=False, valid=[1, 0]),
-    _episode(124, [2.0], success=True, valid=[1]),
-    _episode(125, [-1.0, -1.0, 0.25], success=False, valid=[0, 0, 1]),
+# (answers, max turns) of hand-made trajectories on the hand-made lake and room (tests/scripted_episodes.py).
+LAKE_PLAYS = [
+    ([["Right", "Right"]], 5),  # into the hole
+    ([["Down", "Right"], ["Right", "Down"]], 5),  # to the goal
+    ([["Down"], ["Up", "Up"], ["Left"]], 3),  # stuck against the top and left edges
+    ([["Down"], ["Jump"]], 2),  # an invalid answer
+]
+ROOM_PLAYS = [
+    ([["Up", "Up", "Right"], ["Up", "Right", "Down"]], 5),  # solved
+    ([["Right", "Up", "Up"]], 1),  # the box pushed against the top wall
+    ([["Left", "Left"]], 1),  # into the left wall twice
 ]
 
 
-def test_legend_is_read_from_the_env_instructions_and_coloured_by_meaning():
-    assert SOKOBAN_LEGEND == {
-        "#": "wall",
-        "_": "empty floor",
-        "O": "target",
-        "X": "box",
-        "√": "box on a target",
-        "P": "you (the player)",
-        "S": "you standing on a target",
-    }
-    lake = grid_legend(make_env("frozenlake").instructions)
-    assert (lake["O"], lake["X"]) == ("hole", "you fell into a hole")
-    # The same symbol gets the colour of its meaning in each env.
-    assert (
-        cell_colour(SOKOBAN_LEGEND["O"])
-        == cell_colour(lake["G"])
-        != cell_colour(lake["O"])
-    )
-    assert cell_colour(SOKOBAN_LEGEND["√"]) != cell_colour(SOKOBAN_LEGEND["X"])
-    assert cell_colour(SOKOBAN_LEGEND["S"]) == cell_colour(SOKOBAN_LEGEND["P"])
-    assert grid_legend(make_env("bandit").instructions) == {}
+def _episodes(env: str, plays, **env_config) -> list:
+    return [scripted_episode(env, answers, max_turns=turns, env_config=env_config) for answers, turns in plays]
 
 
-def test_page_markup_escapes_text_and_draws_only_grids():
+def _page(env: str, plays, *, model: str, **env_config) -> str:
+    """The page `rllib-ragen evaluate` writes, for hand-made trajectories on `env` with the CPU preset's render."""
+    config = preset("cpu", "frozenlake" if env == LAKE_ENV else "sokoban")
+    config.environment(env, env_config={**config.env_config, **env_config})
+    # As `rllib-ragen evaluate` has it: the config names the policy's temporary copy, the model row what the user gave.
+    with tempfile.TemporaryDirectory(prefix="evaluate-") as scratch:
+        config.llm(model=str(Path(scratch) / "policy"))
+        return evaluation_page(
+            config, _episodes(env, plays, **config.env_config), title=f"{env} page", limit=8, model=model
+        )
+
+
+def test_page_shows_settings_failures_by_kind_and_escaped_text():
     page = trajectories_html(
-        EPISODES[:1],
+        _episodes(LAKE_ENV, LAKE_PLAYS),
         title="eval <1>",
-        settings={"env": "sokoban"},
-        legend=SOKOBAN_LEGEND,
+        settings={"env": "lake"},
+        failure_descriptions=make_env(LAKE_ENV).failure_descriptions(),
     )
-    assert "<h1>eval &lt;1&gt;</h1>" in page and "<th>env</th><td>sokoban</td>" in page
-    assert "<b>thought</b><pre>push 123</pre>" in page
+    assert "<h1>eval &lt;1&gt;</h1>" in page and "<th>env</th><td>lake</td>" in page
+    assert "<b>thought</b><pre>try Right Right</pre>" in page
     # Quotes are escaped too (as whichever character reference the template engine writes).
-    assert "reward 0.50, actions ['Right']" in html.unescape(page) and "['Right']" not in page
-    assert "<pre>####\n#PX#\n####</pre>" in page
-    # Without a legend (or for text that is no grid) states are text only.
-    plain = trajectories_html(EPISODES[:1], title="t")
-    assert "class='grid'" not in plain and "<pre>####\n#PX#\n####</pre>" in plain
+    assert "actions ['Right', 'Right']" in html.unescape(page) and "['Right'" not in page
+    failures = re.findall(r"<tr data-kind='(\w+)'><td>\w+</td><td>(\d)</td><td>([^<]*)</td><td>(.*?)</td></tr>", page)
+    assert failures == [
+        ("hole", "1", "fell into a hole", "<a href='#t0'>0</a>"),
+        ("invalid_answer", "1", "invalid answer: the last answer held no valid action", "<a href='#t3'>3</a>"),
+        (
+            "repeated_no_op",
+            "1",
+            "stuck against an edge: the last moves (two or more) walked into the lake&#39;s edge",
+            "<a href='#t2'>2</a>",
+        ),
+    ]
+    # One board per state (the initial one and one per turn); the text stays beside it.
+    states = sum(len(e.agent_episodes["traj_0"]) + 1 for e in _episodes(LAKE_ENV, LAKE_PLAYS))
+    assert page.count("<svg class='board'") == states
+    assert "<pre>P_O\n___\nO_G</pre>" in page
+
+
+def test_a_turn_whose_answer_ran_no_action_shows_the_board_unchanged():
+    page = trajectories_html(_episodes(ROOM_ENV, [([["Right"], []], 2)]), title="room")
+    boards = re.findall(r"<svg class='board'.*?</svg>", page, flags=re.S)
+    # The turn's move drawn after turn 1; after turn 2 the same state, without arrows.
+    assert len(boards) == 3 and "<g class='move'" in boards[1]
+    assert boards[2] == re.sub(r"<g class='move'.*?</g>", "", boards[1])
+
+
+def test_states_of_an_env_without_a_picture_stay_text_only():
+    page = trajectories_html(_episodes("bandit", [([["phoenix"]], 1)]), title="bandit")
+    assert "<svg" not in page and "Boards, drawn" not in page
+    assert "<details id='t0'" in page
 
 
 class _Dom(HTMLParser):
-    """The parts of a rendered DOM the browser test looks at."""
+    """The parts of a rendered DOM the browser tests look at."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.summary_rows: list[list[str]] = []
-        self.grid_cells: list[
-            tuple[str, str]
-        ] = []  # (symbol, background) of the trajectories' grids
-        self.details = 0
-        self._in, self._cell, self._style = None, None, ""
+        self.rows: list[tuple[list[str], bool, bool]] = []  # (cells, successful, hidden) of the summary
+        self.details: list[tuple[bool, bool]] = []  # (successful, hidden) of the trajectories
+        self.settings: dict[str, str] = {}
+        self.boards = 0
+        self.players: list[str] = []
+        self._table, self._cell, self._key = None, None, None
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
+        hidden, success = "hidden" in attrs, attrs.get("data-success") == "1"
         if tag == "table":
-            self._in = attrs.get("id") or attrs.get("class")
-        elif tag == "tr" and self._in == "summary":
-            self.summary_rows.append([])
-        elif tag == "td":
-            self._cell, self._style = "", attrs.get("style", "")
+            self._table = attrs.get("id")
+        elif tag == "tr" and self._table == "summary" and "data-success" in attrs:
+            self.rows.append(([], success, hidden))
+        elif tag in ("td", "th"):
+            self._cell = ""
         elif tag == "details":
-            self.details += 1
+            self.details.append((success, hidden))
+        elif tag == "svg" and attrs.get("class") == "board":
+            self.boards += 1
+        elif tag == "circle" and attrs.get("class") == "player":
+            self.players.append(attrs["fill"])
 
     def handle_endtag(self, tag):
-        if tag == "td" and self._cell is not None:
-            if self._in == "summary":
-                self.summary_rows[-1].append(self._cell)
-            elif self._in == "grid":
-                self.grid_cells.append((self._cell, self._style))
+        if tag in ("td", "th") and self._cell is not None:
+            if self._table == "summary" and tag == "td":
+                self.rows[-1][0].append(self._cell)
+            elif self._table == "settings":
+                if tag == "th":
+                    self._key = self._cell
+                else:
+                    self.settings[self._key] = self._cell
             self._cell = None
         elif tag == "table":
-            self._in = None
+            self._table = None
 
     def handle_data(self, data):
         if self._cell is not None:
@@ -140,62 +148,85 @@ def _chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found is None:
         if REQUIRE_CHROMIUM:
-            pytest.fail(
-                "RLLIB_RAGEN_REQUIRE_CHROMIUM=1 but chromium is not on PATH (.ci/run installs it)"
-            )
-        pytest.skip(
-            "chromium is not installed (Debian: apt-get install chromium; .ci/run installs it)"
-        )
+            pytest.fail("RLLIB_RAGEN_REQUIRE_CHROMIUM=1 but chromium is not on PATH (.ci/run installs it)")
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium; .ci/run installs it)")
     return found
 
 
-def _dump_dom(chromium: str, url: str, profile) -> str:
+def _headless(chromium: str, profile: Path, *args: str) -> str:
+    command = [chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+def _dump_dom(chromium: str, url: str, profile: Path) -> str:
     """The DOM of `url` after its scripts ran, as headless Chromium serialises it."""
-    command = [
+    return _headless(chromium, profile, "--dump-dom", url)
+
+
+def _screenshot(chromium: str, page: Path, png: Path) -> Image.Image:
+    _headless(
         chromium,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        f"--user-data-dir={profile}",
-        "--dump-dom",
-        url,
-    ]
-    return subprocess.run(
-        command, capture_output=True, text=True, timeout=120, check=True
-    ).stdout
+        page.parent / "profile",
+        "--hide-scrollbars",
+        "--window-size=1000,1400",
+        f"--screenshot={png}",
+        page.as_uri(),
+    )
+    return Image.open(png).convert("RGB")
 
 
-def test_page_renders_in_headless_chromium_sorted_with_coloured_grids(tmp_path):
+def _pixels_of(image: Image.Image, colour: str) -> int:
+    wanted = tuple(int(colour[i : i + 2], 16) for i in (1, 3, 5))
+    return sum(count for count, rgb in image.getcolors(maxcolors=1 << 20) if rgb == wanted)
+
+
+@pytest.mark.parametrize(
+    "env,plays,marks",
+    [(LAKE_ENV, LAKE_PLAYS, ("you", "hole", "goal")), (ROOM_ENV, ROOM_PLAYS, ("you", "box", "wall", "target"))],
+    ids=["frozenlake", "sokoban"],
+)
+def test_page_in_chromium_draws_boards_names_the_model_and_filters_failures(env, plays, marks, tmp_path):
+    chromium = _chromium()
+    model = "checkpoints/frozenlake-starpo: the policy of iter_000040, trained from smollm2-135m"
+    page = tmp_path / "page.html"
+    page.write_text(_page(env, plays, model=model))
+    # The filter, driven: a script at the end of a copy of the page ticks the box as a click would.
+    driven = tmp_path / "driven.html"
+    driven.write_text(
+        page.read_text().replace("</body>", "<script>document.getElementById('failures-only').click()</script></body>")
+    )
+    dom = _Dom()
+    dom.feed(_dump_dom(chromium, driven.as_uri(), tmp_path / "profile"))
+
+    assert dom.settings["model"] == model and tempfile.gettempdir() not in " ".join(dom.settings.values())
+    assert dom.settings["env"] == env
+    states = sum(len(turns) + 1 for turns, _ in plays)
+    assert dom.boards == states and len(dom.players) == states
+    assert len(dom.rows) == len(dom.details) == len(plays)
+    # Failures only: every success hidden, in the summary and below, every failure still shown.
+    assert [(success, hidden) for _, success, hidden in dom.rows] == [(s, s) for _, s, _ in dom.rows]
+    assert [hidden for success, hidden in dom.details] == [success for success, _ in dom.details]
+    assert any(success for _, success, _ in dom.rows) and not all(success for _, success, _ in dom.rows)
+
+    image = _screenshot(chromium, page, tmp_path / f"{env.split(':')[1]}.png")
+    for mark in marks:
+        assert _pixels_of(image, COLOURS[mark]) > 20, f"no {mark} drawn in {image}"
+
+
+def test_page_in_chromium_sorts_by_a_heading_and_opens_a_linked_trajectory(tmp_path):
     chromium = _chromium()
     page = tmp_path / "page.html"
-    page.write_text(
-        trajectories_html(
-            EPISODES, title="eval", settings={"env": "sokoban"}, legend=SOKOBAN_LEGEND
-        )
-    )
-    dom = _dump_dom(chromium, f"{page.as_uri()}#sort=-return", tmp_path / "profile")
-    parsed = _Dom()
-    parsed.feed(dom)
-
-    header, *rows = parsed.summary_rows
-    assert header == []  # the heading row holds <th> cells
+    page.write_text(trajectories_html(_episodes(ROOM_ENV, ROOM_PLAYS), title="eval"))
+    sorted_dom = _dump_dom(chromium, f"{page.as_uri()}#sort=-return", tmp_path / "profile")
+    dom = _Dom()
+    dom.feed(sorted_dom)
     # Sorted by return, highest first, by the page's own script (#sort=-return).
-    assert [row[1] for row in rows] == ["124", "123", "125"]
-    assert rows == [
-        ["1", "124", "yes", "2.00", "1", "1.00"],
-        ["0", "123", "no", "0.40", "2", "0.50"],
-        ["2", "125", "no", "-1.75", "3", "0.33"],
+    assert [cells for cells, _, _ in dom.rows] == [
+        ["0", "0", "yes", "", "10.40", "2", "1.00"],
+        ["2", "0", "no", "repeated_no_op", "-0.20", "1", "1.00"],
+        ["1", "0", "no", "dead_box", "-0.30", "1", "1.00"],
     ]
     # Collapsible; only the first is open, and the one a link's #t2 names is opened too.
-    opened = re.compile(r'<details id="(t\d)" open')
-    assert parsed.details == 3 and opened.findall(dom) == ["t0"]
-    linked = _dump_dom(chromium, f"{page.as_uri()}#t2", tmp_path / "profile")
-    assert opened.findall(linked) == ["t0", "t2"]
-    # Every state (initial + one per turn) is drawn as 3 x 4 cells coloured by their symbol's meaning.
-    states = sum(len(e.agent_episodes["traj_0"]) + 1 for e in EPISODES)
-    assert len(parsed.grid_cells) == states * 12
-    assert ("X", f"background:{cell_colour('box')}") in parsed.grid_cells
-    assert ("#", f"background:{cell_colour('wall')}") in parsed.grid_cells
-    assert {style for symbol, style in parsed.grid_cells if symbol == "P"} == {
-        f"background:{cell_colour('you')}"
-    }
+    opened = re.compile(r'<details id="(t\d)" data-success="\d" open')
+    assert opened.findall(sorted_dom) == ["t0"]
+    assert opened.findall(_dump_dom(chromium, f"{page.as_uri()}#t2", tmp_path / "profile")) == ["t0", "t2"]
