@@ -188,7 +188,9 @@ def run_study(
     if tune.Tuner.can_restore(str(path)):
         check_declaration(path, declaration)
         print(f"resuming study {study.name} from {path}: its finished trials are kept", flush=True)
-        tuner = tune.Tuner.restore(str(path), trainable=StarPO, resume_errored=True)
+        # The same space again: Tune stored its callables (the MLflow callback) as placeholders.
+        space = param_space(study, configs, settings)
+        tuner = tune.Tuner.restore(str(path), trainable=StarPO, resume_errored=True, param_space=space)
     else:
         path.mkdir(parents=True, exist_ok=True)
         (path / DECLARATION_FILE).write_text(json.dumps(declaration, indent=1))
