@@ -190,7 +190,7 @@ def run_study(
         print(f"resuming study {study.name} from {path}: its finished trials are kept", flush=True)
         # The same space again: Tune stored its callables (the MLflow callback) as placeholders.
         space = param_space(study, configs, settings)
-        tuner = tune.Tuner.restore(str(path), trainable=StarPO, resume_errored=True, param_space=space)
+        tuner = tune.Tuner.restore(str(path), trainable=trial_trainable(), resume_errored=True, param_space=space)
     else:
         path.mkdir(parents=True, exist_ok=True)
         (path / DECLARATION_FILE).write_text(json.dumps(declaration, indent=1))
@@ -202,7 +202,7 @@ def new_tuner(
     study: Study, configs: Sequence[StarPOConfig], settings: MLflowSettings, run: StudyRunSettings
 ) -> tune.Tuner:
     return tune.Tuner(
-        StarPO,
+        trial_trainable(),
         param_space=param_space(study, configs, settings),
         tune_config=tune.TuneConfig(
             max_concurrent_trials=run.max_concurrent or len([node for node in ray.nodes() if node["Alive"]]),
@@ -219,6 +219,11 @@ def new_tuner(
             verbose=0,
         ),
     )
+
+
+def trial_trainable() -> type[StarPO]:
+    """What Tune runs for each trial (the same for a new study and a restored one)."""
+    return StarPO
 
 
 def check_declaration(path: Path, declaration: list[dict[str, Any]]) -> None:

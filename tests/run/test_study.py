@@ -8,6 +8,7 @@ import math
 
 import pytest
 from ray.tune.search.variant_generator import generate_variants
+from run_helpers import ROOT
 
 from rllib_ragen.run.callbacks import MLflowSettings
 from rllib_ragen.run.findings import FINDINGS, find_study
@@ -143,3 +144,14 @@ def test_find_study_names_what_exists():
         find_study("finding9")
     with pytest.raises(ValueError, match="rllib_ragen.run.findings:SEEDS is a tuple, not a Study"):
         find_study("rllib_ragen.run.findings:SEEDS")
+
+
+def test_the_readmes_study_is_valid_and_under_ten_lines(tmp_path, monkeypatch):
+    section = (ROOT / "README.md").read_text().split("A study of your own", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(code.strip().splitlines()) < 10
+    (tmp_path / "my_studies.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    study = find_study("my_studies:LR")
+    configs = trial_configs(study)
+    assert [c.actor_lr for c in configs] == [5e-5, 1e-4, 5e-5, 1e-4] and [c.seed for c in configs] == [0, 0, 1, 1]
