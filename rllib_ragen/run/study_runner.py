@@ -33,7 +33,6 @@ from rllib_ragen.algorithm.starpo import StarPO
 from rllib_ragen.run.callbacks import MLflowSettings, mlflow_callback_of, with_mlflow
 from rllib_ragen.run.mlflow_store import tracking_client
 from rllib_ragen.run.study import ARM_TAG, SEED_TAG, STUDY_TAG, Study, TrialPoint, trial_points
-from rllib_ragen.run.sweep import EndMLflowRuns
 from rllib_ragen.run.tracking import TRIAL_TAG, experiment_id_of, find_run
 
 if TYPE_CHECKING:
@@ -100,6 +99,21 @@ class TrialValue:
         return self.values[config[TRIAL_ENTRY]["index"]]
 
 
+class CloseFailedRuns(tune.Callback):
+    """Marks the MLflow run of a trial that raised FAILED (the trial's next start deletes it).
+
+    The study's own, not the sweep's `EndMLflowRuns`: a study's runs end FINISHED inside the trial."""
+
+    def __init__(self, settings: MLflowSettings) -> None:
+        self.settings = settings
+
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        client = tracking_client(self.settings.tracking_uri)
+        run_id = find_run(client, self.settings.experiment, tag=TRIAL_TAG, value=Path(trial.path).name)
+        if run_id is not None and client.get_run(run_id).info.status == "RUNNING":
+            client.set_terminated(run_id, status="FAILED")
+
+
 class StudyProgress(tune.Callback):
     """One line per trial iteration: the trial's arm, seed and env, its minutes and success."""
 
@@ -131,13 +145,13 @@ def _point_fields(entry: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def param_space(study: Study, configs: Sequence[StarPOConfig], settings: MLflowSettings) -> dict[str, Any]:
-    """Tune's space: the first trial's config, one grid over the trial points, and each setting
-    that differs between trials taken from the trial's own config."""
+    """Tune's space: the first trial's config with the study's callbacks, one grid over the trial
+    points, and each setting that differs between trials taken from the trial's own config."""
     budget_s = study.budget_min * 60.0
     points = [{**dataclasses.asdict(point), "budget_s": budget_s} for point in trial_points(study)]
-    dicts = [with_study_callbacks(config, settings).to_dict() for config in configs]
-    space = dict(dicts[0])
-    for key in space:
+    dicts = [config.to_dict() for config in configs]
+    space = with_study_callbacks(configs[0], settings).to_dict()
+    for key in dicts[0]:
         values = [d[key] for d in dicts]
         if any(value != values[0] for value in values[1:]):
             space[key] = tune.sample_from(TrialValue(values))
@@ -213,7 +227,7 @@ def new_tuner(
             name=study.name,
             storage_path=run.storage_path,
             stop=BudgetStopper(study.budget_min * 60.0),
-            callbacks=[EndMLflowRuns(settings), StudyProgress(study.budget_min)],
+            callbacks=[CloseFailedRuns(settings), StudyProgress(study.budget_min)],
             # No Tune checkpoints (a SmolLM2 one is gigabytes): a trial cut short starts again.
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=0, checkpoint_at_end=False),
             verbose=0,

@@ -7,6 +7,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from mlflow.tracking import MlflowClient
+from ray.train._internal.storage import StorageContext
+from ray.tune.experiment import Trial
 from ray.tune.search.variant_generator import generate_variants
 from run_helpers import ROOT
 
@@ -14,7 +17,8 @@ from rllib_ragen.run.callbacks import MLflowSettings
 from rllib_ragen.run.findings import FINDINGS, find_study
 from rllib_ragen.run.study import Compare, Study, trial_configs, trial_points
 from rllib_ragen.run.study_cli import main as study_main
-from rllib_ragen.run.study_runner import TRIAL_ENTRY, param_space, trial_finished
+from rllib_ragen.run.study_runner import TRIAL_ENTRY, CloseFailedRuns, param_space, trial_finished
+from rllib_ragen.run.tracking import TRIAL_TAG, MLflowTracker
 
 
 def _study(**changes) -> Study:
@@ -155,3 +159,20 @@ def test_the_readmes_study_is_valid_and_under_ten_lines(tmp_path, monkeypatch):
     study = find_study("my_studies:LR")
     configs = trial_configs(study)
     assert [c.actor_lr for c in configs] == [5e-5, 1e-4, 5e-5, 1e-4] and [c.seed for c in configs] == [0, 0, 1, 1]
+
+
+def test_a_failed_trials_run_is_closed_failed_and_a_finished_one_left_alone(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    settings = MLflowSettings(tracking_uri=store, experiment="studies")
+    storage = StorageContext(storage_path=str(tmp_path / "tune"), experiment_dir_name="lr")
+    runs = {}
+    for name in ("failed", "finished"):
+        runs[name] = MLflowTracker(tracking_uri=store, experiment="studies", tags={TRIAL_TAG: f"{name}_dir"})
+        trial = Trial("StarPO", config={}, stub=True, storage=storage, trial_id=name)
+        trial.storage.trial_dir_name = f"{name}_dir"
+        if name == "finished":
+            runs[name].end("FINISHED")
+        CloseFailedRuns(settings).on_trial_error(0, [trial], trial)
+    client = MlflowClient(store)
+    assert client.get_run(runs["failed"].run_id).info.status == "FAILED"
+    assert client.get_run(runs["finished"].run_id).info.status == "FINISHED"
