@@ -72,7 +72,10 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
     print(f"study {study.name}: {study.question}\n{study.num_trials} trials of {study.budget_min:g} min", flush=True)
     if not args.report_only:
         run(study, configs, args)
-    report = _report(study, args)
+    try:
+        report = _report(study, args)
+    except (KeyError, ValueError) as error:  # no runs of the study in this store yet, or a duplicate
+        parser.exit(2, f"error: {error.args[0] if error.args else error}\n")
     print(f"figure: {report.figure}\ntable: {report.table}\n" + "\n".join(report.verdicts))
     return 0
 

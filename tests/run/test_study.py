@@ -176,3 +176,4 @@ def test_a_failed_trials_run_is_closed_failed_and_a_finished_one_left_alone(tmp_
     client = MlflowClient(store)
     assert client.get_run(runs["failed"].run_id).info.status == "FAILED"
     assert client.get_run(runs["finished"].run_id).info.status == "FINISHED"
+
