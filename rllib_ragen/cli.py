@@ -4,6 +4,7 @@
     rllib-ragen evaluate checkpoints/sokoban-starpo --generalisation
     rllib-ragen models pull smollm2-135m-instruct
     rllib-ragen sweep --env bandit --grid group_size=4,8
+    rllib-ragen study finding2-4-filter        # rllib-ragen study --list
 
 Each subcommand's module is imported only when it runs (`train --help` and
 `evaluate --help` answer before Ray loads). Without the console script:
@@ -52,12 +53,19 @@ def sweep(argv: Sequence[str], prog: str) -> int:
     return 0
 
 
+def study(argv: Sequence[str], prog: str) -> int:
+    from rllib_ragen.run.study_cli import main
+
+    return main(list(argv), prog=prog)
+
+
 # name -> (what it does, its entry point taking the flags and the program name).
 COMMANDS: dict[str, tuple[str, Callable[[Sequence[str], str], int]]] = {
     "train": ("train StarPO on an env (--env NAME; the tuned examples' flags)", train),
     "evaluate": ("evaluate a checkpoint or model on fixed seeds per env, with 95% intervals", evaluate),
     "models": ("list the built-in models, or pull one into the cache", models),
     "sweep": ("a Ray Tune sweep of StarPO over a grid of settings", sweep),
+    "study": ("a study: a Tune experiment answering one question, with its figure and verdicts", study),
 }
 
 

@@ -7,6 +7,9 @@
   of the paired Wald interval (half a count added to each of the four
   outcome cells), which keeps its coverage near 95% for small samples; no
   library has it (statsmodels' paired tests give no interval of the difference).
+- `newcombe_difference_interval`: the difference of two independent success
+  rates (e.g. two arms of a study, each pooled over its training seeds),
+  Newcombe's hybrid score interval (his method 10) built from the two Wilson intervals.
 """
 
 from __future__ import annotations
@@ -45,6 +48,19 @@ def paired_difference_interval(
     centre = (g - k) / m
     half = z * math.sqrt(max((g + k) - (g - k) ** 2 / m, 0.0)) / m
     return difference, max(-1.0, centre - half), min(1.0, centre + half)
+
+
+def newcombe_difference_interval(
+    successes_a: float, n_a: int, successes_b: float, n_b: int
+) -> tuple[float, float, float]:
+    """(difference, low, high) of rate a - rate b for `successes_a` of `n_a` and `successes_b` of `n_b`."""
+    low_a, high_a = wilson_interval(successes_a, n_a)
+    low_b, high_b = wilson_interval(successes_b, n_b)
+    p_a, p_b = successes_a / n_a, successes_b / n_b
+    difference = p_a - p_b
+    low = difference - math.sqrt((p_a - low_a) ** 2 + (high_b - p_b) ** 2)
+    high = difference + math.sqrt((high_a - p_a) ** 2 + (p_b - low_b) ** 2)
+    return difference, low, high
 
 
 def format_rate(successes: Sequence[float]) -> str:

@@ -30,11 +30,12 @@ def test_the_console_script_is_rllib_ragen_cli_main():
 def test_help_lists_every_command(capsys):
     out = _help(capsys)
     assert out.startswith("usage: rllib-ragen")
-    assert set(COMMANDS) == {"train", "evaluate", "models", "sweep"} and all(f"  {c} " in out for c in COMMANDS)
+    assert set(COMMANDS) == {"train", "evaluate", "models", "sweep", "study"} and all(f"  {c} " in out for c in COMMANDS)
 
 
 @pytest.mark.parametrize("command,flag", [
     ("train", "--stop-iters"), ("evaluate", "--generalisation"), ("models", "pull"), ("sweep", "--grid"),
+    ("study", "--budget-min"),
 ])
 def test_every_command_answers_help_under_its_own_name(capsys, command, flag):
     out = _help(capsys, command)
