@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envs.user_errors import CLIParser, front_door, input_checks
-from rllib_ragen.run.given_paths import check_tracking_uri, check_writable_dir
+from rllib_ragen.run.given_paths import RLLIB_CHECKPOINT_FILE, check_tracking_uri, check_writable_dir
 
 if TYPE_CHECKING:
     from rllib_ragen.algorithm.starpo import StarPOConfig
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
 # RAGEN's generalisation set: trained on Sokoban, evaluated on these.
 GENERALISATION_ENVS = ("sokoban", "sokoban_new_vocab", "larger_sokoban", "frozenlake")
 DEFAULT_EXPERIMENT = "rllib-ragen-evaluation"
-RLLIB_CHECKPOINT_FILE = "rllib_checkpoint.json"
 
 
 def build_parser(prog: str = "python -m rllib_ragen.run.evaluate") -> argparse.ArgumentParser:

@@ -16,6 +16,7 @@ from pathlib import Path
 from envs.user_errors import UserError
 
 SQLITE_PREFIX = "sqlite:///"
+RLLIB_CHECKPOINT_FILE = "rllib_checkpoint.json"  # RLlib's marker of a checkpoint directory
 # How long a tracking server may take to answer its health check before the command gives up on it.
 TRACKING_ANSWER_TIMEOUT_S = 5.0
 
@@ -93,7 +94,6 @@ def _check_answers(uri: str, *, timeout_s: float) -> None:
 def check_resumable(checkpoint: Path) -> None:
     """Raises UserError unless the complete checkpoint `--resume` picked holds an RLlib checkpoint."""
     from rllib_ragen.run.checkpoints import TRACKING_FILE
-    from rllib_ragen.run.evaluate import RLLIB_CHECKPOINT_FILE
 
     missing = [name for name in (RLLIB_CHECKPOINT_FILE, TRACKING_FILE) if not (checkpoint / name).is_file()]
     if missing:
