@@ -21,6 +21,9 @@ import os
 import time
 from pathlib import Path
 
+from envs.user_errors import CLIParser, front_door
+from rllib_ragen.run.given_paths import output_file
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -30,7 +33,7 @@ PHASES = ("rollout", "update", "rollout_drain", "weight_sync")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CLIParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny-random", help="built-in model name or local model directory")
     parser.add_argument("--env", default="sokoban", help="registered env")
     parser.add_argument("--iters", type=int, default=4, help="timed iterations per mode")
@@ -39,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n-groups", type=int, default=4, help="groups per iteration")
     parser.add_argument("--group-size", type=int, default=4, help="trajectories per group")
     parser.add_argument("--response-length", type=int, default=32, help="most tokens per answer")
-    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--json", type=output_file, help="also write the results here")
     return parser.parse_args(argv)
 
 
@@ -97,6 +100,7 @@ def measure(args: argparse.Namespace, *, is_async: bool, max_staleness: int) -> 
     }
 
 
+@front_door
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from rllib_ragen.run.ray_session import init_ray

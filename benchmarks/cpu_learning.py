@@ -35,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from envs.user_errors import CLIParser, UserError, front_door
 from rllib_ragen.intervals import format_rate, paired_difference_interval
 from rllib_ragen.rollout.evaluation import TABLE_HEADER, table_row
 from rllib_ragen.run.provenance import header
@@ -53,7 +54,7 @@ def table_header(holdout: bool) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CLIParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envs", default="frozenlake,sokoban",
                         help="comma-separated envs (a tuned example's, or any name `rllib-ragen train --env` takes)")
     parser.add_argument("--starts", default="expert,random", help="comma-separated warm starts: expert, random")
@@ -79,9 +80,9 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     """'gae advantage_estimator=gae critic=head' -> ("gae", ["advantage_estimator=gae", "critic=head"])."""
     words = shlex.split(text)
     if not words or "=" in words[0]:
-        raise SystemExit(f"--variant {text!r}: start with a name, then KEY=VALUE settings")
+        raise UserError(f"--variant {text!r}: start with a name, then KEY=VALUE settings")
     if any("=" not in word for word in words[1:]):
-        raise SystemExit(f"--variant {text!r}: every setting after the name is KEY=VALUE")
+        raise UserError(f"--variant {text!r}: every setting after the name is KEY=VALUE")
     return words[0], words[1:]
 
 
@@ -156,6 +157,7 @@ def ranked(results: list[dict]) -> list[dict]:
     return sorted(results, key=key, reverse=True)
 
 
+@front_door
 def main(argv: list[str] | None = None) -> list[str]:
     args = parse_args(argv)
     variants = [parse_variant(v) for v in args.variant] or [("preset", [])]

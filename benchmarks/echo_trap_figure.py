@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from envs.user_errors import CLIParser, UserError, front_door
+from rllib_ragen.run.given_paths import existing_store, output_file
 from rllib_ragen.run.analysis import (
     ECHO_TRAP_PANELS,
     EVALUATION_SUCCESS,
@@ -34,11 +36,11 @@ METRICS = [*EVALUATION_SUCCESS, TRAINING_SECONDS, *ECHO_TRAP_PANELS.values()]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CLIParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--store", action="append", required=True, metavar="ENV=URI", help="one env's MLflow store (repeatable)"
     )
-    parser.add_argument("--output", required=True, help="PNG file to write")
+    parser.add_argument("--output", type=output_file, required=True, help="PNG file to write")
     return parser.parse_args(argv)
 
 
@@ -53,7 +55,7 @@ def env_runs(env: str, uri: str) -> dict[str, pd.DataFrame]:
         label = experiment.split(f"{env}-", 1)[-1].split("-", 1)[-1] if env in experiment else experiment
         histories[label] = metric_histories(client, finished.iloc[0].run_id, METRICS)
     if not histories:
-        raise SystemExit(f"no finished runs in {uri}")
+        raise UserError(f"no finished runs in {uri}")
     return histories
 
 
@@ -69,13 +71,15 @@ def summary(env: str, label: str, frame: pd.DataFrame) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+@front_door
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     runs = {}
     for spec in args.store:
         env, sep, uri = spec.partition("=")
         if not sep or not env or not uri:
-            raise SystemExit(f"--store takes ENV=URI, got {spec!r}")
+            raise UserError(f"--store takes ENV=URI, got {spec!r}")
+        existing_store(uri)
         runs[env] = env_runs(env, uri)
     print("| env | run | iterations | minutes | evaluation success | " + " | ".join(ECHO_TRAP_PANELS) + " |")
     print("|---|---|---|---|---|" + "---|" * len(ECHO_TRAP_PANELS))

@@ -32,6 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from envs.user_errors import CLIParser, front_door
+from rllib_ragen.run.given_paths import output_file
+
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -40,14 +43,14 @@ BASELINE_REV = "175dab7"  # main before the shared-prefix learner and mini-batch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CLIParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="sokoban", help="registered env")
     parser.add_argument("--iters", type=int, default=3, help="timed iterations per side")
     parser.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
     parser.add_argument("--baseline-rev", default=BASELINE_REV, help="git revision whose preset and code are 'today'")
     parser.add_argument("--lever", action="append", default=[], metavar='"NAME KEY=VALUE ..."',
                         help="time this tree's preset with these settings against the preset itself (repeatable)")
-    parser.add_argument("--output", help="also write the report here, under the date, commit, machine and command")
+    parser.add_argument("--output", type=output_file, help="also write the report here, under the date, commit, machine and command")
     parser.add_argument("--set", action="append", default=[], help=argparse.SUPPRESS)  # one side's settings
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # one side, JSON on stdout
     return parser.parse_args(argv)
@@ -173,13 +176,14 @@ def report(sides: dict[str, dict]) -> list[str]:
     return lines
 
 
-def publish(lines: list[str], *, output: str | None, provenance: str) -> None:
+def publish(lines: list[str], *, output: Path | None, provenance: str) -> None:
     """Prints the report and, with `output`, writes it there as a code block under its provenance."""
     print("\n".join(lines))
     if output:
         Path(output).write_text(provenance + "\n```text\n" + "\n".join(lines) + "\n```\n")
 
 
+@front_door
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.measure:

@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from envs.user_errors import CLIParser, front_door
+from rllib_ragen.run.given_paths import output_file
 from rllib_ragen.run.checkpoints import COMPLETE_MARKER, checkpoint_iteration, latest_checkpoint, tracking_state
 from rllib_ragen.run.provenance import header
 
@@ -79,7 +81,7 @@ class Attempt:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CLIParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=20, help="SIGKILLs before the run may finish")
     parser.add_argument("--max-kill-s", type=float, default=75.0, help="kill moments are uniform in [0, this] s")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
@@ -105,7 +107,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--workdir", type=Path, help="working directory (default: a new temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep the working directory afterwards")
-    parser.add_argument("--output", type=Path, help="write the result as markdown here")
+    parser.add_argument("--output", type=output_file, help="write the result as markdown here")
     return parser.parse_args(argv)
 
 
@@ -341,6 +343,7 @@ def summary(attempts: list[Attempt], checks: dict[str, tuple[bool, str]], *, pla
     return "\n".join(lines) + "\n"
 
 
+@front_door
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kill-campaign-"))

@@ -59,6 +59,7 @@ import torch  # noqa: E402
 from ray.rllib.core import DEFAULT_MODULE_ID  # noqa: E402
 from ray.rllib.core.columns import Columns  # noqa: E402
 
+from envs.user_errors import CLIParser, front_door  # noqa: E402
 from envs import make_env  # noqa: E402
 from rllib_ragen.algorithm.starpo import StarPOConfig  # noqa: E402
 from rllib_ragen.columns import (  # noqa: E402
@@ -109,7 +110,7 @@ class Result:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CLIParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct", help="built-in name or model dir")
     parser.add_argument("--rows", type=int, default=8, help="trajectories (rows) in the mini-batch")
     parser.add_argument("--min-turns", type=int, default=2, help="fewest turns of a trajectory")
@@ -358,6 +359,7 @@ def _or_dash(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+@front_door
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)

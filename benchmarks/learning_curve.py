@@ -14,21 +14,25 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from envs.user_errors import CLIParser, UserError, front_door
+from rllib_ragen.run.given_paths import existing_store, output_file
 from rllib_ragen.run.analysis import EVALUATION_SUCCESS, TRAINING_SECONDS, list_runs, metric_histories, plot_evaluation
 from rllib_ragen.run.mlflow_store import tracking_client
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CLIParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tracking-uri", default="sqlite:///mlflow.db", help="MLflow tracking URI of the runs")
     parser.add_argument("--experiment", action="append", required=True, help="MLflow experiment name (repeatable)")
     parser.add_argument("--title", help="figure title (default: the experiments' names)")
-    parser.add_argument("--output", required=True, help="PNG file to write")
+    parser.add_argument("--output", type=output_file, required=True, help="PNG file to write")
     return parser.parse_args(argv)
 
 
+@front_door
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
+    existing_store(args.tracking_uri)
     client = tracking_client(args.tracking_uri)
     histories = {}
     for experiment in args.experiment:
@@ -39,7 +43,7 @@ def main(argv: list[str] | None = None) -> Path:
                 label = f"{experiment}: {label}"
             histories[label] = metric_histories(client, run.run_id, [*EVALUATION_SUCCESS, TRAINING_SECONDS])
     if not histories:
-        raise SystemExit(f"no runs in experiments {args.experiment} at {args.tracking_uri}")
+        raise UserError(f"no runs in experiments {args.experiment} at {args.tracking_uri}")
     figure = plot_evaluation(histories, against_minutes=True)
     figure.suptitle(args.title or ", ".join(args.experiment))
     output = Path(args.output)

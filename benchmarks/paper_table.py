@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from envs.user_errors import CLIParser, front_door
+from rllib_ragen.run.given_paths import output_file
 from rllib_ragen.intervals import format_rate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +57,7 @@ HEADER = (
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CLIParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--envs",
         default=",".join(PAPER_STARPO_S),
@@ -89,7 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="continue each setting from its latest checkpoint (no before-RL evaluation then)",
     )
-    parser.add_argument("--output", help="also write the table (markdown) to this file")
+    parser.add_argument("--output", type=output_file, help="also write the table (markdown) to this file")
     args = parser.parse_args(argv)
     args.envs = [env.strip() for env in args.envs.split(",") if env.strip()]
     unknown = [env for env in args.envs if env not in PAPER_STARPO_S]
@@ -144,6 +146,7 @@ def row(env: str, result: dict, summary_json: Path, minutes: float) -> str:
     return f"| {name} | {env} | {paper:.2f}% | {before} | {after} | {iterations} | {minutes:.1f} |"
 
 
+@front_door
 def main(argv: list[str] | None = None) -> str:
     args = parse_args(argv)
     # Imported here: torch, Ray and RLlib take seconds to import, --help and bad flags need none of them.

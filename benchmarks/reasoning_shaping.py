@@ -24,6 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from envs.user_errors import CLIParser, front_door
 from rllib_ragen.intervals import format_rate, paired_difference_interval
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +39,7 @@ SUMMARY_HEADER = (
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CLIParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envs", default="bandit,frozenlake", help="comma-separated envs with a tuned example")
     parser.add_argument("--stop-iters", type=int, default=10, help="RL iterations per run")
     parser.add_argument("--eval-size", type=int, default=128, help="fixed evaluation seeds")
@@ -102,6 +103,7 @@ def shaped_minus_plain(env: str, plain: dict, shaped: dict) -> str:
     return f"{env}: success after RL, shaped - task only, on the same seeds: {difference:+.3f} [{low:+.3f}, {high:+.3f}]"
 
 
+@front_door
 def main(argv: list[str] | None = None) -> str:
     args = parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

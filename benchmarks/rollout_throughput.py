@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
 
+from envs.user_errors import CLIParser, front_door  # noqa: E402
 from rllib_ragen.inference.batching import left_pad  # noqa: E402
 from rllib_ragen.inference.engine import InferenceEngine, SamplingParams  # noqa: E402
 from rllib_ragen.inference.engine_settings import EngineSettings  # noqa: E402
@@ -68,7 +69,7 @@ class Throughput:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CLIParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct", help="built-in name or model dir (resolve_model)")
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -236,6 +237,7 @@ def report_weight_sync(engine: InferenceEngine, setup: Setup) -> None:
           f"(engine {setup.args.vllm_dtype})")
 
 
+@front_door
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     model_path = resolve_model(args.model, progress=True)

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from envs.user_errors import CLIParser, front_door
+from rllib_ragen.run.given_paths import output_file
 from envs import make_env
 from envs.base import DYNAMICS_STREAM, TextEnv
 from envs.frozenlake_words import DIRECTIONS
@@ -45,12 +47,12 @@ Player = Callable[[TextEnv, TurnBudgetLeft, np.random.Generator], list[str]]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CLIParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envs", default="frozenlake,sokoban", help="comma-separated envs")
     parser.add_argument("--seeds", type=int, default=128, help="evaluation seeds, from 123 on")
     parser.add_argument("--episodes", type=int, default=4, help="episodes per seed (random players and slips vary)")
     parser.add_argument("--seed-start", type=int, default=EVAL_SEED_START, help="first evaluation seed")
-    parser.add_argument("--output", help="also write the table, with its provenance, to this markdown file")
+    parser.add_argument("--output", type=output_file, help="also write the table, with its provenance, to this markdown file")
     return parser.parse_args(argv)
 
 
@@ -112,6 +114,7 @@ def players(env_name: str) -> dict[str, Player | None]:
     return table
 
 
+@front_door
 def main(argv: list[str] | None = None) -> list[str]:
     args = parse_args(argv)
     provenance = header(ROOT, argv)

@@ -30,6 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from envs.user_errors import CLIParser, front_door
+from rllib_ragen.run.given_paths import output_file
+
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -38,11 +41,11 @@ BASELINE_REV = "175dab7"  # main before the supervised warm start (an RLlib offl
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CLIParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="frozenlake", help="registered env whose tuned example's warm start is timed")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="base model (built into the cache first)")
     parser.add_argument("--baseline-rev", default=BASELINE_REV, help="git revision whose warm start is 'today'")
-    parser.add_argument("--output", help="also write the report here, under the date, commit, machine and command")
+    parser.add_argument("--output", type=output_file, help="also write the report here, under the date, commit, machine and command")
     parser.add_argument(
         "--same-demonstrations",
         action="store_true",
@@ -152,6 +155,7 @@ def report(sides: dict[str, dict]) -> list[str]:
     return lines
 
 
+@front_door
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.measure:

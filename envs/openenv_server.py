@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import socket
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -29,6 +30,7 @@ from openenv.core.env_server.types import ConcurrencyConfig, EnvironmentMetadata
 from envs.base import TextEnv, parse_literal
 from envs.openenv_protocol import TEXT_ENV_ROUTE, TextAction, TextEnvSpec, TextObservation
 from envs.registry import make_env
+from envs.user_errors import CLIParser, UserError, front_door, input_checks
 
 
 class TextEnvEnvironment(Environment[TextAction, TextObservation, State]):
@@ -138,7 +140,7 @@ def parse_settings(items: Sequence[str]) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CLIParser(
         prog="python -m envs.openenv_server",
         description="Serve a StarPO env as an OpenEnv server (WebSocket sessions at /ws, one env each). "
         "Train against it with --env openenv:http://HOST:PORT (docs/openenv.md).",
@@ -169,24 +171,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@front_door
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Serves until stopped; bad input (flags, env, env config, port) ends it with one `error:` line, exit code 2."""
+    args = build_parser().parse_args(argv)
     if args.max_sessions < 1:
-        parser.error(f"--max-sessions must be >= 1, got {args.max_sessions}")
+        raise UserError(f"--max-sessions must be >= 1, got {args.max_sessions}")
     if not args.session_timeout_s > 0:
-        parser.error(f"--session-timeout-s must be > 0, got {args.session_timeout_s}")
+        raise UserError(f"--session-timeout-s must be > 0, got {args.session_timeout_s}")
     try:
-        app = create_app(
-            env_name=args.env,
-            env_config=parse_settings(args.set),
-            max_sessions=args.max_sessions,
-            session_timeout_s=args.session_timeout_s,
-        )
-    except (KeyError, TypeError, ValueError) as error:
-        parser.error(f"cannot serve env {args.env!r}: {error}")
+        with input_checks():
+            app = create_app(
+                env_name=args.env,
+                env_config=parse_settings(args.set),
+                max_sessions=args.max_sessions,
+                session_timeout_s=args.session_timeout_s,
+            )
+    except UserError as error:
+        raise UserError(f"cannot serve env {args.env!r}: {error}") from error
+    check_port_free(args.host, args.port)
     print(f"serving env {args.env!r} over OpenEnv at http://{args.host}:{args.port} (WebSocket sessions at /ws)")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raises UserError unless this process can listen on `host`:`port` (uvicorn would log the failure and exit 1)."""
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port must be in [0, 65535], got {port}")
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as error:
+        raise UserError(f"cannot listen on {host}:{port} (--host, --port): {error.strerror or error}") from None
 
 
 if __name__ == "__main__":

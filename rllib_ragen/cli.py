@@ -14,8 +14,9 @@ Each subcommand's module is imported only when it runs (`train --help` and
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable, Sequence
+
+from envs.user_errors import CLIParser, UserError, front_door
 
 PROG = "rllib-ragen"
 
@@ -28,8 +29,7 @@ def train(argv: Sequence[str], prog: str) -> int:
     env_flag.add_argument("--env")
     env = env_flag.parse_known_args(argv)[0].env
     if env is None and not {"-h", "--help"} & set(argv):
-        print(f"error: {prog} needs --env NAME (see --help)", file=sys.stderr)
-        return 2
+        raise UserError(f"{prog} needs --env NAME (see {prog} --help)")
     main(env=env or "sokoban", argv=list(argv), prog=prog)
     return 0
 
@@ -70,7 +70,7 @@ COMMANDS: dict[str, tuple[str, Callable[[Sequence[str], str], int]]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CLIParser(
         prog=PROG,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -81,8 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@front_door
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `rllib-ragen` console script; returns the exit status."""
+    """Entry point of the `rllib-ragen` console script; returns the exit status (bad input: one
+    `error:` line and exit code 2, from whichever subcommand finds it)."""
     args = build_parser().parse_args(argv)
     _, run = COMMANDS[args.command]
     return run(args.args, f"{PROG} {args.command}")

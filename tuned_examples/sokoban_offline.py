@@ -23,11 +23,14 @@ import sys
 import time
 from pathlib import Path
 
+from envs.user_errors import CLIParser, front_door, input_checks
 from rllib_ragen.algorithm.presets import PRESETS
+from rllib_ragen.run.flags import non_negative_int, positive_float, positive_int
+from rllib_ragen.run.given_paths import check_writable_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CLIParser(
         description="Sokoban from solver demonstrations: Parquet -> offline BC or StarPO -> evaluation.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -35,13 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", help="model name, local HF dir or hub id (default: the preset's)")
     parser.add_argument("--engine", choices=("auto", "vllm", "hf"), help="evaluation engine (default: the preset's)")
     parser.add_argument("--objective", choices=("bc", "starpo"), default="bc", help="offline training objective")
-    parser.add_argument("--num-demos", type=int, default=64, help="rooms tried (those not solvable in budget skipped)")
-    parser.add_argument("--demo-seed", type=int, default=100_000, help="first demonstration seed")
+    parser.add_argument("--num-demos", type=positive_int, default=64, help="rooms tried (those not solvable in budget skipped)")
+    parser.add_argument("--demo-seed", type=non_negative_int, default=100_000, help="first demonstration seed")
     parser.add_argument("--data-dir", default="data/sokoban-demos", help="where demos.parquet is written")
-    parser.add_argument("--stop-iters", type=int, default=30, help="offline training iterations")
-    parser.add_argument("--groups-per-iter", type=int, default=8, help="demonstrations per iteration")
-    parser.add_argument("--lr", type=float, default=1e-4, help="actor learning rate")
-    parser.add_argument("--eval-size", type=int, default=16, help="evaluation rooms")
+    parser.add_argument("--stop-iters", type=non_negative_int, default=30, help="offline training iterations")
+    parser.add_argument("--groups-per-iter", type=positive_int, default=8, help="demonstrations per iteration")
+    parser.add_argument("--lr", type=positive_float, default=1e-4, help="actor learning rate")
+    parser.add_argument("--eval-size", type=positive_int, default=16, help="evaluation rooms")
     parser.add_argument("--eval-temperature", type=float, default=0.0, help="evaluation temperature (0 = greedy)")
     parser.add_argument("--no-think", action="store_true", help="no-think mode: <answer> only, prefilled")
     parser.add_argument("--export-dir", help="also save the trained policy here as a Hugging Face model")
@@ -70,8 +73,12 @@ def make_config(args: argparse.Namespace):
     return config, demo_seeds
 
 
+@front_door
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = build_parser().parse_args(argv)
+    check_writable_dir(args.data_dir, flag="--data-dir")
+    if args.export_dir:
+        check_writable_dir(args.export_dir, flag="--export-dir")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     from rllib_ragen.algorithm.offline import OfflineSettings, learner_nll, offline_config
@@ -83,7 +90,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     from rllib_ragen.models import load_tokenizer, resolve_model
     from rllib_ragen.run.ray_session import init_ray
 
-    config, demo_seeds = make_config(args)
+    with input_checks():
+        config, demo_seeds = make_config(args)
+        config.validate_starpo()
+        config.check_inputs()
     demo_config = DemonstrationSettings(
         seeds=tuple(demo_seeds), env_config=dict(config.env_config),
         protocol=config.protocol_settings, budget=config.turn_budget_settings,

@@ -22,7 +22,7 @@ import huggingface_hub
 import transformers
 from tqdm import tqdm
 
-from rllib_ragen.models.local import ModelNotFoundError
+from rllib_ragen.models.local import ModelNotFoundError, validated_model_dir
 
 CACHE_ENV_VAR = "RLLIB_RAGEN_CACHE"
 MARKER_FILE = ".rllib_ragen_model.json"  # written last: its presence means "complete"
@@ -69,11 +69,11 @@ def prepare_builtin(model: BuiltinModel, *, models_dir: Path, progress: bool = F
     """
     target = models_dir / model.name
     if (target / MARKER_FILE).is_file():
-        return target.resolve()
+        return _intact(target)
     models_dir.mkdir(parents=True, exist_ok=True)
     with filelock.FileLock(models_dir / f"{model.name}.lock"):
         if (target / MARKER_FILE).is_file():  # another process finished it while we waited
-            return target.resolve()
+            return _intact(target)
         _remove_stale_builds(target)
         print(f"building {model.name} into {target} (once: later runs reuse it)", flush=True)
         partial = Path(tempfile.mkdtemp(prefix=f".{model.name}.partial-", dir=models_dir))
@@ -86,6 +86,20 @@ def prepare_builtin(model: BuiltinModel, *, models_dir: Path, progress: bool = F
             shutil.rmtree(partial, ignore_errors=True)
             raise
     return target.resolve()
+
+
+def _intact(target: Path) -> Path:
+    """A complete cache entry, checked to still hold its model (a disk or a hand may have damaged it since).
+
+    Raises:
+        ModelNotFoundError: naming the entry and what is wrong; it is left for the user to remove.
+    """
+    try:
+        return validated_model_dir(target)
+    except ModelNotFoundError as error:
+        raise ModelNotFoundError(
+            f"the cached model {str(target)!r} is damaged ({error}): remove that directory and run again to rebuild it"
+        ) from error
 
 
 def _remove_stale_builds(target: Path) -> None:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from envs.user_errors import CLIParser, front_door, input_checks
 from rllib_ragen.models.cache import CACHE_ENV_VAR, MARKER_FILE, default_cache_dir
-from rllib_ragen.models.local import ModelNotFoundError
 from rllib_ragen.models.registry import BUILTIN_MODELS, resolve_model
 
 PROG = "python -m rllib_ragen.models"
@@ -15,11 +14,11 @@ PROG = "python -m rllib_ragen.models"
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The flags of `list` and `pull`."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = CLIParser(add_help=False)
     common.add_argument(
         "--cache-dir", type=Path, default=None, help=f"cache root (default: ${CACHE_ENV_VAR} or ~/.cache/rllib_ragen)"
     )
-    parser = argparse.ArgumentParser(
+    parser = CLIParser(
         prog=prog, description="The built-in models (built once into the cache), or any model, as a local directory."
     )
     commands = parser.add_subparsers(dest="command", required=True)
@@ -36,17 +35,16 @@ def _list_builtins(cache_root: Path) -> None:
         print(f"{model.name}\t{state}\n    {model.description}")
 
 
+@front_door
 def main(argv: list[str] | None = None, *, prog: str = PROG) -> int:
-    """Entry point of `python -m rllib_ragen.models` and `rllib-ragen models`; returns the exit status."""
+    """Entry point of `python -m rllib_ragen.models` and `rllib-ragen models`; returns the exit status
+    (an unknown or broken model: one `error:` line and exit code 2)."""
     args = build_parser(prog).parse_args(argv)
     cache_root = args.cache_dir.expanduser() if args.cache_dir is not None else default_cache_dir()
     if args.command == "list":
         _list_builtins(cache_root)
         return 0
-    try:
+    with input_checks():  # a tokenizer without a chat template is a ValueError
         path = resolve_model(args.name, cache_dir=cache_root, progress=True)
-    except ModelNotFoundError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
     print(path)
     return 0

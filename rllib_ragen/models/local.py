@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from envs.user_errors import UserError
 
-class ModelNotFoundError(FileNotFoundError):
+
+class ModelNotFoundError(UserError, FileNotFoundError):
     """A model name or path that does not resolve to a usable local model directory."""
 
 
@@ -29,7 +32,37 @@ def validated_model_dir(path: str | Path) -> Path:
         raise ModelNotFoundError(
             f"Model directory {str(path)!r} has config.json but no weights (*.safetensors or pytorch_model*.bin)."
         )
+    for weights in sorted(path.glob("*.safetensors")):
+        check_safetensors_complete(weights)
     return path
+
+
+def check_safetensors_complete(path: Path) -> None:
+    """Check, from its header alone, that a safetensors file holds every byte its tensors need.
+
+    A copy or download cut short loads only deep inside an engine or learner, with the
+    library's error; this names the file at once.
+
+    Raises:
+        ModelNotFoundError: the file is shorter than its header says, or has no valid header.
+    """
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as file:
+            (header_length,) = struct.unpack("<Q", file.read(8))
+            header = json.loads(file.read(header_length)) if 8 + header_length <= size else None
+    except (struct.error, ValueError):
+        header = None
+    if not isinstance(header, dict):
+        raise ModelNotFoundError(
+            f"{str(path)!r} is not a complete safetensors file: its header is cut short or invalid."
+        )
+    ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
+    needed = 8 + header_length + max(ends, default=0)
+    if size < needed:
+        raise ModelNotFoundError(
+            f"{str(path)!r} is cut short: {size} bytes, its tensors need {needed}; copy or download it again."
+        )
 
 
 def check_chat_tokenizer_files(path: Path) -> Path:

@@ -40,6 +40,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from envs.user_errors import CLIParser, front_door, input_checks
+from rllib_ragen.run.given_paths import RLLIB_CHECKPOINT_FILE, check_tracking_uri, check_writable_dir
+
 if TYPE_CHECKING:
     from rllib_ragen.algorithm.starpo import StarPOConfig
     from rllib_ragen.rollout.evaluation import Evaluation
@@ -47,12 +50,11 @@ if TYPE_CHECKING:
 # RAGEN's generalisation set: trained on Sokoban, evaluated on these.
 GENERALISATION_ENVS = ("sokoban", "sokoban_new_vocab", "larger_sokoban", "frozenlake")
 DEFAULT_EXPERIMENT = "rllib-ragen-evaluation"
-RLLIB_CHECKPOINT_FILE = "rllib_checkpoint.json"
 
 
 def build_parser(prog: str = "python -m rllib_ragen.run.evaluate") -> argparse.ArgumentParser:
     """The flags of the evaluation command."""
-    parser = argparse.ArgumentParser(
+    parser = CLIParser(
         prog=prog,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -373,33 +375,41 @@ def log_to_mlflow(
     return tracker.run_url
 
 
+@front_door
 def main(argv: list[str] | None = None, *, prog: str = "python -m rllib_ragen.run.evaluate") -> int:
-    """Entry point of `python -m rllib_ragen.run.evaluate` and `rllib-ragen evaluate`; returns the exit status."""
+    """Entry point of `python -m rllib_ragen.run.evaluate` and `rllib-ragen evaluate`; returns the exit status.
+
+    Bad input ends it with one `error:` line and exit code 2 (`front_door`), the flags and paths
+    before Ray and torch are imported, the policy and the settings per env before any evaluation.
+    """
     args = build_parser(prog).parse_args(argv)
-    # Imported after parsing, so that --help answers without loading Ray and torch.
+    output_dir = args.output_dir or Path("evaluations") / Path(args.policy).expanduser().name
+    check_writable_dir(output_dir, flag="--output-dir")
+    if args.tracking_uri:
+        check_tracking_uri(args.tracking_uri)
+    with input_checks():
+        settings = overrides(args)
+    # Imported after the flags are checked, so that --help and a wrong flag answer without loading Ray and torch.
     from rllib_ragen.rollout.evaluation import evaluation_table
     from rllib_ragen.run.mlflow_store import ensure_store
     from rllib_ragen.run.tracking import default_tracking_uri
 
-    try:
-        if args.mlflow or args.tracking_uri:  # a broken store is reported now, not after the evaluation
-            ensure_store(args.tracking_uri or default_tracking_uri())
-        settings = overrides(args)
-        output_dir = args.output_dir or Path("evaluations") / Path(args.policy).expanduser().name
-        with tempfile.TemporaryDirectory(prefix="evaluate-") as scratch:
+    if args.mlflow or args.tracking_uri:  # a broken store is reported now, not after the evaluation
+        ensure_store(args.tracking_uri or default_tracking_uri())
+    with tempfile.TemporaryDirectory(prefix="evaluate-") as scratch:
+        with input_checks():
             policy = load_policy(args.policy, scratch=Path(scratch))
             envs = chosen_envs(args, policy.run_config.env if policy.run_config else None)
-            evaluations = evaluate_policy(
-                policy,
-                envs,
-                preset_name=args.preset,
-                settings=settings,
-                assignments=args.set,
-                output_dir=output_dir,
-            )
-    except (ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+            for env in envs:  # every env's settings, before the first evaluation
+                env_config(policy, env, preset_name=args.preset, settings=settings, assignments=args.set)
+        evaluations = evaluate_policy(
+            policy,
+            envs,
+            preset_name=args.preset,
+            settings=settings,
+            assignments=args.set,
+            output_dir=output_dir,
+        )
     print(f"\n{args.policy}\n{evaluation_table(evaluations)}\npages and summary.json: {output_dir}")
     if args.mlflow or args.tracking_uri:
         url = log_to_mlflow(

@@ -8,8 +8,9 @@ iterations, job budget): `python tuned_examples/sokoban_starpo.py` and
 `rllib-ragen train --env sokoban` are the same run.
 
 Only light modules are imported at the top (`--help` must not wait for Ray or
-torch); the rest is imported where it is used. Flag and config errors end the
-job with one line, `error: ...`, and exit code 2, before Ray starts.
+torch); the rest is imported where it is used. Bad input (flags, settings, paths, models,
+the tracking server) ends the job with one line, `error: ...`, and exit code 2, before Ray
+starts (`envs.user_errors.front_door`); the checks that need no Ray or torch come first.
 """
 
 from __future__ import annotations
@@ -18,16 +19,17 @@ import argparse
 import dataclasses
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from envs.user_errors import UserError, front_door, input_checks
 from rllib_ragen.run.console import quiet_progress_bars, route_library_logs
 from rllib_ragen.run.flags import build_parser, config_from_args
-from rllib_ragen.run.starting_model import check_starting_model, choose_starting_model
-from rllib_ragen.run.train_loop import checkpoint_to_resume, run, run_directory
+from rllib_ragen.run.given_paths import check_resumable, check_tracking_uri, check_writable_dir
+
+if TYPE_CHECKING:
+    from rllib_ragen.algorithm.starpo import StarPOConfig
 
 RUN_LOG = "run.log"
-# What a user's flags or settings can get wrong; reported as one line (exit code 2).
-USER_ERRORS = (ValueError, TypeError, FileNotFoundError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +85,9 @@ def tuned_run(env: str) -> TunedRun:
     return TUNED_RUNS.get(env, TunedRun(f"Train an LLM agent on {env} with StarPO."))
 
 
+@front_door
 def main(*, env: str, argv: list[str] | None = None, prog: str | None = None, **settings: Any) -> None:
-    """Entry point of a tuned example: a flag or config error ends it with one line and exit code 2.
+    """Entry point of a tuned example: bad input ends it with one `error:` line and exit code 2 (`front_door`).
 
     Args:
         env: The env (the `--env` default).
@@ -96,28 +99,20 @@ def main(*, env: str, argv: list[str] | None = None, prog: str | None = None, **
     tuned = dataclasses.replace(tuned_run(env), **settings)
     parser = build_parser(env=env, prog=prog, **dataclasses.asdict(tuned))
     args = parser.parse_args(argv)
-    if args.as_test and args.success_threshold is None:
-        parser.error(f"--as-test needs --success-threshold: no run of {args.env} has been measured to set one")
     if args.job_budget_min is None and args.time_budget_min is None:
         args.job_budget_min = tuned.job_budget_min
     if not args.verbose:
         quiet_progress_bars()  # before the libraries are imported: they read it then
-    try:
-        config = config_from_args(args)
-        check_starting_model(args)
-        checkpoint_to_resume(run_directory(config, args), resume=args.resume)
-    except USER_ERRORS as error:
-        parser.exit(2, f"error: {error}\n")
+    config = checked_inputs(args)
     # Imported first: they attach the console handlers that route_library_logs takes away.
     from rllib_ragen.run import callbacks, warm_start  # noqa: F401
+    from rllib_ragen.run.starting_model import choose_starting_model
+    from rllib_ragen.run.train_loop import run, run_directory
 
     log_file = run_directory(config, args) / RUN_LOG
     route_library_logs(log_file, verbose=args.verbose)
     print(f"library logs: {log_file}" + ("" if args.verbose else " (--verbose: on the console too)"), flush=True)
-    try:
-        open_tracking_store(args)
-    except USER_ERRORS as error:
-        parser.exit(2, f"error: {error}\n")
+    open_tracking_store(args)
     tags = choose_starting_model(config, args)
     try:
         run(config, args, tags={**tags, "preset": args.preset}, job_started=job_started)
@@ -126,13 +121,43 @@ def main(*, env: str, argv: list[str] | None = None, prog: str | None = None, **
         sys.exit(130)
 
 
+def checked_inputs(args: argparse.Namespace) -> StarPOConfig:
+    """The run's config, after every check of the flags that needs no work: those that need no Ray
+    or torch first (contradicting flags, paths, the tracking server, the env), then the settings,
+    the model directories and the checkpoint `--resume` would continue.
+
+    Raises:
+        UserError: naming the flag, setting or path at fault.
+    """
+    from rllib_ragen.run.starting_model import check_starting_model
+    from rllib_ragen.run.train_loop import checkpoint_to_resume, run_directory
+
+    if args.as_test and args.success_threshold is None:
+        raise UserError(f"--as-test needs --success-threshold: no run of {args.env} has been measured to set one")
+    if args.checkpoint_dir:
+        check_writable_dir(args.checkpoint_dir, flag="--checkpoint-dir")
+    if args.tracking_uri:  # the default, ./mlflow.db, is where the run writes anyway
+        check_tracking_uri(args.tracking_uri)
+    with input_checks():
+        check_starting_model(args)
+        config = config_from_args(args)
+        config.check_inputs()
+        resume_from = checkpoint_to_resume(run_directory(config, args), resume=args.resume)
+    if resume_from is not None:
+        check_resumable(resume_from)
+    return config
+
+
 def open_tracking_store(args: argparse.Namespace) -> None:
     """Creates (or upgrades, or sets aside and rebuilds) the local MLflow store before Ray starts.
 
     Raises:
-        TrackingStoreError: a store holding runs does not open (a ValueError: one `error:` line).
+        UserError: the store's directory cannot be written, or its server does not answer.
+        TrackingStoreError: a store holding runs does not open (a UserError: one `error:` line).
     """
     from rllib_ragen.run.mlflow_store import ensure_store
     from rllib_ragen.run.tracking import default_tracking_uri
 
-    ensure_store(args.tracking_uri or default_tracking_uri())
+    uri = args.tracking_uri or default_tracking_uri()
+    check_tracking_uri(uri)
+    ensure_store(uri)

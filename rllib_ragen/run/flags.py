@@ -1,7 +1,7 @@
 """The tuned-example flags: the parser, and the `StarPOConfig` they build (`config_from_args`).
 
-Only light modules are imported at the top (`--help` must not wait for Ray or
-torch). Flag errors are one line, `error: ...`, and exit code 2 (`CLIParser`).
+Only light modules are imported at the top (`--help`, and a flag, env or path error, must not
+wait for Ray or torch). Flag errors are one line, `error: ...`, and exit code 2 (`CLIParser`).
 """
 
 from __future__ import annotations
@@ -12,20 +12,13 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from envs import check_env
+from envs.user_errors import CLIParser
 from rllib_ragen.algorithm.presets import PRESETS, preset
 from rllib_ragen.data.experts import WARM_START_PLAYERS, WARM_START_STATES
 from rllib_ragen.run.settings_flag import apply_setting
-from rllib_ragen.training.advantages import ADVANTAGE_ESTIMATORS, needs_critic
 
 if TYPE_CHECKING:
     from rllib_ragen.algorithm.starpo import StarPOConfig
-
-
-class CLIParser(argparse.ArgumentParser):
-    """argparse with its errors on one line: `error: ...`, exit code 2."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"error: {message} (see --help)\n")
 
 
 def positive_int(text: str) -> int:
@@ -164,7 +157,8 @@ def add_config_flags(parser: argparse.ArgumentParser, *, env: str, stop_iters: i
     parser.add_argument("--n-groups", type=positive_int, help="groups per iteration")
     parser.add_argument("--group-size", type=positive_int, help="trajectories per group")
     parser.add_argument("--max-turns", type=positive_int, help="turns per trajectory")
-    parser.add_argument("--estimator", choices=sorted(ADVANTAGE_ESTIMATORS), help="advantage estimator")
+    # No argparse choices: the estimator registry imports torch; the config check names the registered ones.
+    parser.add_argument("--estimator", help="advantage estimator, e.g. grpo or gae (default: the preset's)")
     parser.add_argument("--no-think", action="store_true", help="answer with <answer> only (no-think mode)")
     parser.add_argument(
         "--no-warm-start",
@@ -242,7 +236,10 @@ def config_from_args(args: argparse.Namespace) -> StarPOConfig:
         prefill=True if args.no_think else config.prefill,
     )
     if args.estimator:
+        from rllib_ragen.training.advantages import needs_critic
+
         config.training(advantage_estimator=args.estimator)
+        config.validate_starpo()  # an unknown estimator is named here, before needs_critic looks it up
         if not needs_critic(args.estimator):
             config.llm(critic="none")
     if args.seed is not None:

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
+from envs.user_errors import CLIParser, UserError, front_door, input_checks
 from rllib_ragen.algorithm.presets import ragen_preset
 from rllib_ragen.algorithm.starpo import StarPO, StarPOConfig
 from rllib_ragen.inference.engine_settings import WEIGHT_SYNC_KINDS
@@ -43,7 +44,7 @@ class SmokeFailure(RuntimeError):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CLIParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-tiny", action="store_true", help="CPU and the tiny random model (tests this script)")
     parser.add_argument("--env", default="sokoban", help="registered env")
     parser.add_argument("--model", help="model to train (default: the preset's, or tiny-random with --cpu-tiny)")
@@ -197,19 +198,23 @@ def run(config: StarPOConfig, *, iters: int, max_logp_gap: float, workdir: Path)
     print(f"checkpoint, resume at iteration {iters}, one more iteration and the export: ok")
 
 
+@front_door
 def main(argv: list[str] | None = None) -> int:
+    """Exit status 0 (passed) or 1 (a check failed); bad input and no GPU: one `error:` line, exit code 2."""
     args = parse_args(argv)
-    # Evaluation is the preset's, but would blur the breakdown of the timed iterations.
-    config = ragen_preset(args.env).starpo_evaluation(eval_interval=0).inference(weight_sync=args.weight_sync)
-    if args.cpu_tiny:
-        config = on_cpu_tiny(config, model=args.model or "tiny-random", engine=args.engine)
-    else:
-        if not torch.cuda.is_available():
-            print("gpu_smoke: no CUDA GPU visible (use --cpu-tiny to test the script on CPU)", file=sys.stderr)
-            return 2
-        config = on_one_gpu(config.inference(engine=args.engine), gpu_memory_utilization=args.gpu_memory_utilization)
-        if args.model:
-            config.llm(model=args.model)
+    if not args.cpu_tiny and not torch.cuda.is_available():
+        raise UserError("gpu_smoke: no CUDA GPU visible (use --cpu-tiny to test the script on CPU)")
+    with input_checks():
+        # Evaluation is the preset's, but would blur the breakdown of the timed iterations.
+        config = ragen_preset(args.env).starpo_evaluation(eval_interval=0).inference(weight_sync=args.weight_sync)
+        if args.cpu_tiny:
+            config = on_cpu_tiny(config, model=args.model or "tiny-random", engine=args.engine)
+        else:
+            config = on_one_gpu(
+                config.inference(engine=args.engine), gpu_memory_utilization=args.gpu_memory_utilization
+            )
+            if args.model:
+                config.llm(model=args.model)
     try:
         init_ray()
         with tempfile.TemporaryDirectory(prefix="gpu-smoke-") as workdir:

@@ -28,27 +28,18 @@ import filelock
 from mlflow.store.db.utils import _get_latest_schema_revision
 from mlflow.tracking import MlflowClient
 
+from envs.user_errors import UserError
 from rllib_ragen.run.atomic_files import fsync_path, partial_prefix, remove_partials
+from rllib_ragen.run.given_paths import SQLITE_PREFIX, sqlite_path
 
-_SQLITE_PREFIX = "sqlite:///"
 # SQLite's files beside a database: a hot journal left by a kill is rolled
 # back into whichever database later bears the name, so it moves with its own.
 _COMPANIONS = ("-journal", "-wal", "-shm")
 
 
-class TrackingStoreError(ValueError):
-    """A local MLflow store that fails to open and holds runs (never changed by this package).
-
-    A ValueError, as a wrong flag: the drivers report it as one `error:` line.
-    """
-
-
-def sqlite_path(tracking_uri: str) -> Path | None:
-    """The database file of a `sqlite:///` URI; None for other URIs and in-memory databases."""
-    if not tracking_uri.startswith(_SQLITE_PREFIX):
-        return None
-    path = tracking_uri[len(_SQLITE_PREFIX) :].partition("?")[0]
-    return None if path in ("", ":memory:") else Path(path)
+class TrackingStoreError(UserError, ValueError):
+    """A local MLflow store that fails to open and holds runs (never changed by this package),
+    or a tracking URI that cannot be used: reported as one `error:` line (`envs.user_errors`)."""
 
 
 def artifact_location_for(tracking_uri: str) -> str | None:
@@ -153,7 +144,7 @@ def _migrate(path: Path) -> None:
     # Deferred: the SQLAlchemy store (and alembic) take seconds to import and only this path needs them.
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    store = SqlAlchemyStore(f"{_SQLITE_PREFIX}{path}", artifact_location_for(f"{_SQLITE_PREFIX}{path}"))
+    store = SqlAlchemyStore(f"{SQLITE_PREFIX}{path}", artifact_location_for(f"{SQLITE_PREFIX}{path}"))
     # Closes its connections, so nothing is open on the file once it is renamed.
     store.engine.dispose()
 

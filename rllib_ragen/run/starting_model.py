@@ -11,11 +11,11 @@ if TYPE_CHECKING:
 
 def check_starting_model(args: argparse.Namespace) -> None:
     """Refuses contradicting warm-start flags and a `--warm-start-model` that is not a model directory."""
-    from rllib_ragen.models import resolve_model
-
     if args.warm_start_model and args.no_warm_start:
         raise ValueError("--warm-start-model and --no-warm-start contradict each other; pass one")
     if args.warm_start_model:
+        from rllib_ragen.models import resolve_model  # only now: it imports torch
+
         resolve_model(args.warm_start_model)
 
 

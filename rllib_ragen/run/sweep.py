@@ -32,12 +32,13 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from envs import check_env
+from envs.user_errors import CLIParser, front_door, input_checks
 from rllib_ragen.algorithm.starpo import StarPO, StarPOConfig
 from rllib_ragen.rllib_private import config_dict_value
 from rllib_ragen.run.callbacks import MLflowSettings, with_mlflow
 from rllib_ragen.run.experiment import open_tracking_store
 from rllib_ragen.run.flags import add_config_flags, add_tracking_flags, config_from_args
-from rllib_ragen.run.mlflow_store import TrackingStoreError, tracking_client
+from rllib_ragen.run.mlflow_store import tracking_client
 from rllib_ragen.run.ray_session import init_ray
 from rllib_ragen.run.report import progress_line
 from rllib_ragen.run.settings_flag import setting_value, split_assignment
@@ -262,7 +263,7 @@ def _nested(metrics: Mapping[str, Any], key: str) -> Any:
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The flags of a sweep: the tuned examples' config and tracking flags, the grid and the scheduling."""
-    parser = argparse.ArgumentParser(
+    parser = CLIParser(
         prog=prog, description="A Ray Tune sweep of StarPO.", formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     add_config_flags(parser, env="sokoban", stop_iters=20)
@@ -285,28 +286,28 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+@front_door
 def main(argv: list[str] | None = None, *, prog: str | None = None) -> pd.DataFrame:
     """Entry point of `rllib-ragen sweep` (and `tuned_examples/sweep_starpo.py`); returns the results table."""
     parser = build_parser(prog)
     args = parser.parse_args(argv)
-    config = config_from_args(args)
-    grid = parse_grid(config, args.grid) if args.grid else dict(DEFAULT_GRID)
-    sweep = SweepSettings(
-        grid=grid,
-        stop_iters=args.stop_iters,
-        scheduler=args.scheduler,
-        metric=args.metric,
-        mode=args.mode,
-        max_concurrent=args.max_concurrent,
-        grace_period=args.grace_period,
-        storage_path=str(Path(args.storage_path).resolve()) if args.storage_path else None,
-        name=args.name,
-    )
+    with input_checks():
+        config = config_from_args(args)
+        grid = parse_grid(config, args.grid) if args.grid else dict(DEFAULT_GRID)
+        sweep = SweepSettings(
+            grid=grid,
+            stop_iters=args.stop_iters,
+            scheduler=args.scheduler,
+            metric=args.metric,
+            mode=args.mode,
+            max_concurrent=args.max_concurrent,
+            grace_period=args.grace_period,
+            storage_path=str(Path(args.storage_path).resolve()) if args.storage_path else None,
+            name=args.name,
+        )
+        check_grid(config, grid)  # before Ray starts (run_sweep checks it again)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        open_tracking_store(args)  # once, here: trials starting together would race to create it
-    except TrackingStoreError as error:
-        parser.exit(2, f"error: {error}\n")
+    open_tracking_store(args)  # once, here: trials starting together would race to create it
     init_ray(log_to_driver=True)
     tags = choose_starting_model(config, args)  # once, in the driver: every trial loads the same cached model
     settings = mlflow_settings(args, tags={**tags, "preset": args.preset})

@@ -151,7 +151,9 @@ def test_smoke_exits_non_zero_on_a_failure_and_without_a_gpu(monkeypatch, capsys
     assert main(["--cpu-tiny"]) == 1
     assert "FAILED: SmokeFailure: engines are stale" in capsys.readouterr().err
     if not torch.cuda.is_available():
-        assert main([]) == 2
+        with pytest.raises(SystemExit) as exit_:
+            main([])
+        assert exit_.value.code == 2 and "error: gpu_smoke: no CUDA GPU visible" in capsys.readouterr().err
 
 
 @pytest.mark.slow

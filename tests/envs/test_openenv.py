@@ -175,7 +175,7 @@ def test_the_server_command_documents_its_flags(capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--env", "no_such_env"], "cannot serve env 'no_such_env': \"unknown env 'no_such_env'"),
+        (["--env", "no_such_env"], "cannot serve env 'no_such_env': unknown env 'no_such_env'"),
         (["--env", "corridor", "--set", "distance"], "--set takes KEY=VALUE, got 'distance'"),
         (["--env", "corridor", "--set", "colour=red"], "does not accept config key(s) ['colour']"),
         (["--env", "corridor", "--max-sessions", "0"], "--max-sessions must be >= 1, got 0"),

@@ -50,8 +50,9 @@ def test_train_takes_the_envs_tuned_defaults(capsys):
 
 
 def test_train_needs_an_env_and_an_unknown_command_is_refused(capsys):
-    assert main(["train"]) == 2
-    assert "needs --env NAME" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["train"])
+    assert exit_.value.code == 2 and "needs --env NAME" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
         main(["trian"])
     assert exit_.value.code == 2 and "invalid choice: 'trian'" in capsys.readouterr().err

@@ -11,6 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from run_helpers import load_script
 
+from envs.user_errors import UserError
 from rllib_ragen.run import train_loop
 from rllib_ragen.run.flags import build_parser, config_from_args
 from rllib_ragen.run.settings_flag import apply_setting
@@ -140,7 +141,7 @@ def test_screening_variants_are_named_settings_and_ranked_by_success_after_rl():
         "lora", ["lora_rank=16", 'env_config={"render": "words"}'])
     assert cpu_learning.parse_variant("preset") == ("preset", [])
     for bad in ("", "actor_lr=1e-5", "name actor_lr"):
-        with pytest.raises(SystemExit, match="--variant"):
+        with pytest.raises(UserError, match="--variant"):
             cpu_learning.parse_variant(bad)
     runs = [{"variant": "a", "before": [0, 0, 1, 1], "after": [0, 1, 1, 1]},
             {"variant": "b", "before": [0, 0, 0, 0], "after": [1, 1, 1, 1]},

@@ -256,8 +256,9 @@ def test_cli_pull_then_list(tmp_path: Path) -> None:
 
 
 def test_cli_reports_errors_and_has_help(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["pull", "gpt-17", "--cache-dir", str(tmp_path)]) == 1
-    assert "error: Unknown model 'gpt-17'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["pull", "gpt-17", "--cache-dir", str(tmp_path)])
+    assert exit_info.value.code == 2 and "error: Unknown model 'gpt-17'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
     assert exit_info.value.code == 0 and "pull" in capsys.readouterr().out

@@ -111,7 +111,9 @@ def test_checkpoint_evaluation_equals_the_training_evaluation(trained, tmp_path,
 )
 def test_bad_input_is_one_error_line_and_exit_code_2(argv, message, tiny_model_path, tmp_path, capsys):
     argv = [a.format(model=tiny_model_path, empty=tmp_path) for a in argv]
-    assert main([*argv, "--output-dir", str(tmp_path / "out")]) == 2
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--output-dir", str(tmp_path / "out")])
+    assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
 
