@@ -13,7 +13,6 @@ reader has to walk through to follow one iteration.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import threading
@@ -22,6 +21,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from envs import check_env
+from envs.user_errors import CLIParser, front_door, input_checks
+from rllib_ragen.checks import check_choice
+from rllib_ragen.training.advantages import ADVANTAGE_ESTIMATORS
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("rllib_ragen", "envs")
@@ -90,11 +94,15 @@ def one_iteration_modules(*, env: str, estimator: str, cache_dir: Path) -> list[
     return sorted(seen)
 
 
+@front_door
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = CLIParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="sokoban", help="env to train on (default: sokoban)")
     parser.add_argument("--estimator", default="grpo", help="advantage estimator (default: grpo, the CPU preset's)")
     args = parser.parse_args(argv)
+    with input_checks():
+        check_env(args.env)
+        check_choice("estimator", args.estimator, sorted(ADVANTAGE_ESTIMATORS))
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from envs.user_errors import front_door, input_checks
 from rllib_ragen.data.experts import WARM_START_PLAYERS
 from rllib_ragen.run.flags import CLIParser, add_tracking_flags, positive_float, positive_int
 from rllib_ragen.run.study import Study, trial_configs, trial_points
@@ -50,6 +51,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+@front_door
 def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
     """Entry point of `rllib-ragen study`; returns the exit status."""
     from rllib_ragen.run.findings import FINDINGS, find_study
@@ -62,20 +64,16 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
         return 0
     if not args.study:
         parser.error("name a study (or --list)")
-    try:
+    with input_checks():
         study = find_study(args.study)
         if args.budget_min:
             study = study.with_changes(budget_min=args.budget_min)
         configs = trial_configs(study, overrides=args.set)
-    except ValueError as error:
-        parser.exit(2, f"error: {error}\n")
     print(f"study {study.name}: {study.question}\n{study.num_trials} trials of {study.budget_min:g} min", flush=True)
     if not args.report_only:
         run(study, configs, args)
-    try:
+    with input_checks():  # no runs of the study in this store yet, or a duplicate
         report = _report(study, args)
-    except (KeyError, ValueError) as error:  # no runs of the study in this store yet, or a duplicate
-        parser.exit(2, f"error: {error.args[0] if error.args else error}\n")
     print(f"figure: {report.figure}\ntable: {report.table}\n" + "\n".join(report.verdicts))
     return 0
 
