@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import os
 import pickle
@@ -22,7 +23,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.core import DEFAULT_MODULE_ID
-from run_helpers import ROOT, driver_args, tiny_config
+from run_helpers import ROOT, driver_args, small_filesystem, tiny_config
 
 from rllib_ragen.lora import is_adapter_weight
 from rllib_ragen.run.callbacks import (
@@ -500,3 +501,68 @@ def test_sigkill_before_the_first_checkpoint_then_resume_continues_the_same_mlfl
     assert only_run.info.run_id == orphan.info.run_id and only_run.info.status == "FINISHED"
     for key in METRICS:  # one series per metric: each iteration once, iteration 1 the resumed process's
         assert [step for step, _, _ in _logged(client, orphan.info.run_id)[key]] == [1, 2, 3], key
+
+
+def _loads(checkpoint: Path) -> None:
+    """Every state file of the checkpoint unpickles, and its tracking state reads."""
+    tracking_state(checkpoint)
+    for state in checkpoint.rglob("*.pkl"):
+        pickle.loads(state.read_bytes())
+
+
+# The errors branch's converter (`envs.user_errors.front_door`) turns DiskFullError into one `error:`
+# line; without it the error's message is the last line of its traceback.
+FRONT_DOOR = importlib.util.find_spec("envs.user_errors") is not None
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_a_checkpoint_ends_the_run_with_one_line_and_resume_goes_on(tiny_model_path, tmp_path):
+    with small_filesystem(tmp_path / "disk", megabytes=200) as disk:
+        checkpoints, store = disk / "ckpt", f"sqlite:///{disk / 'mlflow.db'}"
+        ray_tmp = tempfile.mkdtemp(prefix="rk", dir="/tmp")
+        env = _driver_env(ray_tmp)
+        # Checkpoint 2 is written; iteration 3's rollout fills the disk; checkpoint 4 (the last) can't be.
+        command = _driver_command(
+            tmp_path, tiny_model_path, store, "--stop-iters", "4", held_in=3, action=str(disk),
+            checkpoints=checkpoints,
+        )  # fmt: skip
+        try:
+            with open(tmp_path / "full.out", "wb") as out, open(tmp_path / "full.err", "wb") as err:
+                full = subprocess.Popen(command, stdout=out, stderr=err, start_new_session=True, cwd=tmp_path, env=env)
+                try:
+                    full.wait(timeout=240)
+                finally:
+                    _kill_session(full)
+            assert (tmp_path / "held").exists()  # the disk was filled in iteration 3
+            stderr = (tmp_path / "full.err").read_text().splitlines()
+            message = (
+                f"no space left on the device for the checkpoint {checkpoints / 'iter_000004'}: it needs about "
+            )
+            if FRONT_DOOR:
+                assert full.returncode == 2 and [line for line in stderr if "error" in line.lower()] == [
+                    stderr[-1]
+                ], stderr
+                assert stderr[-1].startswith(f"error: {message}"), stderr
+            else:
+                assert full.returncode == 1, stderr[-30:]
+                assert stderr[-1].startswith(f"rllib_ragen.run.disk_space.DiskFullError: {message}"), stderr[-30:]
+            assert "then run again with --resume (the checkpoint iter_000002 is complete" in stderr[-1]
+            # The half-written checkpoint is gone, the previous one loads; the run ended FAILED.
+            assert sorted(p.name for p in checkpoints.glob("*iter_*")) == ["iter_000002"]
+            assert latest_checkpoint(checkpoints).name == "iter_000002"
+            _loads(checkpoints / "iter_000002")
+            client = MlflowClient(store)
+            (failed,) = client.search_runs([client.get_experiment_by_name("kill").experiment_id])
+            assert failed.info.status == "FAILED"
+
+            (disk / "filler").unlink()  # space freed
+            resumed = _run_to_end([*command, "--resume"], tmp_path, env, tmp_path / "resumed.log")
+            output = (tmp_path / "resumed.log").read_text()
+            assert resumed.returncode == 0, output[-3000:]
+            assert "at iteration 2\n" in output
+            (only_run,) = client.search_runs([client.get_experiment_by_name("kill").experiment_id])
+            assert only_run.info.run_id == failed.info.run_id and only_run.info.status == "FINISHED"
+            assert _history(client, failed.info.run_id, "training_iteration") == [(i, float(i)) for i in range(1, 5)]
+            _loads(latest_checkpoint(checkpoints))
+        finally:
+            shutil.rmtree(ray_tmp, ignore_errors=True)
