@@ -305,15 +305,15 @@ runpy.run_path(SCRIPT, run_name="__main__")
 
 def _driver_command(
     tmp_path: Path, model_path: Path, store: str, *extra: str, lora_rank: int = 0, held_in: int = KILLED_IN,
-    action: str = "hold", checkpoints: Path | None = None,
+    action: str = "hold", checkpoints: Path | None = None, marker: str = "held",
 ) -> list[str]:  # fmt: skip
     """The tuned example, held (or the disk filled: `action`) in iteration `held_in`'s rollout the first time
-    (`tmp_path / "held"` says when)."""
+    (`tmp_path / marker` says when)."""
     driver = tmp_path / "held_driver.py"
     driver.write_text(HELD_DRIVER)
     first_held_seed = TRAIN_SEED_START + N_GROUPS * (held_in - 1)
     return [
-        sys.executable, str(driver), str(tmp_path / "held"), str(first_held_seed), action,
+        sys.executable, str(driver), str(tmp_path / marker), str(first_held_seed), action,
         str(ROOT / "tuned_examples" / "bandit_starpo.py"), "--model", str(model_path),
         "--engine", "hf", "--no-warm-start", "--n-groups", str(N_GROUPS), "--group-size", "2",
         "--set", "response_length=8", "--set", "eval_interval=0",
@@ -347,12 +347,16 @@ def _run_held_then_kill(command: list[str], tmp_path: Path, env: dict[str, str],
     _wait(lambda: not _session_pids(killed.pid), timeout_s=20, what="end of the killed driver's processes")
 
 
-def _run_to_end(command: list[str], tmp_path: Path, env: dict[str, str], log_path: Path) -> subprocess.Popen:
-    """Runs `command` to its end (at most 240 s); then nothing of its session is left."""
-    with open(log_path, "wb") as log:
+def _run_to_end(
+    command: list[str], tmp_path: Path, env: dict[str, str], log_path: Path, *, stderr: Path | None = None
+) -> subprocess.Popen:
+    """Runs `command` to its end (at most 240 s), its output in `log_path` (stderr too, or in `stderr`);
+    then nothing of its session is left."""
+    with open(log_path, "wb") as log, open(stderr or os.devnull, "wb") as err:
         process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path, env=env
-        )
+            command, stdout=log, stderr=err if stderr else subprocess.STDOUT, start_new_session=True, cwd=tmp_path,
+            env=env,
+        )  # fmt: skip
         try:
             process.wait(timeout=240)
         finally:
@@ -474,34 +478,6 @@ def test_sigkill_mid_run_then_resume_continues_with_each_iteration_logged_once(t
     assert (checkpoints / "final_policy" / "model.safetensors").is_file()
 
 
-@pytest.mark.slow
-def test_sigkill_before_the_first_checkpoint_then_resume_continues_the_same_mlflow_run(tiny_model_path, tmp_path):
-    checkpoints, store = tmp_path / "ckpt", f"sqlite:///{tmp_path / 'mlflow.db'}"
-    ray_tmp = tempfile.mkdtemp(prefix="rk", dir="/tmp")
-    env = _driver_env(ray_tmp)
-    # Held in iteration 2: iteration 1 is done, no checkpoint yet (every 2), its metrics held back.
-    command = _driver_command(tmp_path, tiny_model_path, store, "--stop-iters", "3", held_in=2)
-    try:
-        _run_held_then_kill(command, tmp_path, env, tmp_path / "killed.log", what="rollout of iteration 2")
-        assert latest_checkpoint(checkpoints) is None
-        client = MlflowClient(store)
-        (orphan,) = client.search_runs([client.get_experiment_by_name("kill").experiment_id])
-        # What a SIGKILL leaves: a RUNNING run without metrics, named beside the (absent) checkpoints.
-        assert orphan.info.status == "RUNNING" and orphan.data.metrics == {}
-        assert recorded_run(checkpoints, store) == orphan.info.run_id
-
-        resumed = _run_to_end([*command, "--resume"], tmp_path, env, tmp_path / "resumed.log")
-        output = (tmp_path / "resumed.log").read_text()
-        assert resumed.returncode == 0, output[-3000:]
-    finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
-    assert "--resume: no complete checkpoint" in output
-    (only_run,) = client.search_runs([client.get_experiment_by_name("kill").experiment_id])
-    assert only_run.info.run_id == orphan.info.run_id and only_run.info.status == "FINISHED"
-    for key in METRICS:  # one series per metric: each iteration once, iteration 1 the resumed process's
-        assert [step for step, _, _ in _logged(client, orphan.info.run_id)[key]] == [1, 2, 3], key
-
-
 def _loads(checkpoint: Path) -> None:
     """Every state file of the checkpoint unpickles, and its tracking state reads."""
     tracking_state(checkpoint)
@@ -510,49 +486,55 @@ def _loads(checkpoint: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_full_disk_during_a_checkpoint_ends_the_run_with_one_line_and_resume_goes_on(tiny_model_path, tmp_path):
+def test_a_run_killed_before_its_first_checkpoint_then_out_of_disk_stays_one_mlflow_run_and_finishes(
+    tiny_model_path, tmp_path
+):
+    """1. SIGKILLed in iteration 2, before its first checkpoint (every 2): a RUNNING run without metrics.
+    2. `--resume` continues that run; iteration 3's rollout fills the disk, so checkpoint 4 (the last) can't be
+       written: one line naming it and the space it needs, checkpoint 2 kept and loadable, the run FAILED.
+    3. Space freed, `--resume` goes on from checkpoint 2: one FINISHED run, each iteration logged once."""
     with small_filesystem(tmp_path / "disk", megabytes=200) as disk:
         checkpoints, store = disk / "ckpt", f"sqlite:///{disk / 'mlflow.db'}"
         ray_tmp = tempfile.mkdtemp(prefix="rk", dir="/tmp")
         env = _driver_env(ray_tmp)
-        # Checkpoint 2 is written; iteration 3's rollout fills the disk; checkpoint 4 (the last) can't be.
-        command = _driver_command(
-            tmp_path, tiny_model_path, store, "--stop-iters", "4", held_in=3, action=str(disk),
-            checkpoints=checkpoints,
-        )  # fmt: skip
+        command = _driver_command(tmp_path, tiny_model_path, store, "--stop-iters", "4", held_in=2, checkpoints=checkpoints)
         try:
-            with open(tmp_path / "full.out", "wb") as out, open(tmp_path / "full.err", "wb") as err:
-                full = subprocess.Popen(command, stdout=out, stderr=err, start_new_session=True, cwd=tmp_path, env=env)
-                try:
-                    full.wait(timeout=240)
-                finally:
-                    _kill_session(full)
-            assert (tmp_path / "held").exists()  # the disk was filled in iteration 3
+            _run_held_then_kill(command, tmp_path, env, tmp_path / "killed.log", what="rollout of iteration 2")
+            assert latest_checkpoint(checkpoints) is None
+            client = MlflowClient(store)
+            (orphan,) = client.search_runs([client.get_experiment_by_name("kill").experiment_id])
+            assert orphan.info.status == "RUNNING" and orphan.data.metrics == {}
+            assert recorded_run(checkpoints, store) == orphan.info.run_id
+
+            filling = _driver_command(
+                tmp_path, tiny_model_path, store, "--stop-iters", "4", "--resume", held_in=3, action=str(disk),
+                checkpoints=checkpoints, marker="filled",
+            )  # fmt: skip
+            full = _run_to_end(filling, tmp_path, env, tmp_path / "full.log", stderr=tmp_path / "full.err")
+            assert (tmp_path / "filled").exists()  # the disk was filled in iteration 3
+            assert "--resume: no complete checkpoint" in (tmp_path / "full.log").read_text()
             stderr = (tmp_path / "full.err").read_text().splitlines()
-            message = (
-                f"no space left on the device for the checkpoint {checkpoints / 'iter_000004'}: it needs about "
-            )
+            message = f"no space left on the device for the checkpoint {checkpoints / 'iter_000004'}: it needs about "
             # The whole message is stderr's last line: once the entry points' converter of user-facing errors
             # takes DiskFullError, that line is `error: <message>`; until then it ends the traceback.
             assert full.returncode != 0 and message in stderr[-1], stderr[-30:]
             assert stderr[-1].endswith("then run again with --resume (the checkpoint iter_000002 is complete and is "
                                        "resumed from)"), stderr[-1]  # fmt: skip
-            # The half-written checkpoint is gone, the previous one loads; the run ended FAILED.
+            # The half-written checkpoint is gone, the previous one loads; the run (the same one) ended FAILED.
             assert sorted(p.name for p in checkpoints.glob("*iter_*")) == ["iter_000002"]
-            assert latest_checkpoint(checkpoints).name == "iter_000002"
-            _loads(checkpoints / "iter_000002")
-            client = MlflowClient(store)
+            _loads(latest_checkpoint(checkpoints))
             (failed,) = client.search_runs([client.get_experiment_by_name("kill").experiment_id])
-            assert failed.info.status == "FAILED"
+            assert failed.info.run_id == orphan.info.run_id and failed.info.status == "FAILED"
 
             (disk / "filler").unlink()  # space freed
             resumed = _run_to_end([*command, "--resume"], tmp_path, env, tmp_path / "resumed.log")
             output = (tmp_path / "resumed.log").read_text()
             assert resumed.returncode == 0, output[-3000:]
             assert "at iteration 2\n" in output
-            (only_run,) = client.search_runs([client.get_experiment_by_name("kill").experiment_id])
-            assert only_run.info.run_id == failed.info.run_id and only_run.info.status == "FINISHED"
-            assert _history(client, failed.info.run_id, "training_iteration") == [(i, float(i)) for i in range(1, 5)]
-            _loads(latest_checkpoint(checkpoints))
         finally:
             shutil.rmtree(ray_tmp, ignore_errors=True)
+        (only_run,) = client.search_runs([client.get_experiment_by_name("kill").experiment_id])
+        assert only_run.info.run_id == orphan.info.run_id and only_run.info.status == "FINISHED"
+        for key in METRICS:  # one series per metric, each iteration once
+            assert [step for step, _, _ in _logged(client, orphan.info.run_id)[key]] == [1, 2, 3, 4], key
+        _loads(latest_checkpoint(checkpoints))
