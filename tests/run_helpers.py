@@ -187,3 +187,28 @@ class ForcedAnswerEngine(InferenceEngine):
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+
+@contextlib.contextmanager
+def small_filesystem(mount_point: Path, *, megabytes: int) -> Iterator[Path]:
+    """A tmpfs of `megabytes` MB mounted at `mount_point` (made when missing) for the block, so a test can
+    fill a file system; needs root (CI runs as root). Elsewhere the test is skipped, saying why; under CI
+    it fails instead."""
+    import pytest
+    from conftest import running_in_ci
+
+    mount_point.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(mount_point)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    if mounted.returncode != 0:
+        reason = f"mounting a {megabytes} MB tmpfs needs root (uid {os.getuid()}): {mounted.stderr.strip()}"
+        if running_in_ci():
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    try:
+        yield mount_point
+    finally:
+        # Lazily: a process the test killed may still hold a file open there for a moment.
+        subprocess.run(["umount", "--lazy", str(mount_point)], check=True, timeout=60)

@@ -4,7 +4,8 @@ A process killed while writing leaves a `.NAME.partial-*` entry beside the
 target, never a truncated target; the next write of the same target removes
 such leftovers (one writer per target: a run writes its own outputs). Data is
 flushed to disk before the rename, so the name can't reach the disk before
-the data it stands for.
+the data it stands for. A directory write that runs out of space deletes its
+temporary copy and raises a `DiskFullError` naming the target and the space it needs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from rllib_ragen.run.disk_space import DiskFullError, disk_full_error, is_disk_full, tree_bytes
 
 
 def partial_prefix(target: Path) -> str:
@@ -72,12 +75,28 @@ def write_dir_atomic(target: str | Path, fill: Callable[[Path], Any]) -> Path:
         if target.exists():
             os.replace(target, old)  # onto the empty directory mkdtemp made
         os.rename(partial, target)
-    except BaseException:
+    except BaseException as error:
+        written = tree_bytes(partial)
         shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(error, Exception) and is_disk_full(error):
+            raise _dir_disk_full(target, written) from error
         raise
     fsync_path(target.parent)
     shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def _dir_disk_full(target: Path, written: int) -> DiskFullError:
+    """The error of a directory write that ran out of space: it needs about the size of the `target`
+    it replaces, or at least the `written` bytes when there is none."""
+    size = tree_bytes(target)
+    return disk_full_error(
+        target,
+        what="the directory",
+        needs_bytes=size or written,
+        at_least=size == 0,
+        then="run the command again (a training run: with --resume)",
+    )
 
 
 def remove_partials(target: Path) -> None:

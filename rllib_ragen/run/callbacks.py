@@ -28,6 +28,13 @@ metrics are logged at once.
 The run ends FINISHED after iteration `stop_iters`; a driver that stops
 earlier calls `MLflowCallback.end` itself (the sweep's Tune callback does so
 for trials a scheduler stops).
+
+One MLflow run per training run, even across kills: with a `checkpoint_dir`,
+the run is tagged with it (`CHECKPOINT_DIR_TAG`) and its id is written beside
+the checkpoints as soon as the run is opened (`record_run`). A resumed run
+(`resume=True`) continues the checkpoint's run, or without a checkpoint yet
+the recorded one; a run started afresh there marks the runs a killed process
+left RUNNING as KILLED.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.callbacks.callbacks import RLlibCallback
@@ -53,6 +61,7 @@ from rllib_ragen.run.checkpoints import save_checkpoint, tracking_state
 from rllib_ragen.run.mlflow_store import tracking_client
 from rllib_ragen.run.ray_session import PROJECT_ROOT
 from rllib_ragen.run.tracking import (
+    CHECKPOINT_DIR_TAG,
     DEFAULT_EXPERIMENT,
     TRIAL_TAG,
     MLflowTracker,
@@ -60,9 +69,13 @@ from rllib_ragen.run.tracking import (
     default_tracking_uri,
     find_run,
     flatten_metrics,
+    mark_orphans_killed,
     metric_entities,
     metrics_from_json,
     metrics_to_json,
+    record_run,
+    recorded_run,
+    resumable_run,
 )
 from rllib_ragen.run.trajectory_page import evaluation_page
 
@@ -85,6 +98,10 @@ class MLflowSettings:
         experiment: Experiment name.
         run_name: Name of a new run (default: the Tune trial directory name).
         run_id: Continue this run (`MLflowCallback.restore` sets it from the checkpoint).
+        resume: Without `run_id`, continue the unfinished run recorded in
+            `checkpoint_dir` (one killed before its first checkpoint); False
+            opens a new run and marks the runs of `checkpoint_dir` still
+            RUNNING, whose processes are gone, KILLED.
         stop_iters: Last iteration: final checkpoint, final policy, run FINISHED.
         checkpoint_dir: Keep local checkpoints here (`<dir>/iter_NNNNNN`, see
             `rllib_ragen.run.checkpoints`, and the final policy in
@@ -106,6 +123,7 @@ class MLflowSettings:
     experiment: str = DEFAULT_EXPERIMENT
     run_name: str | None = None
     run_id: str | None = None
+    resume: bool = False
     stop_iters: int | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: int = 1
@@ -224,6 +242,10 @@ class MLflowCallback(RLlibCallback):
         self._pending = []
         self._tracker().end(status)
 
+    def is_open(self) -> bool:
+        """Whether the run was opened and has not ended (its status is RUNNING)."""
+        return self.tracker is not None and self.tracker.status() == "RUNNING"
+
     def _record(self, algorithm: Algorithm, metrics: dict[str, float], step: int) -> None:
         entities = metric_entities(metrics, step=step)
         tracker = self.start(algorithm)
@@ -268,17 +290,14 @@ class MLflowCallback(RLlibCallback):
 
 
 def _open_run(settings: MLflowSettings, algorithm: Algorithm) -> MLflowTracker:
-    """The run to log into: `settings.run_id`, the run of this trial directory
-    (a Tune trial restarted after a failure), or a new one.
+    """The run to log into: `settings.run_id`, the run of the checkpoint directory or of this
+    trial directory (a Tune trial restarted after a failure), or a new one.
 
-    The key is the algorithm's log directory name: Tune's trial directory name
+    The trial key is the algorithm's log directory name: Tune's trial directory name
     inside Tune (RLlib drops Tune's trial id when it turns the config dict into
     an `AlgorithmConfig`), a fresh unique name otherwise.
     """
     trial_key = Path(algorithm.logdir).name
-    run_id = settings.run_id
-    if run_id is None:
-        run_id = find_run(tracking_client(settings.tracking_uri), settings.experiment, tag=TRIAL_TAG, value=trial_key)
     tags = {
         "env": str(algorithm.config.env),
         "base_model": str(algorithm.config.llm_model),
@@ -286,6 +305,10 @@ def _open_run(settings: MLflowSettings, algorithm: Algorithm) -> MLflowTracker:
         **settings.tags,
         TRIAL_TAG: trial_key,
     }
+    client = tracking_client(settings.tracking_uri)
+    if settings.checkpoint_dir is not None:
+        return _open_checkpoint_dir_run(settings, client, run_name=settings.run_name or trial_key, tags=tags)
+    run_id = settings.run_id or find_run(client, settings.experiment, tag=TRIAL_TAG, value=trial_key)
     return MLflowTracker(
         tracking_uri=settings.tracking_uri,
         experiment=settings.experiment,
@@ -293,6 +316,30 @@ def _open_run(settings: MLflowSettings, algorithm: Algorithm) -> MLflowTracker:
         run_id=run_id,
         tags=tags,
     )
+
+
+def _open_checkpoint_dir_run(
+    settings: MLflowSettings, client: MlflowClient, *, run_name: str, tags: Mapping[str, str]
+) -> MLflowTracker:
+    """The run of `settings.checkpoint_dir` (see `MLflowSettings.resume`), its id written there at once."""
+    checkpoint_dir = str(Path(str(settings.checkpoint_dir)).resolve())
+    recorded = recorded_run(checkpoint_dir, settings.tracking_uri)
+    run_id = settings.run_id or (resumable_run(client, recorded) if settings.resume else None)
+    if run_id is None:
+        killed = mark_orphans_killed(client, settings.experiment, checkpoint_dir=checkpoint_dir, also=recorded)
+        if killed:
+            logger.warning(
+                "marked KILLED the MLflow runs of %s a killed process left RUNNING: %s", checkpoint_dir, killed
+            )
+    tracker = MLflowTracker(
+        tracking_uri=settings.tracking_uri,
+        experiment=settings.experiment,
+        run_name=run_name,
+        run_id=run_id,
+        tags={**tags, CHECKPOINT_DIR_TAG: checkpoint_dir},
+    )
+    record_run(checkpoint_dir, tracker)
+    return tracker
 
 
 def git_commit() -> str:

@@ -4,7 +4,9 @@ A checkpoint is written as `<dir>/.partial-iter_NNNNNN` (the RLlib state, then
 `tracking.json`), flushed to disk, marked by a `COMPLETE` file written last,
 and only then renamed into place. A process killed at any point leaves either
 the previous checkpoints untouched plus a `.partial-*` directory, or the new
-checkpoint whole. `latest_checkpoint` only takes marked `iter_*` directories,
+checkpoint whole. A full disk ends the save with a `DiskFullError` naming the
+checkpoint and the space it needs, its half-written copy deleted and the
+previous checkpoints untouched. `latest_checkpoint` only takes marked `iter_*` directories,
 so a half-written one (a `.partial-*` directory, or an `iter_*` copied without
 its marker) is never resumed from; the next save removes the leftovers and all
 but the newest `keep` complete checkpoints (the one it just wrote among them),
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rllib_ragen.run.atomic_files import fsync_path, fsync_tree
+from rllib_ragen.run.disk_space import DiskFullError, disk_full_error, is_disk_full, tree_bytes
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm import Algorithm
@@ -61,15 +64,40 @@ def save_checkpoint(algo: Algorithm, checkpoint_dir: str | Path, *, tracking: Ma
         return final
     partial = checkpoint_dir / f"{_PARTIAL_PREFIX}{final.name}"
     shutil.rmtree(partial, ignore_errors=True)
-    algo.save_to_path(str(partial))
-    (partial / TRACKING_FILE).write_text(json.dumps(dict(tracking)))
-    fsync_tree(partial)
-    _write_synced(partial / COMPLETE_MARKER, f"{algo.iteration}\n")
+    try:
+        algo.save_to_path(str(partial))
+        (partial / TRACKING_FILE).write_text(json.dumps(dict(tracking)))
+        fsync_tree(partial)
+        _write_synced(partial / COMPLETE_MARKER, f"{algo.iteration}\n")
+    except Exception as error:
+        if not is_disk_full(error):
+            raise
+        raise _checkpoint_disk_full(checkpoint_dir, final, partial) from error
     shutil.rmtree(final, ignore_errors=True)  # an unmarked leftover of the same name
     os.rename(partial, final)
     fsync_path(checkpoint_dir)
     _remove_older(checkpoint_dir, newest=final, keep=keep)
     return final
+
+
+def _checkpoint_disk_full(checkpoint_dir: Path, final: Path, partial: Path) -> DiskFullError:
+    """Deletes the half-written `partial` (giving its space back) and names what the checkpoint needs:
+    about the newest complete checkpoint's size, or at least what was written without one."""
+    written = tree_bytes(partial)
+    shutil.rmtree(partial, ignore_errors=True)
+    previous = latest_checkpoint(checkpoint_dir)
+    then = (
+        f"run again with --resume (the checkpoint {previous.name} is complete and is resumed from)"
+        if previous is not None
+        else "run again with --resume"
+    )
+    return disk_full_error(
+        final,
+        what="the checkpoint",
+        needs_bytes=tree_bytes(previous) if previous is not None else written,
+        at_least=previous is None,
+        then=then,
+    )
 
 
 def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:

@@ -8,6 +8,7 @@ Look at runs with `mlflow ui --backend-store-uri sqlite:///mlflow.db`.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import time
@@ -17,14 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.file_utils import local_file_uri_to_path
 
-from rllib_ragen.run.atomic_files import write_dir_atomic
+from rllib_ragen.run.atomic_files import write_dir_atomic, write_text_atomic
 from rllib_ragen.run.mlflow_store import artifact_location_for, tracking_client
 
 DEFAULT_EXPERIMENT = "rllib-ragen"
 TRIAL_TAG = "rllib_ragen.trial_dir"  # the algorithm's log dir name (Tune: the trial dir)
+CHECKPOINT_DIR_TAG = "rllib_ragen.checkpoint_dir"  # the run's local checkpoint directory (absolute)
+RUN_FILE = "mlflow_run.json"  # in the checkpoint directory: the run it logs to (`record_run`)
 # Top-level entries of a Tune result that are not training metrics (the
 # config goes in as params; the rest are process bookkeeping).
 NOT_METRICS = frozenset({"config", "pid", "timestamp", "node_ip", "hostname", "date", "trial_id"})
@@ -160,6 +164,10 @@ class MLflowTracker:
         uri = self.client.get_run(self.run_id).info.artifact_uri
         return Path(local_file_uri_to_path(uri)) if urllib.parse.urlparse(uri).scheme in ("", "file") else None
 
+    def status(self) -> str:
+        """The run's status in the store: RUNNING, FINISHED, FAILED or KILLED."""
+        return self.client.get_run(self.run_id).info.status
+
     def end(self, status: str = "FINISHED") -> None:
         """Marks the run FINISHED, FAILED or KILLED."""
         self.client.set_terminated(self.run_id, status=status)
@@ -185,6 +193,61 @@ def find_run(client: MlflowClient, experiment: str, *, tag: str, value: str) -> 
         max_results=1,
     )
     return runs[0].info.run_id if runs else None
+
+
+def record_run(checkpoint_dir: str | Path, tracker: MLflowTracker) -> Path:
+    """Writes `<checkpoint_dir>/mlflow_run.json` naming `tracker`'s run (whole or not at all), so that
+    `--resume` finds the run of a process killed before its first checkpoint."""
+    record = {"run_id": tracker.run_id, "tracking_uri": tracker.tracking_uri}
+    return write_text_atomic(Path(checkpoint_dir) / RUN_FILE, json.dumps(record) + "\n")
+
+
+def recorded_run(checkpoint_dir: str | Path, tracking_uri: str) -> str | None:
+    """The run id `record_run` wrote in `checkpoint_dir` for the store `tracking_uri`; None without
+    one (no run was opened there, or it was opened in another store)."""
+    path = Path(checkpoint_dir) / RUN_FILE
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    return record["run_id"] if record["tracking_uri"] == tracking_uri else None
+
+
+def mark_orphans_killed(client: MlflowClient, experiment: str, *, checkpoint_dir: str, also: str | None) -> list[str]:
+    """Marks KILLED the runs of `checkpoint_dir` still RUNNING: processes that died without closing
+    them (SIGKILL, power loss). Called by a run that starts afresh in that directory.
+
+    Args:
+        client: The store's client.
+        experiment: Where to look for runs tagged with `checkpoint_dir` (`CHECKPOINT_DIR_TAG`).
+        checkpoint_dir: The checkpoint directory (absolute, as tagged).
+        also: A run id recorded in the directory (it may be in another experiment).
+
+    Returns:
+        The ids of the runs marked KILLED.
+    """
+    found = client.get_experiment_by_name(experiment)
+    # Filtered here, not in the query: a path may hold quotes that MLflow's filter syntax can't take.
+    live = client.search_runs([found.experiment_id], "attributes.status = 'RUNNING'") if found else []
+    running = {run.info.run_id for run in live if run.data.tags.get(CHECKPOINT_DIR_TAG) == checkpoint_dir}
+    if also is not None and _status(client, also) == "RUNNING":
+        running.add(also)
+    for run_id in sorted(running):
+        client.set_terminated(run_id, status="KILLED")
+    return sorted(running)
+
+
+def resumable_run(client: MlflowClient, run_id: str | None) -> str | None:
+    """`run_id` when the store holds it unfinished (a killed, failed or still RUNNING run); else None."""
+    return run_id if run_id is not None and _status(client, run_id) not in (None, "FINISHED") else None
+
+
+def _status(client: MlflowClient, run_id: str) -> str | None:
+    """The run's status, None when the store has no such run (or it was deleted)."""
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        return None
+    return None if run.info.lifecycle_stage == "deleted" else run.info.status
 
 
 def metric_entities(metrics: Mapping[str, float], *, step: int) -> list[Metric]:

@@ -67,34 +67,23 @@ def run(
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints,
+        resume=args.resume,
         tags=tags,
     )
     algo = with_mlflow(config, settings).build_algo()
     try:
         callback = mlflow_callback_of(algo)
-        if resume_from is not None:
-            callback.restore(algo, resume_from)
-            print(f"resumed from {resume_from} at iteration {algo.iteration}")
-        tracker = callback.start(algo)
-        print(
-            f"MLflow run: {tracker.run_url}\ncheckpoints: {checkpoint_dir} (newest {args.keep_checkpoints} kept)\n"
-            f"{algo.config.rollout_summary}",
-            flush=True,
-        )
-        before = evaluate_before_training(algo, callback) if algo.iteration == 0 and algo.config.eval_interval else None
-        began, budget = time.perf_counter(), BudgetSpent()
-        budget_s = training_budget_s(args, job_started)
-        result = _train(algo, callback, stop_iters=args.stop_iters, budget_s=budget_s, budget=budget)
-        if before is not None and "success_rate" in result.get("evaluation", {}):
-            report_learning(
-                algo,
-                before,
-                result,
-                minutes=(time.perf_counter() - began) / 60,
-                budget=budget,
-                job_minutes=(time.perf_counter() - job_started) / 60,
-                path=args.summary_json,
+        with run_ended_on_exit(callback):
+            if resume_from is not None:
+                callback.restore(algo, resume_from)
+                print(f"resumed from {resume_from} at iteration {algo.iteration}")
+            tracker = callback.start(algo)
+            print(
+                f"MLflow run: {tracker.run_url}\ncheckpoints: {checkpoint_dir} (newest {args.keep_checkpoints} kept)\n"
+                f"{algo.config.rollout_summary}",
+                flush=True,
             )
+            result = _train_and_report(algo, callback, args, job_started=job_started)
     finally:
         algo.stop()
     print(f"done. MLflow run: {tracker.run_url}; final policy (HF format): {checkpoint_dir / FINAL_POLICY}")
@@ -130,6 +119,50 @@ def checkpoint_to_resume(checkpoint_dir: Path, *, resume: bool) -> Path | None:
     return resume_from
 
 
+def _train_and_report(
+    algo: Algorithm, callback: MLflowCallback, args: argparse.Namespace, *, job_started: float
+) -> dict[str, Any]:
+    """Evaluates the starting policy (a fresh run), trains, and reports what was learnt; returns the last result."""
+    before = evaluate_before_training(algo, callback) if algo.iteration == 0 and algo.config.eval_interval else None
+    began, budget = time.perf_counter(), BudgetSpent()
+    budget_s = training_budget_s(args, job_started)
+    result = _train(algo, callback, stop_iters=args.stop_iters, budget_s=budget_s, budget=budget)
+    if before is not None and "success_rate" in result.get("evaluation", {}):
+        report_learning(
+            algo,
+            before,
+            result,
+            minutes=(time.perf_counter() - began) / 60,
+            budget=budget,
+            job_minutes=(time.perf_counter() - job_started) / 60,
+            path=args.summary_json,
+        )
+    return result
+
+
+@contextlib.contextmanager
+def run_ended_on_exit(callback: MLflowCallback) -> Iterator[None]:
+    """Within: SIGTERM raises SystemExit(143); an exception leaving the block ends the callback's
+    open MLflow run KILLED (Ctrl-C, SIGTERM) or FAILED (any other), as MLflow's own `start_run`
+    does, so no run stays RUNNING once its process is gone (SIGKILL aside: the next start in the
+    checkpoint directory settles that run, see `MLflowSettings.resume`)."""
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if on_main_thread else None
+    try:
+        yield
+    except BaseException as error:
+        if callback.is_open():
+            callback.end("KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED")
+        raise
+    finally:
+        if on_main_thread:  # None: a handler not set from Python, i.e. the default one
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
 def training_budget_s(args: argparse.Namespace, job_started: float) -> float | None:
     """Seconds training may take from now: the tighter of `--time-budget-min` and what is left of
     `--job-budget-min` (None: no budget). Not above zero still trains one iteration, which evaluates."""
@@ -153,9 +186,9 @@ def _train(
 
     Ctrl-C stops after the running iteration: it is checkpointed, the run is
     closed KILLED and KeyboardInterrupt raised. A second Ctrl-C, or an error,
-    inside an iteration closes the run KILLED or FAILED without a checkpoint:
-    the algorithm is then mid-iteration (training seeds drawn, maybe some
-    updates applied), so the last checkpoint is the consistent state to resume.
+    inside an iteration raises without a checkpoint (`run_ended_on_exit` closes
+    the run): the algorithm is then mid-iteration (training seeds drawn, maybe
+    some updates applied), so the last checkpoint is the consistent state to resume.
     """
     result: dict[str, Any] = {}
     if algo.iteration >= stop_iters:
@@ -179,12 +212,6 @@ def _train(
                 progress.line(progress_line(algo.iteration, stop_iters, result, time.perf_counter() - began))
                 budget.add(iteration=algo.iteration, minutes=(time.perf_counter() - started) / 60, result=result)
                 progress.advance(total=stop_iters)
-        except KeyboardInterrupt:
-            callback.end("KILLED")
-            raise
-        except Exception:
-            callback.end("FAILED")
-            raise
         finally:
             progress.close()
     if algo.iteration < stop_iters:
@@ -225,9 +252,11 @@ def mlflow_settings(
     checkpoint_dir: Path | None = None,
     checkpoint_every: int = 1,
     keep_checkpoints: int = 2,
+    resume: bool = False,
     tags: dict[str, str] | None = None,
 ) -> MLflowSettings:
-    """The MLflow callback settings the tracking flags ask for (`tags`: the run's, beside the callback's own)."""
+    """The MLflow callback settings the tracking flags ask for (`tags`: the run's, beside the callback's own;
+    `resume`: continue the unfinished run recorded in `checkpoint_dir`)."""
     from rllib_ragen.run.callbacks import MLflowSettings
 
     given = {"tracking_uri": args.tracking_uri, "experiment": args.experiment}
@@ -238,6 +267,7 @@ def mlflow_settings(
         checkpoint_dir=str(checkpoint_dir) if checkpoint_dir is not None else None,
         checkpoint_every=checkpoint_every,
         keep_checkpoints=keep_checkpoints,
+        resume=resume,
         log_checkpoint_every=args.log_checkpoint_every,
         tags=dict(tags or {}),
     )

@@ -6,6 +6,7 @@ optimiser state and MLflow run."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import pickle
@@ -21,7 +22,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.core import DEFAULT_MODULE_ID
-from run_helpers import ROOT, driver_args, tiny_config
+from run_helpers import ROOT, driver_args, small_filesystem, tiny_config
 
 from rllib_ragen.lora import is_adapter_weight
 from rllib_ragen.run.callbacks import (
@@ -38,7 +39,15 @@ from rllib_ragen.run.checkpoints import (
     save_checkpoint,
     tracking_state,
 )
-from rllib_ragen.run.tracking import MLflowTracker, metrics_from_json
+from rllib_ragen.run.tracking import (
+    CHECKPOINT_DIR_TAG,
+    RUN_FILE,
+    MLflowTracker,
+    mark_orphans_killed,
+    metrics_from_json,
+    recorded_run,
+    resumable_run,
+)
 from rllib_ragen.run.train_loop import run
 
 TRAIN_SEED_START = 10_000  # StarPOConfig's default
@@ -136,6 +145,93 @@ def test_metrics_wait_for_their_checkpoint_and_restore_logs_each_once(ray_sessio
         algo.stop()
 
 
+def test_orphans_of_a_checkpoint_dir_are_found_in_the_store_and_in_its_run_file(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client, here, other = MlflowClient(store), str(tmp_path / "ckpt"), str(tmp_path / "other")
+    orphan = MLflowTracker(tracking_uri=store, experiment="e", tags={CHECKPOINT_DIR_TAG: here}).run_id
+    done = MLflowTracker(tracking_uri=store, experiment="e", tags={CHECKPOINT_DIR_TAG: here})
+    done.end("FINISHED")
+    elsewhere = MLflowTracker(tracking_uri=store, experiment="e", tags={CHECKPOINT_DIR_TAG: other}).run_id
+    # Recorded in the directory's run file, but in another experiment (a resume with other flags).
+    recorded = MLflowTracker(tracking_uri=store, experiment="e2").run_id
+    assert mark_orphans_killed(client, "e", checkpoint_dir=here, also=recorded) == sorted([orphan, recorded])
+    status = {run_id: client.get_run(run_id).info.status for run_id in (orphan, done.run_id, elsewhere, recorded)}
+    assert status == {orphan: "KILLED", done.run_id: "FINISHED", elsewhere: "RUNNING", recorded: "KILLED"}
+    assert mark_orphans_killed(client, "no-such-experiment", checkpoint_dir=here, also=None) == []
+    # Resumable: an unfinished run the store holds, whatever ended it; never a finished, deleted or unknown one.
+    client.delete_run(elsewhere)
+    assert [resumable_run(client, r) for r in (orphan, done.run_id, elsewhere, "0" * 32, None)] == [
+        orphan, None, None, None, None,
+    ]  # fmt: skip
+    assert recorded_run(here, store) is None
+
+
+def test_a_training_run_keeps_one_mlflow_run_across_kills_before_its_first_checkpoint(
+    ray_session, tiny_model_path, tmp_path
+):
+    store, checkpoints = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "ckpt"
+    client = MlflowClient(store)
+    settings = MLflowSettings(tracking_uri=store, experiment="one-run", checkpoint_dir=str(checkpoints))
+    algo = _bandit_config(tiny_model_path).build_algo()
+
+    def start(*, resume: bool) -> str:
+        """A process's start in `checkpoint_dir`; dropping the callback unclosed is what a SIGKILL leaves."""
+        callback = MLflowCallback(dataclasses.replace(settings, resume=resume))
+        return callback.start(algo).run_id
+
+    try:
+        first = start(resume=False)
+        # Recorded beside the checkpoints at once, whole (no temporary copy left), and tagged.
+        assert recorded_run(checkpoints, store) == first and recorded_run(checkpoints, "sqlite:///x.db") is None
+        assert [p.name for p in checkpoints.iterdir()] == [RUN_FILE]
+        assert client.get_run(first).data.tags[CHECKPOINT_DIR_TAG] == str(checkpoints)
+        assert start(resume=True) == first  # killed before its first checkpoint: --resume continues it
+        client.set_terminated(first, status="KILLED")  # a SIGTERM closes it KILLED: still resumed
+        assert start(resume=True) == first and client.get_run(first).info.status == "RUNNING"
+
+        fresh = start(resume=False)  # a new run in the same directory: the orphan is closed
+        assert fresh != first and client.get_run(first).info.status == "KILLED"
+        assert recorded_run(checkpoints, store) == fresh
+        client.set_terminated(fresh, status="FINISHED")
+        assert start(resume=True) not in (first, fresh)  # a finished run is never reopened
+    finally:
+        algo.stop()
+    experiment = client.get_experiment_by_name("one-run")
+    assert [r.info.status for r in client.search_runs([experiment.experiment_id])].count("RUNNING") == 1
+
+
+class _SigtermAtIteration1(RLlibCallback):
+    def on_train_result(self, *, algorithm, result, **kwargs) -> None:
+        signal.raise_signal(signal.SIGTERM)
+
+
+class _ErrorAtIteration1(RLlibCallback):
+    def on_train_result(self, *, algorithm, result, **kwargs) -> None:
+        raise RuntimeError("a bug in iteration 1")
+
+
+@pytest.mark.slow  # a run through the driver each
+@pytest.mark.parametrize(
+    ("callback", "raised", "status"),
+    [(_SigtermAtIteration1, SystemExit, "KILLED"), (_ErrorAtIteration1, RuntimeError, "FAILED")],
+    ids=["sigterm", "error"],
+)
+def test_a_run_whose_process_ends_by_sigterm_or_an_error_is_closed_killed_or_failed(
+    ray_session, tiny_model_path, tmp_path, callback, raised, status
+):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    flags = ("--tracking-uri", store, "--experiment", "ends", "--checkpoint-dir", str(tmp_path / "ckpt"))
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(raised) as ended:
+        run(_bandit_config(tiny_model_path).callbacks(callbacks_class=callback), driver_args(*flags, stop_iters=3))
+    assert signal.getsignal(signal.SIGTERM) is previous  # the run's SIGTERM handler is gone with it
+    if raised is SystemExit:
+        assert ended.value.code == 128 + signal.SIGTERM
+    client = MlflowClient(store)
+    (only,) = client.search_runs([client.get_experiment_by_name("ends").experiment_id])
+    assert only.info.status == status and only.info.run_id == recorded_run(tmp_path / "ckpt", store)
+
+
 class _CtrlCAtIteration2(RLlibCallback):
     def on_train_result(self, *, algorithm, result, **kwargs) -> None:
         if result["training_iteration"] == 2:
@@ -170,47 +266,102 @@ N_GROUPS = 2
 CHECKPOINT_EVERY = 2
 KILLED_IN = 4  # the iteration whose rollout the killed driver is held in: checkpoint 2 is its last
 # Runs the tuned example as `python tuned_examples/bandit_starpo.py FLAGS` does, except that the first
-# reset of a Bandit from seed FIRST_HELD_SEED on (iteration KILLED_IN's rollout) writes MARKER and waits
-# there until the test kills it: the kill lands after iteration KILLED_IN - 1, before any later checkpoint.
+# reset of a Bandit from seed FIRST_HELD_SEED on (the rollout of an iteration chosen by the test) writes
+# MARKER and then, with ACTION "hold", waits there until the test kills it; with ACTION a directory, it
+# fills that directory's file system up to its last FREE_LEFT bytes and goes on.
 HELD_DRIVER = """
-import runpy, sys, time
+import os, runpy, sys, time
 from pathlib import Path
 
 from envs.bandit import BanditEnv
 
-MARKER, FIRST_HELD_SEED, SCRIPT = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+MARKER, FIRST_HELD_SEED, ACTION, SCRIPT = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+FREE_LEFT = 256 * 1024
 reset = BanditEnv.reset
+
+
+def fill(directory):
+    stats = os.statvfs(directory)
+    with open(Path(directory) / "filler", "wb") as filler:
+        filler.truncate(0)
+        os.posix_fallocate(filler.fileno(), 0, stats.f_bavail * stats.f_frsize - FREE_LEFT)
 
 
 def held_reset(self, *args, seed=None, **kwargs):
     if seed is not None and seed >= FIRST_HELD_SEED and not MARKER.exists():
         MARKER.write_text(str(seed))
-        while True:
+        if ACTION != "hold":
+            fill(ACTION)
+        while ACTION == "hold":
             time.sleep(1)
     return reset(self, *args, seed=seed, **kwargs)
 
 
 BanditEnv.reset = held_reset
-sys.argv = [SCRIPT, *sys.argv[4:]]
+sys.argv = [SCRIPT, *sys.argv[5:]]
 runpy.run_path(SCRIPT, run_name="__main__")
 """
 
 
-def _driver_command(tmp_path: Path, model_path: Path, store: str, *extra: str, lora_rank: int = 0) -> list[str]:
-    """The tuned example, held in iteration KILLED_IN's rollout the first time (`tmp_path / "held"` says when)."""
+def _driver_command(
+    tmp_path: Path, model_path: Path, store: str, *extra: str, lora_rank: int = 0, held_in: int = KILLED_IN,
+    action: str = "hold", checkpoints: Path | None = None, marker: str = "held",
+) -> list[str]:  # fmt: skip
+    """The tuned example, held (or the disk filled: `action`) in iteration `held_in`'s rollout the first time
+    (`tmp_path / marker` says when)."""
     driver = tmp_path / "held_driver.py"
     driver.write_text(HELD_DRIVER)
-    first_held_seed = TRAIN_SEED_START + N_GROUPS * (KILLED_IN - 1)
+    first_held_seed = TRAIN_SEED_START + N_GROUPS * (held_in - 1)
     return [
-        sys.executable, str(driver), str(tmp_path / "held"), str(first_held_seed),
+        sys.executable, str(driver), str(tmp_path / marker), str(first_held_seed), action,
         str(ROOT / "tuned_examples" / "bandit_starpo.py"), "--model", str(model_path),
         "--engine", "hf", "--no-warm-start", "--n-groups", str(N_GROUPS), "--group-size", "2",
-        "--set", "response_length=8", "--set", "eval_interval=0", "--checkpoint-dir", str(tmp_path / "ckpt"),
+        "--set", "response_length=8", "--set", "eval_interval=0",
+        "--checkpoint-dir", str(checkpoints or tmp_path / "ckpt"),
         "--tracking-uri", store, "--experiment", "kill", "--stop-iters", str(STOP_ITERS),
         "--checkpoint-every", str(CHECKPOINT_EVERY), "--set", f"lora_rank={lora_rank}",
         # The held reset blocks the rollout itself, not a worker thread that a timeout would abandon.
         "--set", "env_step_timeout_s=None", *extra,
     ]  # fmt: skip
+
+
+def _driver_env(ray_tmp: str) -> dict[str, str]:
+    """Offline, unbuffered, this checkout first, and a local Ray of the driver's own (in `ray_tmp`, short:
+    Ray's socket paths must stay under 107 bytes), never another test's cluster."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, HF_HUB_OFFLINE="1", RAY_ADDRESS="local", RAY_TMPDIR=ray_tmp, PYTHONUNBUFFERED="1",
+                PYTHONPATH=path)  # fmt: skip
+
+
+def _run_held_then_kill(command: list[str], tmp_path: Path, env: dict[str, str], log_path: Path, *, what: str) -> None:
+    """Runs `command` until it is held (`tmp_path / "held"`), then SIGKILLs its session; waits for its processes' end."""
+    with open(log_path, "wb") as log:
+        killed = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path, env=env
+        )
+        try:
+            _wait((tmp_path / "held").exists, timeout_s=240, what=what, process=killed)
+        finally:
+            _kill_session(killed)
+    # Ray's processes share the driver's fate: none outlives the kill.
+    _wait(lambda: not _session_pids(killed.pid), timeout_s=20, what="end of the killed driver's processes")
+
+
+def _run_to_end(
+    command: list[str], tmp_path: Path, env: dict[str, str], log_path: Path, *, stderr: Path | None = None
+) -> subprocess.Popen:
+    """Runs `command` to its end (at most 240 s), its output in `log_path` (stderr too, or in `stderr`);
+    then nothing of its session is left."""
+    with open(log_path, "wb") as log, open(stderr or os.devnull, "wb") as err:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=err if stderr else subprocess.STDOUT, start_new_session=True, cwd=tmp_path,
+            env=env,
+        )  # fmt: skip
+        try:
+            process.wait(timeout=240)
+        finally:
+            _kill_session(process)
+    return process
 
 
 def _session_pids(session_id: int) -> list[int]:
@@ -277,24 +428,12 @@ def _logged(client: MlflowClient, run_id: str) -> dict[str, list[tuple[int, floa
 @pytest.mark.parametrize("lora_rank", [0, 8], ids=["full", "lora8"])
 def test_sigkill_mid_run_then_resume_continues_with_each_iteration_logged_once(tiny_model_path, tmp_path, lora_rank):
     checkpoints, store = tmp_path / "ckpt", f"sqlite:///{tmp_path / 'mlflow.db'}"
-    # Own Ray temp dir (short: Ray's socket paths must stay under 107 bytes) and
-    # a local Ray per driver, never another test's cluster.
     ray_tmp = tempfile.mkdtemp(prefix="rk", dir="/tmp")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", RAY_ADDRESS="local", RAY_TMPDIR=ray_tmp, PYTHONUNBUFFERED="1")
+    env = _driver_env(ray_tmp)
     logs = {name: tmp_path / f"{name}.log" for name in ("killed", "resumed")}
     command = _driver_command(tmp_path, tiny_model_path, store, lora_rank=lora_rank)
     try:
-        with open(logs["killed"], "wb") as log:
-            killed = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path, env=env
-            )
-            try:
-                held = (tmp_path / "held").exists
-                _wait(held, timeout_s=240, what=f"rollout of iteration {KILLED_IN}", process=killed)
-            finally:
-                _kill_session(killed)
-        # Ray's processes share the driver's fate: none outlives the kill.
-        _wait(lambda: not _session_pids(killed.pid), timeout_s=20, what="end of the killed driver's processes")
+        _run_held_then_kill(command, tmp_path, env, logs["killed"], what=f"rollout of iteration {KILLED_IN}")
         killed_output = logs["killed"].read_text()
         progress = [line.split("]")[0] + "]" for line in killed_output.splitlines() if line.startswith("[")]
         assert progress == [f"[{i}/{STOP_ITERS}]" for i in range(1, KILLED_IN)], killed_output[-3000:]
@@ -311,15 +450,7 @@ def test_sigkill_mid_run_then_resume_continues_with_each_iteration_logged_once(t
         before_resume = _logged(client, run_id)
         assert all([step for step, _, _ in before_resume[key]] == [1, 2] for key in METRICS), before_resume
 
-        with open(logs["resumed"], "wb") as log:
-            resumed = subprocess.Popen(
-                [*command, "--resume"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                cwd=tmp_path, env=env,
-            )
-            try:
-                resumed.wait(timeout=240)
-            finally:
-                _kill_session(resumed)
+        resumed = _run_to_end([*command, "--resume"], tmp_path, env, logs["resumed"])
         output = logs["resumed"].read_text()
         assert resumed.returncode == 0, output[-3000:]
     finally:
@@ -345,3 +476,65 @@ def test_sigkill_mid_run_then_resume_continues_with_each_iteration_logged_once(t
     assert _next_train_seed(final) == TRAIN_SEED_START + N_GROUPS * STOP_ITERS
     assert _adam_steps(final) == adam_steps_per_iteration * STOP_ITERS
     assert (checkpoints / "final_policy" / "model.safetensors").is_file()
+
+
+def _loads(checkpoint: Path) -> None:
+    """Every state file of the checkpoint unpickles, and its tracking state reads."""
+    tracking_state(checkpoint)
+    for state in checkpoint.rglob("*.pkl"):
+        pickle.loads(state.read_bytes())
+
+
+@pytest.mark.slow
+def test_a_run_killed_before_its_first_checkpoint_then_out_of_disk_stays_one_mlflow_run_and_finishes(
+    tiny_model_path, tmp_path
+):
+    """1. SIGKILLed in iteration 2, before its first checkpoint (every 2): a RUNNING run without metrics.
+    2. `--resume` continues that run; iteration 3's rollout fills the disk, so checkpoint 4 (the last) can't be
+       written: one line naming it and the space it needs, checkpoint 2 kept and loadable, the run FAILED.
+    3. Space freed, `--resume` goes on from checkpoint 2: one FINISHED run, each iteration logged once."""
+    with small_filesystem(tmp_path / "disk", megabytes=200) as disk:
+        checkpoints, store = disk / "ckpt", f"sqlite:///{disk / 'mlflow.db'}"
+        ray_tmp = tempfile.mkdtemp(prefix="rk", dir="/tmp")
+        env = _driver_env(ray_tmp)
+        command = _driver_command(tmp_path, tiny_model_path, store, "--stop-iters", "4", held_in=2, checkpoints=checkpoints)
+        try:
+            _run_held_then_kill(command, tmp_path, env, tmp_path / "killed.log", what="rollout of iteration 2")
+            assert latest_checkpoint(checkpoints) is None
+            client = MlflowClient(store)
+            (orphan,) = client.search_runs([client.get_experiment_by_name("kill").experiment_id])
+            assert orphan.info.status == "RUNNING" and orphan.data.metrics == {}
+            assert recorded_run(checkpoints, store) == orphan.info.run_id
+
+            filling = _driver_command(
+                tmp_path, tiny_model_path, store, "--stop-iters", "4", "--resume", held_in=3, action=str(disk),
+                checkpoints=checkpoints, marker="filled",
+            )  # fmt: skip
+            full = _run_to_end(filling, tmp_path, env, tmp_path / "full.log", stderr=tmp_path / "full.err")
+            assert (tmp_path / "filled").exists()  # the disk was filled in iteration 3
+            assert "--resume: no complete checkpoint" in (tmp_path / "full.log").read_text()
+            stderr = (tmp_path / "full.err").read_text().splitlines()
+            message = f"no space left on the device for the checkpoint {checkpoints / 'iter_000004'}: it needs about "
+            # The whole message is stderr's last line: once the entry points' converter of user-facing errors
+            # takes DiskFullError, that line is `error: <message>`; until then it ends the traceback.
+            assert full.returncode != 0 and message in stderr[-1], stderr[-30:]
+            assert stderr[-1].endswith("then run again with --resume (the checkpoint iter_000002 is complete and is "
+                                       "resumed from)"), stderr[-1]  # fmt: skip
+            # The half-written checkpoint is gone, the previous one loads; the run (the same one) ended FAILED.
+            assert sorted(p.name for p in checkpoints.glob("*iter_*")) == ["iter_000002"]
+            _loads(latest_checkpoint(checkpoints))
+            (failed,) = client.search_runs([client.get_experiment_by_name("kill").experiment_id])
+            assert failed.info.run_id == orphan.info.run_id and failed.info.status == "FAILED"
+
+            (disk / "filler").unlink()  # space freed
+            resumed = _run_to_end([*command, "--resume"], tmp_path, env, tmp_path / "resumed.log")
+            output = (tmp_path / "resumed.log").read_text()
+            assert resumed.returncode == 0, output[-3000:]
+            assert "at iteration 2\n" in output
+        finally:
+            shutil.rmtree(ray_tmp, ignore_errors=True)
+        (only_run,) = client.search_runs([client.get_experiment_by_name("kill").experiment_id])
+        assert only_run.info.run_id == orphan.info.run_id and only_run.info.status == "FINISHED"
+        for key in METRICS:  # one series per metric, each iteration once
+            assert [step for step, _, _ in _logged(client, orphan.info.run_id)[key]] == [1, 2, 3, 4], key
+        _loads(latest_checkpoint(checkpoints))
