@@ -13,13 +13,16 @@ import errno
 import os
 from pathlib import Path
 
+from envs.user_errors import UserError
+
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
-class DiskFullError(OSError):
+class DiskFullError(UserError, OSError):
     """No space left for a write of this package; the message names the path and the space needed.
 
-    An OSError with errno ENOSPC, so code that handles a full disk as such still does.
+    An OSError with errno ENOSPC, so code that handles a full disk as such still does, and a
+    `UserError`: the entry points report it as one `error:` line (the user frees space and resumes).
     """
 
     def __init__(self, message: str) -> None:

@@ -515,9 +515,8 @@ def test_a_run_killed_before_its_first_checkpoint_then_out_of_disk_stays_one_mlf
             assert "--resume: no complete checkpoint" in (tmp_path / "full.log").read_text()
             stderr = (tmp_path / "full.err").read_text().splitlines()
             message = f"no space left on the device for the checkpoint {checkpoints / 'iter_000004'}: it needs about "
-            # The whole message is stderr's last line: once the entry points' converter of user-facing errors
-            # takes DiskFullError, that line is `error: <message>`; until then it ends the traceback.
-            assert full.returncode != 0 and message in stderr[-1], stderr[-30:]
+            # The whole message is stderr's last line, as the entry points' converter writes a user-facing error.
+            assert full.returncode == 2 and stderr[-1].startswith(f"error: {message}"), stderr[-30:]
             assert stderr[-1].endswith("then run again with --resume (the checkpoint iter_000002 is complete and is "
                                        "resumed from)"), stderr[-1]  # fmt: skip
             # The half-written checkpoint is gone, the previous one loads; the run (the same one) ended FAILED.
