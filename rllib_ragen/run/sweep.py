@@ -71,6 +71,7 @@ INTERRUPTED_TAG = "rllib_ragen.interrupted"
 INTERRUPTED_EXIT_CODE = 130
 # A trial's `status` in the results table.
 FINISHED, STOPPED_EARLY, FAILED, INTERRUPTED = "finished", "stopped early", "error", "interrupted"
+NOT_STARTED = "not started"
 # Result columns of the table: (column, result key).
 TABLE_METRICS = (
     ("success", "env_runners/success_rate"),
@@ -214,8 +215,9 @@ class EndMLflowRuns(tune.Callback):
     Runs that reached `stop_iters` were already closed FINISHED by `MLflowCallback`.
     """
 
-    def __init__(self, settings: MLflowSettings) -> None:
+    def __init__(self, settings: MLflowSettings, ledger: TrialLedger) -> None:
         self.settings = settings
+        self.ledger = ledger
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         self._end(trial, "KILLED", tags={STOPPED_EARLY_TAG: "true"})
@@ -225,7 +227,7 @@ class EndMLflowRuns(tune.Callback):
 
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         for trial in trials:
-            if trial.status not in (Trial.TERMINATED, Trial.ERROR):
+            if self.ledger.status(trial) == INTERRUPTED:
                 self._end(trial, "KILLED", tags={INTERRUPTED_TAG: "true"})
 
     def _end(self, trial: Trial, status: str, *, tags: Mapping[str, str]) -> None:
@@ -239,28 +241,29 @@ class EndMLflowRuns(tune.Callback):
 
 
 class TrialLedger(tune.Callback):
-    """Keeps every trial's swept config and final status, which Tune's results lack for a
-    trial that never reported (still pending, or interrupted before its first iteration)."""
+    """How each trial ended, and its config, which Tune's results lack for a trial that never
+    reported. Tune calls `on_trial_complete` (or `on_trial_error`) for every trial that ends on
+    its own or by the scheduler, never for one it stops because the sweep itself ends (Ctrl-C):
+    such a trial is interrupted, whatever status Tune leaves it in."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop_iters: int) -> None:
+        self.stop_iters = stop_iters
         self.trials: dict[str, Trial] = {}
+        self._ended: dict[str, str] = {}
+
+    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        reached = (trial.last_result or {}).get("training_iteration", 0) >= self.stop_iters
+        self._ended[trial.trial_id] = FINISHED if reached else STOPPED_EARLY
+
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        self._ended[trial.trial_id] = FAILED
 
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         self.trials = {trial.path: trial for trial in trials}
 
-    def status(self, path: str, *, iterations: int | None, stop_iters: int) -> str:
-        """`finished`, `stopped early` (by the scheduler), `error`, or `interrupted` (still
-        running or never started when the sweep ended)."""
-        trial = self.trials.get(path)
-        if trial is None or trial.status not in (Trial.TERMINATED, Trial.ERROR):
-            return INTERRUPTED
-        if trial.status == Trial.ERROR:
-            return FAILED
-        return FINISHED if (iterations or 0) >= stop_iters else STOPPED_EARLY
-
-    def config(self, path: str) -> Mapping[str, Any]:
-        trial = self.trials.get(path)
-        return trial.config if trial is not None else {}
+    def status(self, trial: Trial) -> str:
+        """`finished`, `stopped early` (by the scheduler), `error` or `interrupted`."""
+        return self._ended.get(trial.trial_id, INTERRUPTED)
 
 
 class TrialProgress(tune.Callback):
@@ -290,7 +293,7 @@ def run_sweep(
     )
     # Created here, once: trials starting together would race to create it.
     experiment_id_of(tracking_client(settings.tracking_uri), settings.experiment)
-    ledger = TrialLedger()
+    ledger = TrialLedger(sweep.stop_iters)
     tuner = tune.Tuner(
         # Each trial's placement group holds every actor it starts (see trial_resources).
         tune.with_resources(StarPO, trial_placement),
@@ -306,10 +309,10 @@ def run_sweep(
             storage_path=sweep.storage_path,
             stop={"training_iteration": sweep.stop_iters},
             callbacks=[
-                EndMLflowRuns(settings),
+                ledger,
+                EndMLflowRuns(settings, ledger),
                 TrialProgress(sweep.stop_iters),
                 PlacementWatchdog(timeout_s=sweep.placement_timeout_s),
-                ledger,
             ],
             verbose=0,
         ),
@@ -321,23 +324,25 @@ def run_sweep(
 def results_table(
     results: tune.ResultGrid, ledger: TrialLedger, sweep: SweepSettings, settings: MLflowSettings
 ) -> pd.DataFrame:
-    """One row per trial: swept values, status, final metrics, MLflow run id; best `sweep.metric` first."""
+    """One row per grid point: swept values, status, final metrics, MLflow run id; best `sweep.metric`
+    first. A grid point Tune never started a trial for (the sweep was interrupted first) is `not started`."""
     client = tracking_client(settings.tracking_uri)
     rows = []
     for result in results:
+        trial = ledger.trials[result.path]
         metrics = result.metrics or {}
-        config = ledger.config(result.path)
-        row: dict[str, Any] = {
-            "trial": metrics.get("trial_id", "") or getattr(ledger.trials.get(result.path), "trial_id", "")
-        }
-        row.update({key: config_dict_value(config, key) for key in sweep.grid})
-        iterations = metrics.get("training_iteration")
-        row["status"] = ledger.status(result.path, iterations=iterations, stop_iters=sweep.stop_iters)
+        row: dict[str, Any] = {"trial": trial.trial_id}
+        row.update({key: config_dict_value(trial.config, key) for key in sweep.grid})
+        row["status"] = ledger.status(trial)
         row.update({column: _nested(metrics, key) for column, key in TABLE_METRICS})
         row["error"] = type(result.error).__name__ if result.error else ""
         row["mlflow_run_id"] = find_run(client, settings.experiment, tag=TRIAL_TAG, value=Path(result.path).name)
         row["_sort"] = _nested(metrics, sweep.metric)
         rows.append(row)
+    started = [tuple(row[key] for key in sweep.grid) for row in rows]
+    for values in itertools.product(*sweep.grid.values()):
+        if values not in started:
+            rows.append({"trial": "", **dict(zip(sweep.grid, values)), "status": NOT_STARTED, "_sort": None})
     table = pd.DataFrame(rows)
     if table.empty:
         return table
@@ -418,9 +423,9 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> pd.DataFr
         raise SystemExit(INTERRUPTED_EXIT_CODE) from None
     with pd.option_context("display.width", 200, "display.max_columns", None):
         print("\nresults (best first):\n" + table.to_string(index=False), flush=True)
-    interrupted = int((table["status"] == INTERRUPTED).sum()) if not table.empty else 0
-    if interrupted:
-        print(f"sweep interrupted: {interrupted} of {len(table)} trials did not finish", file=sys.stderr, flush=True)
+    unfinished = int(table["status"].isin([INTERRUPTED, NOT_STARTED]).sum()) if not table.empty else 0
+    if unfinished:
+        print(f"sweep interrupted: {unfinished} of {len(table)} trials did not finish", file=sys.stderr, flush=True)
         raise SystemExit(INTERRUPTED_EXIT_CODE)
     return table
 
