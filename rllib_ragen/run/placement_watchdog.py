@@ -73,10 +73,14 @@ class PlacementWatchdog(tune.Callback):
     def _message(
         self, actor: Mapping[str, Any], table: Sequence[Mapping[str, Any]], trials: Sequence[Trial], *, waited: float
     ) -> str:
-        running = [t for t in trials if t.status == Trial.RUNNING]
+        # A trial whose algorithm is still starting (waiting for the actor) is PENDING to Tune.
+        live = [t for t in trials if t.status in (Trial.PENDING, Trial.RUNNING)]
         reserved = (
-            "; ".join(f"trial {t.trial_id} reserves {describe_placement(t.placement_group_factory)}" for t in running)
-            or "no trial is running"
+            "; ".join(
+                f"trial {t.trial_id} ({t.status}) reserves {describe_placement(t.placement_group_factory)}"
+                for t in live
+            )
+            or "no trial is live"
         )
         return (
             f"actor {owner_chain(actor, table)} waited {waited:.0f} s for resources "

@@ -41,7 +41,7 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from envs import check_env
-from rllib_ragen.algorithm.starpo import StarPO, StarPOConfig
+from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.rllib_private import config_dict_value
 from rllib_ragen.run.callbacks import MLflowSettings, with_mlflow
 from rllib_ragen.run.experiment import open_tracking_store
@@ -55,10 +55,10 @@ from rllib_ragen.run.starting_model import choose_starting_model
 from rllib_ragen.run.tracking import TRIAL_TAG, experiment_id_of, find_run
 from rllib_ragen.run.train_loop import mlflow_settings
 from rllib_ragen.run.trial_resources import (
+    StarPOTrial,
     TrialDoesNotFitError,
     check_trial_fits_cluster,
     describe_placement,
-    trial_placement,
     trials_at_once,
 )
 
@@ -295,8 +295,7 @@ def run_sweep(
     experiment_id_of(tracking_client(settings.tracking_uri), settings.experiment)
     ledger = TrialLedger(sweep.stop_iters)
     tuner = tune.Tuner(
-        # Each trial's placement group holds every actor it starts (see trial_resources).
-        tune.with_resources(StarPO, trial_placement),
+        StarPOTrial,
         param_space=param_space(config, sweep.grid, settings),
         tune_config=tune.TuneConfig(
             metric=sweep.metric,

@@ -5,8 +5,9 @@ actor the trial starts (env runners, learners, the vLLM engine actors of each
 `VLLMEnginePool`) into that group. RLlib's `Algorithm.default_resource_request`
 sizes the group for the algorithm, its remote env runners and learners only, so
 an engine actor found no room in it and waited forever. `trial_placement` adds
-one bundle per engine actor; `check_trial_fits` refuses, before Tune starts, a
-trial the cluster cannot hold, naming what it needs and what the cluster has.
+one bundle per engine actor, and `StarPOTrial`, the sweep's trainable, asks Tune for
+it; `check_trial_fits` refuses, before Tune starts, a trial the cluster cannot hold,
+naming what it needs and what the cluster has.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ray
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.utils.annotations import override
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
 from rllib_ragen.algorithm.starpo import StarPO, StarPOConfig
@@ -39,6 +42,15 @@ def trial_placement(config: StarPOConfig | Mapping[str, Any]) -> PlacementGroupF
     rllib = StarPO.default_resource_request(starpo_config)
     bundles = ([{}] if rllib.head_bundle_is_empty else []) + rllib.bundles
     return PlacementGroupFactory(bundles + engine_bundles(starpo_config), strategy=rllib.strategy)
+
+
+class StarPOTrial(StarPO):
+    """StarPO as a Tune trial: its placement group holds every actor it starts (`trial_placement`)."""
+
+    @classmethod
+    @override(Algorithm)
+    def default_resource_request(cls, config: StarPOConfig | Mapping[str, Any]) -> PlacementGroupFactory:
+        return trial_placement(config)
 
 
 def engine_bundles(config: StarPOConfig) -> list[dict[str, float]]:
@@ -83,8 +95,8 @@ def check_trial_fits(
     if any(amount > cluster.get(key, 0.0) + 1e-9 for key, amount in needed.items()):
         raise TrialDoesNotFitError(
             f"one trial needs {_spelled(needed)} ({parts}; bundles {_bundles(placement)}) but the cluster has "
-            f"{_spelled(cluster, keys=needed)}: lower num_cpus_per_engine or num_cpus_for_main_process "
-            "(fractions are fine), or the engines, runners or learners, or add resources"
+            f"{_spelled(cluster, keys=needed)}: lower num_cpus_per_engine (a fraction, or 0 to reserve none), "
+            "the engines, runners or learners, or add resources"
         )
     for bundle in placement.bundles:
         if not any(_holds(node, bundle) for node in nodes):

@@ -106,7 +106,7 @@ def test_the_watchdog_names_an_actor_left_unplaced_and_spares_one_still_starting
             watchdog.check([])
         message = str(error.value)
         assert message.startswith("actor Unplaceable (started by Starter) waited 31 s for resources")
-        assert "SlowToStart" not in message and "no trial is running" in message
+        assert "SlowToStart" not in message and "no trial is live" in message
     finally:
         for actor in (starter, slow):
             ray.kill(actor)
