@@ -33,6 +33,7 @@ WRITTEN_FOR_RAY = "2.60.0"
 __all__ = [
     "WRITTEN_FOR_RAY",
     "MiniBatchStepLearner",
+    "actor_table",
     "canonicalize_bootstrap_address",
     "check_ray_version",
     "config_dict_value",
@@ -142,6 +143,14 @@ def env_runner_actors(env_runner_group: EnvRunnerGroup) -> dict[int, Any]:
 def mark_env_runner_healthy(env_runner_group: EnvRunnerGroup, runner_id: int, healthy: bool) -> None:
     """Marks remote env runner `runner_id` in or out of service, as RLlib does after a failed call."""
     env_runner_group._worker_manager.set_actor_state(runner_id, healthy=healthy)
+
+
+def actor_table() -> list[dict[str, Any]]:
+    """Every actor of the cluster as its GCS lists them (`ActorID`, `ActorClassName`, `JobID`, `State`,
+    `Pid`, `Address`, `OwnerAddress`); `ray.util.state` would need the dashboard, which `init_ray` leaves off."""
+    from ray._private import state
+
+    return list(state.actors().values())
 
 
 def config_dict_value(config_dict: Mapping[str, Any], attribute: str) -> Any:

@@ -32,8 +32,10 @@ from ray.tune.experiment import Trial
 from rllib_ragen.algorithm.starpo import StarPO
 from rllib_ragen.run.callbacks import MLflowSettings, mlflow_callback_of, with_mlflow
 from rllib_ragen.run.mlflow_store import tracking_client
+from rllib_ragen.run.placement_watchdog import DEFAULT_PLACEMENT_TIMEOUT_S, PlacementWatchdog
 from rllib_ragen.run.study import ARM_TAG, SEED_TAG, STUDY_TAG, Study, TrialPoint, trial_points
 from rllib_ragen.run.tracking import TRIAL_TAG, experiment_id_of, find_run
+from rllib_ragen.run.trial_resources import StarPOTrial, check_trial_fits_cluster, trials_at_once
 
 if TYPE_CHECKING:
     from rllib_ragen.algorithm.starpo import StarPOConfig
@@ -172,8 +174,8 @@ class StudyRunSettings:
     Args:
         storage_path: Tune's folder; the study's trials go in `<storage_path>/<study name>`, and
             running the study again there resumes it.
-        max_concurrent: Trials at once; None: one per node of the Ray cluster (a trial on CPU
-            uses every core of its node), so one at a time on a single machine.
+        max_concurrent: Trials at once; None: as many as the cluster holds side by side, each with
+            the resources its config reserves (`trial_resources`): one at a time on 2 cores.
     """
 
     storage_path: str
@@ -193,7 +195,12 @@ def run_study(
 
     Raises:
         ValueError: `run.storage_path` holds this study's folder from a different declaration.
+        TrialDoesNotFitError: a trial reserves more than the running Ray cluster has.
     """
+    placements = [check_trial_fits_cluster(config) for config in configs]  # before Tune: one line, not a hang
+    run = dataclasses.replace(
+        run, max_concurrent=run.max_concurrent or min(trials_at_once(p, ray.cluster_resources()) for p in placements)
+    )
     path = Path(run.storage_path) / study.name
     declaration = [dataclasses.asdict(point) for point in trial_points(study)]
     settings = dataclasses.replace(settings, stop_iters=None, run_id=None, run_name=None, checkpoint_dir=None)
@@ -219,7 +226,7 @@ def new_tuner(
         trial_trainable(),
         param_space=param_space(study, configs, settings),
         tune_config=tune.TuneConfig(
-            max_concurrent_trials=run.max_concurrent or len([node for node in ray.nodes() if node["Alive"]]),
+            max_concurrent_trials=run.max_concurrent,
             trial_name_creator=trial_name,
             trial_dirname_creator=trial_dirname,
         ),
@@ -227,7 +234,11 @@ def new_tuner(
             name=study.name,
             storage_path=run.storage_path,
             stop=BudgetStopper(study.budget_min * 60.0),
-            callbacks=[CloseFailedRuns(settings), StudyProgress(study.budget_min)],
+            callbacks=[
+                CloseFailedRuns(settings),
+                StudyProgress(study.budget_min),
+                PlacementWatchdog(timeout_s=DEFAULT_PLACEMENT_TIMEOUT_S),
+            ],
             # No Tune checkpoints (a SmolLM2 one is gigabytes): a trial cut short starts again.
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=0, checkpoint_at_end=False),
             verbose=0,
@@ -236,8 +247,9 @@ def new_tuner(
 
 
 def trial_trainable() -> type[StarPO]:
-    """What Tune runs for each trial (the same for a new study and a restored one)."""
-    return StarPO
+    """What Tune runs for each trial (the same for a new study and a restored one): StarPO whose
+    placement group holds its engine actors too."""
+    return StarPOTrial
 
 
 def check_declaration(path: Path, declaration: list[dict[str, Any]]) -> None:

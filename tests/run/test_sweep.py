@@ -5,6 +5,10 @@ the results table is right."""
 from __future__ import annotations
 
 import os
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,7 @@ from envs import BanditEnv, register_env, registry
 from rllib_ragen.algorithm.presets import PRESETS, preset
 from rllib_ragen.run.sweep import (
     DEFAULT_GRID,
+    INTERRUPTED_TAG,
     STOPPED_EARLY_TAG,
     SweepSettings,
     check_grid,
@@ -123,6 +128,7 @@ def _sweep_and_check(tiny_model_path: Path, tmp_path: Path, env: str) -> None:
     assert list(table["group_size"]) == [3, 2]  # best first
     assert list(table["rollout_frequency"]) == [2, 2] and list(table["max_turns"]) == [1, 1]
     assert list(table["iterations"]) == [2, 1] and list(table["error"]) == ["", ""]
+    assert list(table["status"]) == ["finished", "stopped early"]
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment_id = client.get_experiment_by_name("sweep-test").experiment_id
@@ -142,3 +148,66 @@ def _sweep_and_check(tiny_model_path: Path, tmp_path: Path, env: str) -> None:
     assert [m.step for m in client.get_metric_history(stopped.info.run_id, "training_iteration")] == [1]
     assert {a.path for a in client.list_artifacts(stopped.info.run_id)} == {"trajectories"}
     assert Path(tmp_path / "tune").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_two_trial_sweep_of_the_cpu_preset_places_its_vllm_engines(tiny_model_path, tmp_path, monkeypatch):
+    # The CPU preset's trial on the local 2-CPU Ray: the algorithm and its vLLM engine actor, each in a
+    # bundle of the trial's placement group (before, the engine waited forever for a CPU the group lacked).
+    monkeypatch.chdir(tmp_path)
+    assert not ray.is_initialized()
+    try:
+        table = _sweep_cli().main([
+            "--env", "bandit", "--preset", "cpu", "--model", str(tiny_model_path), "--engine", "vllm",
+            "--no-warm-start", "--stop-iters", "1", "--n-groups", "2",
+            "--set", "kv_cache_gb=0.05", "--set", "max_model_len=512", "--set", "eval_size=2",
+            "--grid", "group_size=2,4", "--max-concurrent", "2", "--placement-timeout", "60",
+            "--experiment", "sweep-vllm", "--storage-path", str(tmp_path / "tune"),
+        ])  # fmt: skip
+    finally:
+        ray.shutdown()
+    assert sorted(table["group_size"]) == [2, 4]
+    assert list(table["status"]) == ["finished", "finished"] and list(table["iterations"]) == [1, 1]
+    assert sorted(table["return"].notna()) == [True, True]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("sweep-vllm").experiment_id])
+    assert {run.info.run_id for run in runs} == set(table["mlflow_run_id"])
+    assert {run.data.params["group_size"] for run in runs} == {"2", "4"}
+    assert {run.info.status for run in runs} == {"FINISHED"}
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_sweep_with_status_130_and_the_trials_marked_interrupted(tiny_model_path, tmp_path):
+    command = [
+        sys.executable, str(ROOT / "tuned_examples" / "sweep_starpo.py"),
+        "--env", "bandit", "--model", str(tiny_model_path), "--engine", "hf", "--no-warm-start",
+        "--stop-iters", "1000", "--n-groups", "2", "--set", "eval_interval=1000",
+        "--grid", "group_size=2,3", "--experiment", "sweep-interrupted", "--storage-path", str(tmp_path / "tune"),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = []
+    try:
+        for line in process.stdout:
+            output.append(line)
+            if "[1/1000]" in line:  # a trial is mid-way
+                process.send_signal(signal.SIGINT)
+                break
+        output.extend(process.stdout)
+        assert process.wait(timeout=180) == 130, "".join(output)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = "".join(output)
+    table = text.split("results (best first):", 1)[1]
+    assert re.search(r"^\s*trial\s+group_size\s+status\s", table, re.M), table
+    # The swept values in every row: the running trial interrupted, the next one never started.
+    assert re.search(r"^\s*\w+_00000\s+2\s+interrupted\s", table, re.M), table
+    assert re.search(r"^\s+3\s+not started\s", table, re.M), table
+    assert "sweep interrupted: 2 of 2 trials did not finish" in text
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("sweep-interrupted").experiment_id])
+    # The trial that was running had opened its run: closed KILLED and tagged, not left RUNNING.
+    assert [run.info.status for run in runs] == ["KILLED"]
+    assert runs[0].data.tags[INTERRUPTED_TAG] == "true"
