@@ -160,16 +160,31 @@ def add_config_flags(parser: argparse.ArgumentParser, *, env: str, stop_iters: i
     # No argparse choices: the estimator registry imports torch; the config check names the registered ones.
     parser.add_argument("--estimator", help="advantage estimator, e.g. grpo or gae (default: the preset's)")
     parser.add_argument("--no-think", action="store_true", help="answer with <answer> only (no-think mode)")
-    parser.add_argument(
-        "--no-warm-start",
-        action="store_true",
-        help="skip the supervised warm start (on the preset's player: the env's expert, or random moves)",
-    )
+    add_warm_start_flags(parser)
     parser.add_argument(
         "--warm-start-model",
         metavar="DIR",
         help="use this warm-started model directory (a Hugging Face directory, e.g. an earlier "
         "run's final_policy/ or a warm start's cache entry) instead of building the warm start",
+    )
+    parser.add_argument("--eval-size", type=positive_int, help="fixed evaluation seeds (default: the preset's)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set any StarPOConfig attribute, e.g. --set actor_lr=1e-5 (repeatable; the value is "
+        "converted through the type the setting declares)",
+    )
+    parser.add_argument("--seed", type=int, help="random seed")
+
+
+def add_warm_start_flags(parser: argparse.ArgumentParser) -> None:
+    """The warm start's flags: none, who plays its demonstrations, and how many initial states."""
+    parser.add_argument(
+        "--no-warm-start",
+        action="store_true",
+        help="skip the supervised warm start (on the preset's player: the env's expert, or random moves)",
     )
     parser.add_argument(
         "--warm-start",
@@ -185,16 +200,6 @@ def add_config_flags(parser: argparse.ArgumentParser, *, env: str, stop_iters: i
         f"default: {WARM_START_STATES['random']} for random play, "
         f"{WARM_START_STATES['expert']} for the expert)",
     )
-    parser.add_argument("--eval-size", type=positive_int, help="fixed evaluation seeds (default: the preset's)")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="set any StarPOConfig attribute, e.g. --set actor_lr=1e-5 (repeatable; the value is "
-        "converted through the type the setting declares)",
-    )
-    parser.add_argument("--seed", type=int, help="random seed")
 
 
 def add_tracking_flags(parser: argparse.ArgumentParser) -> None:

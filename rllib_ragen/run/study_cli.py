@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from envs.user_errors import front_door, input_checks
-from rllib_ragen.data.experts import WARM_START_PLAYERS
-from rllib_ragen.run.flags import CLIParser, add_tracking_flags, positive_float, positive_int
+from rllib_ragen.run.flags import CLIParser, add_tracking_flags, add_warm_start_flags, positive_float, positive_int
 from rllib_ragen.run.study import Study, trial_configs, trial_points
 
 if TYPE_CHECKING:
@@ -41,11 +40,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="a setting of every trial, as `train --set` (not one the arms vary)",
     )
-    parser.add_argument("--no-warm-start", action="store_true", help="skip the supervised warm start")
-    parser.add_argument("--warm-start", choices=WARM_START_PLAYERS, dest="warm_start_player", help="its player")
-    parser.add_argument("--warm-start-examples", type=positive_int, help="initial states the warm start plays")
+    add_warm_start_flags(parser)
     parser.add_argument("--storage-path", default=DEFAULT_STORAGE, help="Tune's folder: <path>/<study name>")
-    parser.add_argument("--max-concurrent", type=positive_int, help="trials at once (default: one per Ray node)")
+    parser.add_argument(
+        "--max-concurrent",
+        type=positive_int,
+        help="trials at once (default: as many as the cluster holds, each with what it reserves)",
+    )
     parser.add_argument("--report-only", action="store_true", help="no training: report the runs in MLflow")
     add_tracking_flags(parser)
     return parser
