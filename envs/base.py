@@ -27,6 +27,7 @@ import abc
 import ast
 import dataclasses
 import numbers
+import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -231,8 +232,18 @@ def build_config(config_class: type, config: Any, overrides: Mapping[str, Any]) 
     unknown = sorted(set(overrides) - set(accepted))
     if unknown:
         raise TypeError(f"unknown {config_class.__name__} key(s) {unknown}; accepted keys: {list(accepted)}")
+    _check_whole_numbers(config_class, overrides)
     base: Any = config if config is not None else config_class()
     return dataclasses.replace(base, **overrides)
+
+
+def _check_whole_numbers(config_class: type, values: Mapping[str, Any]) -> None:
+    """Raises TypeError naming a value given for a field declared `int` that is anything else (a float,
+    a bool, text), before the config's own checks compare it with numbers."""
+    hints = typing.get_type_hints(config_class)
+    for name, value in values.items():
+        if hints.get(name) is int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            raise TypeError(f"{name} takes an int, got {value!r} ({type(value).__name__})")
 
 
 def parse_literal(raw: str) -> Any:

@@ -29,6 +29,10 @@ INSTRUCTIONS = (
 )
 
 
+# The prompt draws every cell of the corridor: a longer one is no prompt a model can read.
+MAX_DISTANCE = 100
+
+
 @dataclasses.dataclass(frozen=True)
 class CorridorConfig:
     """Corridor layout.
@@ -44,8 +48,10 @@ class CorridorConfig:
     max_steps: int = 20
 
     def __post_init__(self) -> None:
-        if self.distance < 1:
-            raise ValueError(f"distance must be >= 1, got {self.distance}")
+        if not 1 <= self.distance <= MAX_DISTANCE:
+            raise ValueError(
+                f"distance must be between 1 and {MAX_DISTANCE} (the prompt shows every cell), got {self.distance}"
+            )
         if self.max_padding < 0:
             raise ValueError(f"max_padding must be >= 0, got {self.max_padding}")
         if self.max_steps < 1:

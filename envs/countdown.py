@@ -30,6 +30,7 @@ CORRECT_REWARD = 1.0
 FORMAT_REWARD = 0.1
 MAX_EQUATION_LENGTH = 200
 MAX_INSTANCE_TRIES = 1000
+NUMBER_RANGE_PER_TARGET = 10
 
 _OPERATORS = {
     ast.Add: operator.add,
@@ -70,6 +71,12 @@ class CountdownConfig:
             raise ValueError(f"max_number must be >= 1, got {self.max_number}")
         if self.max_target < 1:
             raise ValueError(f"max_target must be >= 1, got {self.max_target}")
+        if self.max_number > NUMBER_RANGE_PER_TARGET * self.max_target:
+            # Far larger numbers than targets leave few equations that land on a target: reset would not find one.
+            raise ValueError(
+                f"max_number must be at most {NUMBER_RANGE_PER_TARGET} x max_target ({self.max_target}) so that "
+                f"instances can be drawn, got {self.max_number}"
+            )
 
 
 class Score(NamedTuple):

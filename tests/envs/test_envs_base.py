@@ -60,3 +60,13 @@ def test_match_action():
     assert match_action(" dOWN\t", vocabulary) == "Down"
     assert match_action("Down!", vocabulary) is None
     assert match_action("", vocabulary) is None
+
+
+@pytest.mark.parametrize("value", [3.0, 6.7e165, True, "3"])
+def test_an_int_setting_refuses_anything_but_a_whole_number(value):
+    """A float, a bool or text where a config declares `int` is named at once, not a crash inside the env."""
+    from envs import check_env_config
+
+    with pytest.raises(ValueError, match=r"distance takes an int, got"):
+        check_env_config("corridor", {"distance": value})
+    check_env_config("corridor", {"distance": np.int64(4)})  # numpy's whole numbers are whole numbers

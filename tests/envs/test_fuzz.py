@@ -306,8 +306,8 @@ def test_fuzz_at_scale(record_property, chat_template, tiny_tokenizer, tiny_mode
     _report_total(record_property, _all_counts(SLOW, chat_template, tiny_tokenizer, tiny_model_path), _total(SLOW))
 
 
-# Env configs that `check_env_config` passes but the env then crashes on (found by fuzzing env configs
-# straight into `check_env_config` and `make_env`; the envs belong to another change).
+# Env configs that `check_env_config` once passed but the env then crashed on (found by fuzzing env configs
+# straight into `check_env_config` and `make_env`): now each is refused by its check.
 _CRASHING_ENV_CONFIGS = [
     ("corridor", {"distance": 25044910519491}),  # MemoryError building the corridor
     ("corridor", {"distance": 6.7e165}),  # TypeError: a float distance
@@ -316,7 +316,6 @@ _CRASHING_ENV_CONFIGS = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="envs: check_env_config passes configs the env crashes on (issue 52's fuzz)")
 @pytest.mark.parametrize(("env_name", "config"), _CRASHING_ENV_CONFIGS, ids=lambda v: str(v))
 def test_an_env_config_is_refused_by_its_check_or_builds_an_env_that_resets(env_name, config):
     from envs import check_env_config
