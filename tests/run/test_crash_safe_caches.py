@@ -58,7 +58,7 @@ _SLOW_BUILD = """
     models_dir, name, started = sys.argv[1:]
 
     def build(out_dir, report):
-        (out_dir / "weights.bin").write_bytes(b"half")
+        (out_dir / "pytorch_model.bin").write_bytes(b"half")
         report("half the weights")
         Path(started).touch()
         time.sleep(600)
@@ -71,7 +71,7 @@ _SLOW_BUILD = """
 def _builtin(name: str, calls: list[Path]) -> BuiltinModel:
     def build(out_dir: Path, report) -> None:
         calls.append(out_dir)
-        (out_dir / "weights.bin").write_bytes(b"whole")
+        (out_dir / "pytorch_model.bin").write_bytes(b"whole")
         report("weights")
         (out_dir / "config.json").write_text("{}")
         report("config")
@@ -86,14 +86,14 @@ def test_a_model_build_killed_midway_is_never_reused_and_the_next_run_builds_it_
     target = models / name
     assert not target.exists()  # not in place: readers find no entry rather than half of one
     (partial,) = models.glob(f".{name}.partial-*")
-    assert (partial / "weights.bin").read_bytes() == b"half" and not (partial / MARKER_FILE).exists()
+    assert (partial / "pytorch_model.bin").read_bytes() == b"half" and not (partial / MARKER_FILE).exists()
     with pytest.raises(ModelNotFoundError, match="not a complete built-in model"):
         read_marker(target)
 
     calls: list[Path] = []
     path = prepare_builtin(_builtin(name, calls), models_dir=models)
     assert path == target.resolve() and read_marker(path)["name"] == name
-    assert (path / "weights.bin").read_bytes() == b"whole" and (path / "config.json").is_file()
+    assert (path / "pytorch_model.bin").read_bytes() == b"whole" and (path / "config.json").is_file()
     assert calls[0].name.startswith(f".{name}.partial-")  # built under a temporary name, renamed last
     assert not list(models.glob(f".{name}.partial-*"))
     # A complete entry is reused: no second build.
@@ -104,9 +104,10 @@ def test_an_entry_without_its_marker_is_rebuilt_not_reused(tmp_path):
     models, calls = tmp_path / "models", []
     unmarked = models / "copied-model"
     unmarked.mkdir(parents=True)
-    (unmarked / "weights.bin").write_bytes(b"half")  # e.g. copied by hand, or by an old version
+    (unmarked / "pytorch_model.bin").write_bytes(b"half")  # e.g. copied by hand, or by an old version
     path = prepare_builtin(_builtin("copied-model", calls), models_dir=models)
-    assert len(calls) == 1 and (path / "weights.bin").read_bytes() == b"whole" and (path / MARKER_FILE).is_file()
+    assert len(calls) == 1 and (path / "pytorch_model.bin").read_bytes() == b"whole"
+    assert (path / MARKER_FILE).is_file()
 
 
 def test_the_warm_start_is_built_into_a_marker_checked_cache_entry(tiny_model_path, tmp_path, monkeypatch):
@@ -117,6 +118,7 @@ def test_the_warm_start_is_built_into_a_marker_checked_cache_entry(tiny_model_pa
     def fake_training(base_path, config, out_dir, report):  # the BC run, without Ray
         calls.append(out_dir)
         (out_dir / "config.json").write_text("{}")
+        (out_dir / "pytorch_model.bin").write_bytes(b"weights")  # a reused entry is checked to hold a model
         for step in range(config.num_steps):
             report(f"step {step}")
 
