@@ -154,8 +154,9 @@ def test_echo_trap_figure_puts_each_method_on_every_panel_at_its_minute(store, t
     assert list(success.get_lines()[0].get_xdata()) == [0.0, 4.0]
     with pytest.raises(ValueError, match="no envs"):
         plot_echo_trap({})
-    with pytest.raises(SystemExit, match="ENV=URI"):
+    with pytest.raises(SystemExit) as exit_info:  # one `error:` line naming the form, exit code 2
         figure_script.main(["--store", store, "--output", str(tmp_path / "x.png")])
+    assert exit_info.value.code == 2 and "--store takes ENV=URI" in capsys.readouterr().err
 
 
 @pytest.mark.slow
