@@ -150,11 +150,12 @@ def test_readme_env_on_a_remote_runner_with_a_clean_console_and_bounded_checkpoi
         :2000
     ]
 
-    # --keep-checkpoints 2: the newest two of three.
+    # --keep-checkpoints 2: the newest two of three; beside them the MLflow run's id (`--resume` continues it).
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
         "final_policy",
         "iter_000002",
         "iter_000003",
+        "mlflow_run.json",
         "run.log",
     ]
 
