@@ -141,8 +141,9 @@ def _sweep_and_check(tiny_model_path: Path, tmp_path: Path, env: str) -> None:
     assert best.info.status == "FINISHED" and STOPPED_EARLY_TAG not in best.data.tags
     assert [m.step for m in client.get_metric_history(best.info.run_id, "env_runners/num_trajectories")] == [1, 2]
     assert client.get_metric_history(best.info.run_id, "env_runners/num_trajectories")[-1].value == 6.0
-    # The final policy, once; checkpoints only with --log-checkpoint-every.
-    assert {a.path for a in client.list_artifacts(best.info.run_id)} == {"final_policy", "trajectories"}
+    # The final policy, once, and the last iteration's evaluation page with every trajectory; checkpoints
+    # only with --log-checkpoint-every.
+    assert {a.path for a in client.list_artifacts(best.info.run_id)} == {"evaluation", "final_policy", "trajectories"}
     # ASHA stopped trial 1: its run is closed as KILLED, with one iteration and no final policy.
     assert stopped.info.status == "KILLED" and stopped.data.tags[STOPPED_EARLY_TAG] == "true"
     assert [m.step for m in client.get_metric_history(stopped.info.run_id, "training_iteration")] == [1]
