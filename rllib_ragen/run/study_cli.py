@@ -45,7 +45,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-concurrent",
         type=positive_int,
-        help="trials at once (default: as many as the cluster holds, each with what it reserves)",
+        help="trials at once (default: one per Ray node, at most as many as fit)",
     )
     parser.add_argument("--report-only", action="store_true", help="no training: report the runs in MLflow")
     add_tracking_flags(parser)

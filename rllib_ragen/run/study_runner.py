@@ -174,8 +174,9 @@ class StudyRunSettings:
     Args:
         storage_path: Tune's folder; the study's trials go in `<storage_path>/<study name>`, and
             running the study again there resumes it.
-        max_concurrent: Trials at once; None: as many as the cluster holds side by side, each with
-            the resources its config reserves (`trial_resources`): one at a time on 2 cores.
+        max_concurrent: Trials at once; None: one per node of the Ray cluster (a trial on CPU
+            computes on every core of its node), and never more than the cluster holds side by side
+            with what each trial reserves (`trial_resources`): one at a time on a single machine.
     """
 
     storage_path: str
@@ -198,9 +199,10 @@ def run_study(
         TrialDoesNotFitError: a trial reserves more than the running Ray cluster has.
     """
     placements = [check_trial_fits_cluster(config) for config in configs]  # before Tune: one line, not a hang
-    run = dataclasses.replace(
-        run, max_concurrent=run.max_concurrent or min(trials_at_once(p, ray.cluster_resources()) for p in placements)
-    )
+    # A trial on CPU computes on every core of its node whatever it reserves: one a node by default.
+    fits = min(trials_at_once(placement, ray.cluster_resources()) for placement in placements)
+    nodes = len([node for node in ray.nodes() if node["Alive"]])
+    run = dataclasses.replace(run, max_concurrent=run.max_concurrent or min(nodes, fits))
     path = Path(run.storage_path) / study.name
     declaration = [dataclasses.asdict(point) for point in trial_points(study)]
     settings = dataclasses.replace(settings, stop_iters=None, run_id=None, run_name=None, checkpoint_dir=None)
