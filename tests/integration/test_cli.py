@@ -177,11 +177,13 @@ def test_readme_env_on_a_remote_runner_with_a_clean_console_and_bounded_checkpoi
         for m in client.get_metric_history(run.info.run_id, "evaluation/success_rate")
     ) == [0, 3]
     assert not [key for key in run.data.metrics if key.startswith("env_runners/eval_")]
-    # The final policy once, no checkpoint (not asked for with --log-checkpoint-every).
-    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {
-        "final_policy",
-        "trajectories",
-    }
+    # The final policy once, the before- and after-RL pages, no checkpoint (not asked for with
+    # --log-checkpoint-every).
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"evaluation", "final_policy", "trajectories"}
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "evaluation")] == [
+        "evaluation/after_rl.html",
+        "evaluation/before_rl.html",
+    ]
 
 
 def _env() -> dict[str, str]:
