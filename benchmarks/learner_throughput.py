@@ -59,8 +59,8 @@ import torch  # noqa: E402
 from ray.rllib.core import DEFAULT_MODULE_ID  # noqa: E402
 from ray.rllib.core.columns import Columns  # noqa: E402
 
-from envs.user_errors import CLIParser, front_door  # noqa: E402
 from envs import make_env  # noqa: E402
+from envs.user_errors import CLIParser, front_door  # noqa: E402
 from rllib_ragen.algorithm.starpo import StarPOConfig  # noqa: E402
 from rllib_ragen.columns import (  # noqa: E402
     ATTENTION_MASK,
@@ -73,7 +73,7 @@ from rllib_ragen.columns import (  # noqa: E402
 from rllib_ragen.inference.weights import pack_weights  # noqa: E402
 from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate  # noqa: E402
-from rllib_ragen.rollout.prompt.protocol import PromptProtocol, ProtocolSettings  # noqa: E402
+from rllib_ragen.rollout.prompt.prompt_protocol import PromptProtocol, ProtocolSettings  # noqa: E402
 from rllib_ragen.rollout.prompt.token_history import TokenHistory  # noqa: E402
 from rllib_ragen.rollout.trajectory_record import Trajectory  # noqa: E402
 from rllib_ragen.training.losses import aggregate_loss, policy_loss  # noqa: E402

@@ -30,8 +30,8 @@ import torch  # noqa: E402
 from envs.user_errors import CLIParser, front_door  # noqa: E402
 from rllib_ragen.inference.batching import left_pad  # noqa: E402
 from rllib_ragen.inference.engine import InferenceEngine, SamplingParams  # noqa: E402
+from rllib_ragen.inference.engine_factory import make_engine  # noqa: E402
 from rllib_ragen.inference.engine_settings import EngineSettings  # noqa: E402
-from rllib_ragen.inference.factory import make_engine  # noqa: E402
 from rllib_ragen.inference.hf_engine import HFEngine  # noqa: E402
 from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
 

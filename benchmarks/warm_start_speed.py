@@ -133,7 +133,7 @@ def answer_nll(env: str, model: str, model_dir: str, baseline: dict | None) -> f
     example or (given) of the baseline's settings."""
     import torch
 
-    from rllib_ragen.algorithm.offline import response_token_nll
+    from rllib_ragen.algorithm.offline_training import response_token_nll
     from rllib_ragen.algorithm.presets import cpu_preset
     from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model
     from rllib_ragen.run.warm_start import demonstrations, warm_start_config

@@ -41,7 +41,7 @@ def evaluate(argv: Sequence[str], prog: str) -> int:
 
 
 def models(argv: Sequence[str], prog: str) -> int:
-    from rllib_ragen.models.cli import main
+    from rllib_ragen.models.models_cli import main
 
     return main(list(argv), prog=prog)
 

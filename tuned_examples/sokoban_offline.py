@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         check_writable_dir(args.export_dir, flag="--export-dir")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-    from rllib_ragen.algorithm.offline import OfflineSettings, learner_nll, offline_config
+    from rllib_ragen.algorithm.offline_training import OfflineSettings, learner_nll, offline_config
     from rllib_ragen.data.demonstrations import (
         DemonstrationSettings,
         expert_demonstrations,

@@ -156,9 +156,9 @@ if TYPE_CHECKING:
     from rllib_ragen.rollout.async_rollouts import AsyncRolloutSettings
     from rllib_ragen.rollout.env_group import RolloutSettings, TurnBudgetSettings
     from rllib_ragen.rollout.evaluation import EvalSettings
-    from rllib_ragen.rollout.prompt.protocol import ProtocolSettings
+    from rllib_ragen.rollout.prompt.prompt_protocol import ProtocolSettings
     from rllib_ragen.rollout.reward_shaping import RewardShapingSettings
-    from rllib_ragen.training.advantages.settings import AdvantageSettings
+    from rllib_ragen.training.advantages.advantage_settings import AdvantageSettings
     from rllib_ragen.training.collapse_metrics import CollapseMetricsSettings
     from rllib_ragen.training.echo_trap import EchoTrapSettings
     from rllib_ragen.training.filtering import FilterSettings

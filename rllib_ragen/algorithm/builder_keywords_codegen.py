@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rllib_ragen.algorithm.builders import RLLIB_KEYWORDS
 from rllib_ragen.algorithm.ignored_rllib_settings import IGNORED_RLLIB_SETTINGS
-from rllib_ragen.algorithm.settings import SETTINGS, SETTINGS_GROUPS
+from rllib_ragen.algorithm.settings_groups import SETTINGS, SETTINGS_GROUPS
 
 GENERATED_FILE = Path(__file__).with_name("builder_keywords.py")
 

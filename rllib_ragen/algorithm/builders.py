@@ -20,8 +20,8 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.utils.annotations import override
 
 from rllib_ragen.algorithm.builder_keywords import SettingsGroupProperties
-from rllib_ragen.algorithm.settings import SETTINGS, SETTINGS_GROUPS
 from rllib_ragen.algorithm.settings_binding import Setting, SettingsBinding
+from rllib_ragen.algorithm.settings_groups import SETTINGS, SETTINGS_GROUPS
 
 BuilderT = TypeVar("BuilderT", bound=Callable[..., Any])
 

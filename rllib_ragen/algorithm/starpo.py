@@ -2,7 +2,7 @@
 
 One iteration, `StarPO.training_step`, reads top to bottom as numbered steps, each one
 call into one module (the table in docs/rllib_integration.md maps each to its file):
-    1. sample n_groups x group_size trajectories (`algorithm/sampling/`: offline data, the
+    1. sample n_groups x group_size trajectories (`algorithm/group_sampling/`: offline data, the
        local runner, remote runners, or remote runners sampling ahead with async_rollouts)
     2. every few iterations: RAGEN-2's collapse diagnostics I(X;Z), H(Z|X) on sampled first
        turns (`algorithm/diagnostics.py`)
@@ -51,10 +51,10 @@ from rllib_ragen.algorithm.builder_keywords import (
 )
 from rllib_ragen.algorithm.builders import SettingsGroups, settings_builder, unexpected_keyword
 from rllib_ragen.algorithm.diagnostics import BatchDiagnostics
+from rllib_ragen.algorithm.group_sampling.remote_sampler import episodes_of, sample_on_remote_runners
+from rllib_ragen.algorithm.group_sampling.sampler_factory import make_group_sampler
 from rllib_ragen.algorithm.ignored_rllib_settings import refuse_ignored_rllib_settings
-from rllib_ragen.algorithm.sampling.factory import make_group_sampler
-from rllib_ragen.algorithm.sampling.remote import episodes_of, sample_on_remote_runners
-from rllib_ragen.algorithm.settings import SETTINGS_GROUPS
+from rllib_ragen.algorithm.settings_groups import SETTINGS_GROUPS
 from rllib_ragen.algorithm.update import update_learners
 from rllib_ragen.algorithm.validation import check_starpo_config
 from rllib_ragen.inference.weight_sync import PolicyWeightSync
@@ -84,7 +84,7 @@ class StarPOConfig(SettingsGroups, AlgorithmConfig):
 
     Every StarPO setting is a flat attribute (as RLlib and Ray Tune need), declared
     once, with its type, default, check and doc, as a field of its settings group
-    (`rllib_ragen.algorithm.settings.SETTINGS_GROUPS`), and set with the builder
+    (`rllib_ragen.algorithm.settings_groups.SETTINGS_GROUPS`), and set with the builder
     method its group names (`.llm()`, `.rollouts()`, `.inference()`, `.training()`,
     `.reward_shaping()`, `.diagnostics()`, `.starpo_evaluation()`,
     `.rollout_recording()`; `help()` lists each one's settings, type checkers read
@@ -335,7 +335,7 @@ class StarPO(Algorithm):
     def training_step(self) -> None:
         """One iteration; each numbered step is one call into the module named beside it."""
         iteration = self.iteration + 1
-        # 1. Sample this iteration's groups (algorithm/sampling/).
+        # 1. Sample this iteration's groups (algorithm/group_sampling/).
         with self._phase(ROLLOUT_TIMER):
             episodes = self.sampler.sample(iteration=iteration)
         # 2. Collapse diagnostics, before the filter, under the weights that sampled (algorithm/diagnostics.py).

@@ -47,7 +47,7 @@ def check_starpo_config(config: AlgorithmConfig) -> None:
     if config.is_offline and config.offline_data_class is None:
         raise ValueError(
             "offline StarPO reads trajectory Parquet files into group episodes: set it up with "
-            "rllib_ragen.algorithm.offline.offline_config(config, OfflineSettings(...))"
+            "rllib_ragen.algorithm.offline_training.offline_config(config, OfflineSettings(...))"
         )
     _warn_when_mini_batches_repeat_rows(config)
 

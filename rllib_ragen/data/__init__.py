@@ -5,5 +5,5 @@
 - `parquet`: write rollouts; read a Parquet dataset back as episodes with Ray Data.
 - `demonstrations`: Sokoban solver traces played through the rollout prompt protocol.
 
-Offline training from such a dataset lives in `rllib_ragen.algorithm.offline`.
+Offline training from such a dataset lives in `rllib_ragen.algorithm.offline_training`.
 """

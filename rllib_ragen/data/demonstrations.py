@@ -40,7 +40,7 @@ from rllib_ragen.data.experts import Turn, TurnBudgetLeft, expert_for
 from rllib_ragen.rollout.env_group import EnvGroup, TurnBudgetSettings, agent_id
 from rllib_ragen.rollout.prompt.answer_parser import ACTION_SEPARATOR
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
-from rllib_ragen.rollout.prompt.protocol import (
+from rllib_ragen.rollout.prompt.prompt_protocol import (
     PromptProtocol,
     ProtocolSettings,
     feedback_for,

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 from rllib_ragen.inference.batching import check_score_inputs, check_token_ids, left_pad
 from rllib_ragen.inference.engine import Completion, InferenceEngine, SamplingParams
-from rllib_ragen.inference.sampling import choose_tokens, processed_logprobs
+from rllib_ragen.inference.token_sampling import choose_tokens, processed_logprobs
 from rllib_ragen.inference.weights import check_weights
 from rllib_ragen.logits import token_logprobs
 

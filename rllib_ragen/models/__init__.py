@@ -32,8 +32,7 @@ from rllib_ragen.models.cache import (
     prepare_builtin,
     read_marker,
 )
-from rllib_ragen.models.cli import main
-from rllib_ragen.models.local import (
+from rllib_ragen.models.model_directory import (
     ModelNotFoundError,
     check_chat_tokenizer_files,
     check_chatml_model_dir,
@@ -41,7 +40,8 @@ from rllib_ragen.models.local import (
     load_tokenizer,
     validated_model_dir,
 )
-from rllib_ragen.models.registry import BUILTIN_MODELS, HUB_ALLOW_PATTERNS, resolve_model, resolves_locally
+from rllib_ragen.models.model_resolution import BUILTIN_MODELS, HUB_ALLOW_PATTERNS, resolve_model, resolves_locally
+from rllib_ragen.models.models_cli import main
 from rllib_ragen.models.smollm2 import (
     SMOLLM2_GGUF_MEMBER,
     SMOLLM2_REQUIREMENT,

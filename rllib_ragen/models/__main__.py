@@ -2,6 +2,6 @@
 
 import sys
 
-from rllib_ragen.models.cli import main
+from rllib_ragen.models.models_cli import main
 
 sys.exit(main())

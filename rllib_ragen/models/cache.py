@@ -22,7 +22,7 @@ import huggingface_hub
 import transformers
 from tqdm import tqdm
 
-from rllib_ragen.models.local import ModelNotFoundError, validated_model_dir
+from rllib_ragen.models.model_directory import ModelNotFoundError, validated_model_dir
 
 CACHE_ENV_VAR = "RLLIB_RAGEN_CACHE"
 MARKER_FILE = ".rllib_ragen_model.json"  # written last: its presence means "complete"

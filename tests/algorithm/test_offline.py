@@ -10,7 +10,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.offline.offline_prelearner import OfflinePreLearner
 
 from envs import make_env
-from rllib_ragen.algorithm.offline import (
+from rllib_ragen.algorithm.offline_training import (
     BCTorchLearner,
     OfflineSettings,
     TrajectoryOfflineData,

@@ -14,8 +14,8 @@ from ray.rllib.algorithms.algorithm_config import NotProvided
 
 from rllib_ragen.algorithm import builder_keywords
 from rllib_ragen.algorithm.builder_keywords_codegen import GENERATED_FILE, builder_keywords_source, keywords_class_name
-from rllib_ragen.algorithm.settings import SETTINGS, SETTINGS_GROUPS
 from rllib_ragen.algorithm.settings_binding import docstring_entries, field_docs
+from rllib_ragen.algorithm.settings_groups import SETTINGS, SETTINGS_GROUPS
 from rllib_ragen.algorithm.starpo import StarPOConfig
 
 REPO = Path(__file__).resolve().parents[2]

@@ -29,18 +29,17 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from run_helpers import tiny_config
 
 from envs import list_envs, make_env
 from envs.base import match_action
-from rllib_ragen.algorithm.settings import SETTINGS
+from rllib_ragen.algorithm.settings_groups import SETTINGS
 from rllib_ragen.rollout.prompt.answer_parser import (
     ACTION_SEPARATOR,
     ParsedAnswer,
     parse_answer,
 )
-from rllib_ragen.rollout.prompt.protocol import PromptProtocol, ProtocolSettings
+from rllib_ragen.rollout.prompt.prompt_protocol import PromptProtocol, ProtocolSettings
 from rllib_ragen.run.settings_flag import apply_setting
 
 # Cases per fuzz target (env: per env; each env case is a reset and up to 8 steps).

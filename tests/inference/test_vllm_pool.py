@@ -17,8 +17,8 @@ import transformers
 
 from rllib_ragen.inference import engine_settings
 from rllib_ragen.inference.engine import SamplingParams
+from rllib_ragen.inference.engine_factory import make_engine
 from rllib_ragen.inference.engine_settings import EngineSettings, resolve_kind
-from rllib_ragen.inference.factory import make_engine
 from rllib_ragen.inference.hf_engine import HFEngine
 from rllib_ragen.inference.vllm.pool import VLLMEnginePool
 from rllib_ragen.inference.weights import pack_weights, unpack_weights

@@ -18,7 +18,7 @@ import ray
 
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.rollout.env_group import TurnBudgetSettings
-from rllib_ragen.rollout.prompt.protocol import ProtocolSettings
+from rllib_ragen.rollout.prompt.prompt_protocol import ProtocolSettings
 from rllib_ragen.run.warm_start import WarmStartSettings, warm_start
 from rllib_ragen.training.advantages import (
     ADVANTAGE_ESTIMATORS,

@@ -143,3 +143,14 @@ def test_lint_imports_keeps_the_layers_contract():
     command = "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True, no_logo=True))"
     out = subprocess.run([sys.executable, "-c", command], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_every_module_basename_in_the_package_is_unique() -> None:
+    """A name says what a module holds wherever it is read: no two `registry.py` or `settings.py`
+    (package markers `__init__.py` and `__main__.py` are names Python fixes)."""
+    seen: dict[str, list[str]] = {}
+    for path in (REPO / "rllib_ragen").rglob("*.py"):
+        if path.name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    duplicates = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not duplicates, f"module basenames used more than once: {duplicates}"

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONVERTER = ROOT / "envs" / "user_errors.py"
 # The commands: every script under these folders, and the modules behind `rllib-ragen` and the OpenEnv server.
 ENTRY_FOLDERS = ("rllib_ragen/run", "tuned_examples", "benchmarks")
-ENTRY_MODULES = ("rllib_ragen/cli.py", "rllib_ragen/models/cli.py", "envs/openenv_server.py")
+ENTRY_MODULES = ("rllib_ragen/cli.py", "rllib_ragen/models/models_cli.py", "envs/openenv_server.py")
 # Benchmarks that take no path (nor a model): their flags are numbers and names only.
 BENCHMARKS_WITHOUT_PATHS = ("freed_memory", "group_randomness", "prefix_cache_blocks", "process_memory",
                             "textarena_games", "token_sampling")

@@ -3,7 +3,7 @@
 import pytest
 
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
-from rllib_ragen.rollout.prompt.protocol import (
+from rllib_ragen.rollout.prompt.prompt_protocol import (
     PromptProtocol,
     ProtocolSettings,
     feedback_for,

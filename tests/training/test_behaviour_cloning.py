@@ -8,7 +8,7 @@ import torch
 from rllib_ragen.columns import ATTENTION_MASK, GENERATED_MASK, INPUT_IDS
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.rollout.env_group import TurnBudgetSettings
-from rllib_ragen.rollout.prompt.protocol import ProtocolSettings
+from rllib_ragen.rollout.prompt.prompt_protocol import ProtocolSettings
 from rllib_ragen.rollout.trajectory_record import trajectories_from_episodes
 from rllib_ragen.run.warm_start import WarmStartSettings, demonstrations
 from rllib_ragen.training.behaviour_cloning import (

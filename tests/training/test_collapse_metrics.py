@@ -12,13 +12,13 @@ import torch
 from mlflow.tracking import MlflowClient
 from run_helpers import driver_args, tiny_config
 
-from rllib_ragen.algorithm.offline import OfflineSettings, offline_config
+from rllib_ragen.algorithm.offline_training import OfflineSettings, offline_config
 from rllib_ragen.data.demonstrations import DemonstrationSettings, expert_demonstrations
 from rllib_ragen.data.parquet import write_trajectories
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.rollout.env_group import TurnBudgetSettings
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
-from rllib_ragen.rollout.prompt.protocol import ProtocolSettings
+from rllib_ragen.rollout.prompt.prompt_protocol import ProtocolSettings
 from rllib_ragen.rollout.trajectory_record import trajectory_start, turn_record
 from rllib_ragen.run.train_loop import run
 from rllib_ragen.training.collapse_metrics import (

@@ -9,7 +9,7 @@ from ray.rllib.core.columns import Columns
 
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.columns import ATTENTION_MASK, GENERATED_MASK
-from rllib_ragen.rollout.prompt.protocol import ProtocolSettings, response_token_spans
+from rllib_ragen.rollout.prompt.prompt_protocol import ProtocolSettings, response_token_spans
 from rllib_ragen.training.advantages import (
     AdvantageInputs,
     compute_advantages,

@@ -2,22 +2,15 @@
 
 - `estimators.py`: GAE, bi-level GAE, GRPO, BRPO, ARPO as pure functions (shapes in each docstring);
 - `group_statistics.py`: per-group score statistics (GRPO, the StarPO-S filter);
-- `registry.py`: `AdvantageInputs`, the name -> estimator registry, `compute_advantages`;
+- `user_registries.py`: `AdvantageInputs`, the name -> estimator registry, `compute_advantages`;
 - `settings.py`: `AdvantageSettings`, set with `StarPOConfig.training()`;
 - `postprocess.py`: `estimate_advantages`: estimate, whiten, length-weight, in one sequence.
 
 This package's public API (custom estimators register here) is imported from it directly.
 """
 
-from rllib_ragen.training.advantages.estimators import arpo, bi_level_gae, brpo, gae, grpo, restrict_to_advantage_mask
-from rllib_ragen.training.advantages.group_statistics import GroupStatistics, group_statistics
-from rllib_ragen.training.advantages.postprocess import (
-    EstimatedAdvantages,
-    estimate_advantages,
-    length_weighted_advantages,
-    whiten_across_learners,
-)
-from rllib_ragen.training.advantages.registry import (
+from rllib_ragen.training.advantages.advantage_settings import AdvantageSettings
+from rllib_ragen.training.advantages.estimator_registry import (
     ADVANTAGE_ESTIMATORS,
     CRITIC_ESTIMATORS,
     AdvantageInputs,
@@ -30,7 +23,14 @@ from rllib_ragen.training.advantages.registry import (
     register_advantage_estimator,
     unregister_advantage_estimator,
 )
-from rllib_ragen.training.advantages.settings import AdvantageSettings
+from rllib_ragen.training.advantages.estimators import arpo, bi_level_gae, brpo, gae, grpo, restrict_to_advantage_mask
+from rllib_ragen.training.advantages.group_statistics import GroupStatistics, group_statistics
+from rllib_ragen.training.advantages.postprocess import (
+    EstimatedAdvantages,
+    estimate_advantages,
+    length_weighted_advantages,
+    whiten_across_learners,
+)
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",

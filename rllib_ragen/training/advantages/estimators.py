@@ -15,7 +15,7 @@ trajectory are concatenated in order and right-padded to ``T``.
 Every estimator returns ``(advantages [B, T], returns [B, T])``, both 0 on
 padding. ``returns`` are the critic's targets; critic-free estimators (GRPO,
 BRPO, ARPO) have no critic and return their advantages as ``returns``.
-The registry (`registry.py`) calls them by name.
+The registry (`user_registries.py`) calls them by name.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The advantages of step 4 of an iteration, as one post-processing sequence (on each learner).
 
 `estimate_advantages` runs, in this order:
-1. the configured estimator (`registry.py`) -> advantages and returns [B, T];
+1. the configured estimator (`user_registries.py`) -> advantages and returns [B, T];
 2. whitening of critic advantages over the tokens that have them (M_adv), with
    the mean and variance over every learner's tokens when several learners
    train (`whiten_across_learners`);
@@ -18,8 +18,8 @@ import dataclasses
 import torch
 
 from rllib_ragen.masked import masked_sum, masked_whiten, to_bool_mask
-from rllib_ragen.training.advantages.registry import AdvantageInputs, compute_advantages
-from rllib_ragen.training.advantages.settings import AdvantageSettings
+from rllib_ragen.training.advantages.advantage_settings import AdvantageSettings
+from rllib_ragen.training.advantages.estimator_registry import AdvantageInputs, compute_advantages
 from rllib_ragen.training.distributed import all_reduce_sum, is_distributed
 
 Tensor = torch.Tensor

@@ -8,7 +8,7 @@ check and doc; each group lives beside the component it configures:
 | `LLMModuleSettings`, `ScoringSettings` | `rllib_ragen.training.module` |
 | `LoraSettings` | `rllib_ragen.lora` |
 | `RolloutSettings`, `TurnBudgetSettings` | `rllib_ragen.rollout.env_group` |
-| `ProtocolSettings` | `rllib_ragen.rollout.prompt.protocol` |
+| `ProtocolSettings` | `rllib_ragen.rollout.prompt.prompt_protocol` |
 | `AsyncRolloutSettings` | `rllib_ragen.rollout.async_rollouts` |
 | `RewardShapingSettings` | `rllib_ragen.rollout.reward_shaping` |
 | `EvalSettings` | `rllib_ragen.rollout.evaluation` |
@@ -39,7 +39,7 @@ from rllib_ragen.lora import LoraSettings
 from rllib_ragen.rollout.async_rollouts import AsyncRolloutSettings
 from rllib_ragen.rollout.env_group import RolloutSettings, TurnBudgetSettings
 from rllib_ragen.rollout.evaluation import EvalSettings
-from rllib_ragen.rollout.prompt.protocol import ProtocolSettings
+from rllib_ragen.rollout.prompt.prompt_protocol import ProtocolSettings
 from rllib_ragen.rollout.reward_shaping import RewardShapingSettings
 from rllib_ragen.training.advantages import AdvantageSettings
 from rllib_ragen.training.collapse_metrics import CollapseMetricsSettings

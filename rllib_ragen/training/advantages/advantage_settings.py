@@ -7,7 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from rllib_ragen.checks import check_choice
-from rllib_ragen.training.advantages.registry import ADVANTAGE_ESTIMATORS, estimator_hparam_names, needs_critic
+from rllib_ragen.training.advantages.estimator_registry import (
+    ADVANTAGE_ESTIMATORS,
+    estimator_hparam_names,
+    needs_critic,
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,8 +12,8 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
-from rllib_ragen.algorithm.sampling.online import OnlineSampler
-from rllib_ragen.algorithm.sampling.runner_metrics import merge_runner_metrics
+from rllib_ragen.algorithm.group_sampling.online_sampler import OnlineSampler
+from rllib_ragen.algorithm.group_sampling.runner_metrics import merge_runner_metrics
 from rllib_ragen.rollout.async_rollouts import ShardResult
 from rllib_ragen.rollout.env_runner import LLMEnvRunner
 from rllib_ragen.sharding import split_contiguous

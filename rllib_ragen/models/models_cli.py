@@ -7,7 +7,7 @@ from pathlib import Path
 
 from envs.user_errors import CLIParser, front_door, input_checks
 from rllib_ragen.models.cache import CACHE_ENV_VAR, MARKER_FILE, default_cache_dir
-from rllib_ragen.models.registry import BUILTIN_MODELS, resolve_model
+from rllib_ragen.models.model_resolution import BUILTIN_MODELS, resolve_model
 
 PROG = "python -m rllib_ragen.models"
 

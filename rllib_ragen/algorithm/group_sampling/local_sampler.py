@@ -7,7 +7,7 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
-from rllib_ragen.algorithm.sampling.online import OnlineSampler
+from rllib_ragen.algorithm.group_sampling.online_sampler import OnlineSampler
 from rllib_ragen.rollout.env_runner import LLMEnvRunner
 
 

@@ -18,7 +18,7 @@ class OfflineSampler:
     under `offline_data/`. It keeps no seeds: a dataset has its own order.
 
     Args:
-        offline_data: The algorithm's `OfflineData` (`rllib_ragen.algorithm.offline.TrajectoryOfflineData`).
+        offline_data: The algorithm's `OfflineData` (`rllib_ragen.algorithm.offline_training.TrajectoryOfflineData`).
         metrics: The algorithm's metrics logger.
         n_groups: Groups per iteration.
     """

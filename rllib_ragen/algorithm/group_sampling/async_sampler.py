@@ -16,9 +16,9 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, TIMERS
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
-from rllib_ragen.algorithm.sampling.online import OnlineSampler
-from rllib_ragen.algorithm.sampling.remote import episodes_of, sample_shard
-from rllib_ragen.algorithm.sampling.runner_metrics import merge_runner_metrics
+from rllib_ragen.algorithm.group_sampling.online_sampler import OnlineSampler
+from rllib_ragen.algorithm.group_sampling.remote_sampler import episodes_of, sample_shard
+from rllib_ragen.algorithm.group_sampling.runner_metrics import merge_runner_metrics
 from rllib_ragen.rollout.async_rollouts import RunAheadShards, policy_version_of, staleness_counts
 
 ASYNC_ROLLOUT_RESULTS = "async_rollouts"

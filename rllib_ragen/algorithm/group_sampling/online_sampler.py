@@ -15,7 +15,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
-from rllib_ragen.algorithm.sampling.seed_cursor import TRAIN_SEED_CURSOR, TrainSeedCursor
+from rllib_ragen.algorithm.group_sampling.seed_cursor import TRAIN_SEED_CURSOR, TrainSeedCursor
 from rllib_ragen.data.parquet import write_rollouts
 from rllib_ragen.rollout.env_group import training_env_config
 

@@ -10,7 +10,7 @@ import huggingface_hub
 from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
 from rllib_ragen.models.cache import BuiltinModel, default_cache_dir, library_progress_bars, prepare_builtin
-from rllib_ragen.models.local import ModelNotFoundError, check_chat_tokenizer_files, validated_model_dir
+from rllib_ragen.models.model_directory import ModelNotFoundError, check_chat_tokenizer_files, validated_model_dir
 from rllib_ragen.models.smollm2 import (
     SMOLLM2_GGUF_MEMBER,
     SMOLLM2_REQUIREMENT,

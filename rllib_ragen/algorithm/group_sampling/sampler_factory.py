@@ -9,11 +9,11 @@ from ray.rllib.env.env_runner_group import EnvRunnerGroup
 from ray.rllib.offline.offline_data import OfflineData
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
-from rllib_ragen.algorithm.sampling.async_sampler import AsyncSampler
-from rllib_ragen.algorithm.sampling.local import LocalSampler
-from rllib_ragen.algorithm.sampling.offline import OfflineSampler
-from rllib_ragen.algorithm.sampling.protocol import GroupSampler
-from rllib_ragen.algorithm.sampling.remote import RemoteSampler
+from rllib_ragen.algorithm.group_sampling.async_sampler import AsyncSampler
+from rllib_ragen.algorithm.group_sampling.group_sampler import GroupSampler
+from rllib_ragen.algorithm.group_sampling.local_sampler import LocalSampler
+from rllib_ragen.algorithm.group_sampling.offline_sampler import OfflineSampler
+from rllib_ragen.algorithm.group_sampling.remote_sampler import RemoteSampler
 from rllib_ragen.rollout.env_runner import LLMEnvRunner
 
 
