@@ -94,7 +94,7 @@ def expert_demonstrations(tokenizer: Any, config: DemonstrationSettings) -> list
         tokenizer: The tokenizer of the model that will train on the demonstrations.
         config: Seeds, env, protocol and budget.
     """
-    group, protocol = _group_and_protocol(tokenizer, config.env, config.env_config, config.protocol, config.budget)
+    group, protocol = group_and_protocol(tokenizer, config.env, config.env_config, config.protocol, config.budget)
     episodes: list[MultiAgentEpisode] = []
     with contextlib.closing(group):  # its env may hold a server session (envs.openenv_client)
         for seed in config.seeds:
@@ -144,7 +144,7 @@ def random_demonstrations(tokenizer: Any, config: RandomPlaySettings) -> list[Mu
     Each turn takes 1..`max_actions_per_turn` actions and thinks "I will try
     <actions>." The episode ends when the env or the turn budget ends it.
     """
-    group, protocol = _group_and_protocol(tokenizer, config.env, config.env_config, config.protocol, config.budget)
+    group, protocol = group_and_protocol(tokenizer, config.env, config.env_config, config.protocol, config.budget)
     rng = np.random.default_rng(config.seed)
     first_actions = _StratifiedFirstActions(rng)
     episodes = []
@@ -187,7 +187,7 @@ class _StratifiedFirstActions:
         return deck.pop()
 
 
-def _group_and_protocol(
+def group_and_protocol(
     tokenizer: Any,
     env: str,
     env_config: dict[str, Any],

@@ -135,8 +135,20 @@ REASONING = Study(
     },
 )
 
+# SPA (arXiv 2510.15047): a stage that teaches the env's dynamics (the next state after a move, in the
+# env's words) before the warm start. Both arms then get the same expert warm start and RL.
+WORLD_MODEL = Study(
+    name="world-model-warm-start",
+    question="Does learning the env's dynamics first (SPA's world-model stage) raise success after RL?",
+    envs=GRID_ENVS,
+    arms={"warm-start": {}, "world-model-then-warm-start": {}},
+    seeds=SEEDS,
+    budget_min=BOTH_ENVS_BUDGET,
+    arm_warm_starts={"world-model-then-warm-start": {"warm_start_world_model_epochs": 1}},
+)
+
 FINDINGS: dict[str, Study] = {
-    study.name: study for study in (CRITIC, FILTER, EARLY_WARNING, GROUPS, MOVES, FRESHNESS, REASONING)
+    study.name: study for study in (CRITIC, FILTER, EARLY_WARNING, GROUPS, MOVES, FRESHNESS, REASONING, WORLD_MODEL)
 }
 
 

@@ -180,7 +180,8 @@ def add_config_flags(parser: argparse.ArgumentParser, *, env: str, stop_iters: i
 
 
 def add_warm_start_flags(parser: argparse.ArgumentParser) -> None:
-    """The warm start's flags: none, who plays its demonstrations, and how many initial states."""
+    """The warm start's flags: none, who plays its demonstrations, how many initial states, and a
+    world-model stage before it."""
     parser.add_argument(
         "--no-warm-start",
         action="store_true",
@@ -199,6 +200,16 @@ def add_warm_start_flags(parser: argparse.ArgumentParser) -> None:
         help="initial states played in the warm start (random play: 2 trajectories each; "
         f"default: {WARM_START_STATES['random']} for random play, "
         f"{WARM_START_STATES['expert']} for the expert)",
+    )
+    parser.add_argument(
+        "--warm-start-world-model",
+        type=non_negative_int,
+        default=0,
+        dest="warm_start_world_model_epochs",
+        metavar="EPOCHS",
+        help="first teach the model the env's dynamics for EPOCHS passes: after each demonstrated turn, "
+        "write the state the env returned (SPA's world-model stage; evaluation never shows a predicted "
+        "state); default 0: no such stage",
     )
 
 

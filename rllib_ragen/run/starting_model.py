@@ -34,5 +34,10 @@ def choose_starting_model(config: StarPOConfig, args: argparse.Namespace) -> dic
     if args.warm_start_model:
         config.llm(model=str(resolve_model(args.warm_start_model)))
     elif not args.no_warm_start:  # cached: a resumed run gets the same warm-started model back
-        apply_warm_start(config, num_examples=args.warm_start_examples, player=args.warm_start_player)
+        apply_warm_start(
+            config,
+            num_examples=args.warm_start_examples,
+            player=args.warm_start_player,
+            world_model_epochs=args.warm_start_world_model_epochs,
+        )
     return {"base_model": base, "warm_start_model": "none" if args.no_warm_start else str(config.llm_model)}

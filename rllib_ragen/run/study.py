@@ -88,6 +88,9 @@ class Study:
         metric: The success rate on the fixed evaluation seeds the verdicts compare.
         preset: The preset every trial starts from (`rllib_ragen.algorithm.presets`).
         extra_panels: More curves for the figure: panel title -> MLflow metric key.
+        arm_warm_starts: Arm name -> {warm-start flag: value} for arms that start from a
+            different warm start (the flags' `dest` names, e.g.
+            `{"warm_start_world_model_epochs": 1}`); the other arms use the command's flags.
     """
 
     name: str
@@ -101,6 +104,7 @@ class Study:
     metric: str = EVALUATION_SUCCESS_METRIC
     preset: str = "cpu"
     extra_panels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    arm_warm_starts: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not NAME.match(self.name):
@@ -123,6 +127,8 @@ class Study:
             raise ValueError(f"{where}: metric must be {EVALUATION_SUCCESS_METRIC!r} (success on the evaluation seeds)")
         if self.preset not in PRESETS:
             raise ValueError(f"{where}: preset must be one of {PRESETS}, got {self.preset!r}")
+        if set(self.arm_warm_starts) - set(self.arms):
+            raise ValueError(f"{where}: arm_warm_starts names arms it does not declare: {sorted(self.arm_warm_starts)}")
         for question in self.all_questions:
             if isinstance(question, Compare) and {question.arm, question.baseline} - set(self.arms):
                 raise ValueError(f"{where}: question {question} names an arm it does not declare: {list(self.arms)}")

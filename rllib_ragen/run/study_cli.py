@@ -103,11 +103,11 @@ def start_from_warm_starts(study: Study, configs: list[StarPOConfig], args: argp
     from rllib_ragen.run.starting_model import choose_starting_model
 
     models: dict[tuple[str, str], str] = {}
-    flags = argparse.Namespace(**{**vars(args), "warm_start_model": None})
     for point, config in zip(trial_points(study), configs):
         key = (point.env, point.arm)
         if key not in models:
-            choose_starting_model(config, flags)
+            arm_flags = study.arm_warm_starts.get(point.arm, {})
+            choose_starting_model(config, argparse.Namespace(**{**vars(args), "warm_start_model": None, **arm_flags}))
             models[key] = str(config.llm_model)
         config.llm(model=models[key])
 

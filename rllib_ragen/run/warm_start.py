@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +41,11 @@ from rllib_ragen.data.demonstrations import (
     DemonstrationSettings,
     RandomPlaySettings,
     expert_demonstrations,
+    group_and_protocol,
     random_demonstrations,
 )
 from rllib_ragen.data.experts import WARM_START_PLAYERS, WARM_START_STATES, has_expert
+from rllib_ragen.data.world_model import transition_trajectories
 from rllib_ragen.models import (
     BuiltinModel,
     default_cache_dir,
@@ -101,6 +103,10 @@ class WarmStartSettings:
             are read out, and the layers below run forward only.
         first_seed: The first env seed played (then `seed` x 1,000,003 on);
             the default keeps the demonstrations apart from every scored seed.
+        world_model_epochs: Passes over the demonstrations' transitions before
+            their answers are cloned: the model learns to write the state the env
+            returns after a turn's moves (`rllib_ragen.data.world_model`, SPA's
+            world-model stage). 0 skips it.
     """
 
     env: str = "bandit"
@@ -117,6 +123,7 @@ class WarmStartSettings:
     autocast_dtype: str | None = None
     trained_top_layers: int | None = None
     first_seed: int = DEMONSTRATION_SEED_START
+    world_model_epochs: int = 0
 
     def __post_init__(self) -> None:
         if self.player not in WARM_START_PLAYERS:
@@ -126,6 +133,8 @@ class WarmStartSettings:
                 raise ValueError(f"warm start {name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"warm start lr must be > 0, got {self.lr}")
+        if self.world_model_epochs < 0:
+            raise ValueError(f"warm start world_model_epochs must be >= 0, got {self.world_model_epochs}")
         if self.first_seed < 0:
             raise ValueError(f"warm start first_seed must be >= 0, got {self.first_seed}")
         if self.trained_top_layers is not None and self.trained_top_layers < 1:
@@ -135,7 +144,7 @@ class WarmStartSettings:
     def num_steps(self) -> int:
         """Optimiser steps (behaviour-cloning iterations) over all epochs."""
         trajectories = self.num_examples * (self.answers_per_prompt if self.player == "random" else 1)
-        return self.epochs * -(-trajectories // self.batch_size)
+        return (self.epochs + self.world_model_epochs) * -(-trajectories // self.batch_size)
 
     def fingerprint(self, model: str) -> str:
         """A short hash naming the cached result of warm-starting `model` with this config."""
@@ -143,8 +152,11 @@ class WarmStartSettings:
         # differently is a new warm start (its first state stands for the render).
         env = make_env(self.env, **self.env_config)
         texts = {"instructions": env.instructions, "first_state": env.reset(seed=self.seed)[0]}
+        fields = dataclasses.asdict(self)
+        if not self.world_model_epochs:  # a warm start without the stage keeps its cached result
+            del fields["world_model_epochs"]
         payload = json.dumps(
-            {"model": model, "method": WARM_START_METHOD, **texts, **dataclasses.asdict(self)},
+            {"model": model, "method": WARM_START_METHOD, **texts, **fields},
             sort_keys=True,
             default=str,
         )
@@ -208,7 +220,8 @@ def _train(base_path: Path, config: WarmStartSettings, out_dir: Path, report: Ca
     A plain supervised loop (`rllib_ragen.training.behaviour_cloning`): each of the
     `num_steps` passes takes `batch_size` trajectories and steps the optimiser once per
     `batch_size` of their token rows, as the RLlib offline iteration of the earlier
-    warm start did, at the learner's own speed.
+    warm start did, at the learner's own speed. With `world_model_epochs`, passes over
+    the demonstrations' transitions come first (`world_model_passes`).
     """
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(base_path)
@@ -225,15 +238,40 @@ def _train(base_path: Path, config: WarmStartSettings, out_dir: Path, report: Ca
     passes = cloning_passes(
         trajectories, trajectories_per_pass=config.batch_size, rows_per_step=config.batch_size, epochs=config.epochs
     )
-    for step, mini_batches in enumerate(passes):
-        nlls = [supervised_step(policy, optimizer, rows, settings) for rows in mini_batches]
-        report(f"step {step + 1}/{config.num_steps} answer NLL {sum(nlls) / len(nlls):.3f}")
+    stages = [("answer", passes)]
+    if config.world_model_epochs:
+        stages.insert(0, ("next-state", world_model_passes(tokenizer, episodes, config, len(trajectories))))
+    step = 0
+    for target, stage_passes in stages:
+        for mini_batches in stage_passes:
+            nlls = [supervised_step(policy, optimizer, rows, settings) for rows in mini_batches]
+            step += 1
+            report(f"step {step}/{config.num_steps} {target} NLL {sum(nlls) / len(nlls):.3f}")
     policy.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
 
 
+def world_model_passes(
+    tokenizer: Any, episodes: list[MultiAgentEpisode], config: WarmStartSettings, num_trajectories: int
+) -> Iterator[list[dict[str, torch.Tensor]]]:
+    """The world-model stage's passes: every transition of `episodes` (`transition_trajectories`)
+    `world_model_epochs` times, spread over as many passes an epoch as the answers take, each
+    stepping the optimiser once per `batch_size` transitions."""
+    _, protocol = group_and_protocol(tokenizer, config.env, dict(config.env_config), config.protocol, config.budget)
+    transitions = transition_trajectories(episodes, protocol)
+    if not transitions:
+        raise RuntimeError(f"the {config.player} player's demonstrations of {config.env} hold no move to learn from")
+    passes_per_epoch = -(-num_trajectories // config.batch_size)
+    return cloning_passes(
+        transitions,
+        trajectories_per_pass=-(-len(transitions) // passes_per_epoch),
+        rows_per_step=config.batch_size,
+        epochs=config.world_model_epochs,
+    )
+
+
 def warm_start_config(
-    config: StarPOConfig, *, num_examples: int | None = None, player: str | None = None
+    config: StarPOConfig, *, num_examples: int | None = None, player: str | None = None, world_model_epochs: int = 0
 ) -> WarmStartSettings:
     """The warm start a tuned example gives `config`: its env, prompt and turn budget, and this policy's
     player, states and learning rate.
@@ -262,15 +300,19 @@ def warm_start_config(
         # SmolLM2's last 10 of 30 layers: faster than every weight at a lower answer NLL
         # (docs/results/warm_start_speed.md); a model of 10 layers or fewer trains every weight.
         trained_top_layers=EXPERT_TRAINED_TOP_LAYERS if expert else None,
+        world_model_epochs=world_model_epochs,
     )
 
 
-def apply_warm_start(config: StarPOConfig, *, num_examples: int | None = None, player: str | None = None) -> None:
+def apply_warm_start(
+    config: StarPOConfig, *, num_examples: int | None = None, player: str | None = None, world_model_epochs: int = 0
+) -> None:
     """Replaces `config`'s model by its warm-started copy (`warm_start_config`; built once, cached)."""
-    ws = warm_start_config(config, num_examples=num_examples, player=player)
+    ws = warm_start_config(config, num_examples=num_examples, player=player, world_model_epochs=world_model_epochs)
     print(
-        f"{ws.player}-play warm start of {config.llm_model} on {config.env} ({ws.num_examples} states; "
-        "cached after the first run)",
+        f"{ws.player}-play warm start of {config.llm_model} on {config.env} ({ws.num_examples} states"
+        + (f", {world_model_epochs} world-model epoch(s) first" if world_model_epochs else "")
+        + "; cached after the first run)",
         flush=True,
     )
     config.llm(model=str(warm_start(config.llm_model, ws, progress=True)))

@@ -131,7 +131,7 @@ def test_a_trial_ends_at_an_evaluation_after_its_budget():
 
 def test_the_six_findings_studies_are_valid_on_the_cpu_preset():
     assert {name.split("-")[0] for name in FINDINGS} == {
-        "finding1", "finding2", "finding3", "finding5", "finding6"  # 2 and 4 share one study
+        "finding1", "finding2", "finding3", "finding5", "finding6", "world"  # 2 and 4 share one study
     }
     for study in FINDINGS.values():
         configs = trial_configs(study)
@@ -140,6 +140,22 @@ def test_the_six_findings_studies_are_valid_on_the_cpu_preset():
     assert sorted({c.max_actions_per_turn for c in moves}) == [1, 2, 3] and {c.env for c in moves} == {"sokoban"}
     groups = trial_configs(FINDINGS["finding5-groups"])
     assert {c.n_groups * c.group_size for c in groups} == {64}
+
+
+def test_an_arms_warm_start_flags_reach_only_that_arms_warm_start(monkeypatch):
+    """The world-model study: its second arm's warm start has the stage, the first arm's does not."""
+    from rllib_ragen.run import study_cli, warm_start
+
+    study = FINDINGS["world-model-warm-start"].with_changes(envs=("frozenlake",))
+    built = []
+    monkeypatch.setattr(warm_start, "warm_start", lambda model, ws, **_: built.append(ws) or f"model-{len(built)}")
+    flags = study_cli.build_parser("study").parse_args([study.name])
+    configs = trial_configs(study)
+    study_cli.start_from_warm_starts(study, configs, flags)
+    assert [ws.world_model_epochs for ws in built] == [0, 1]  # one build per arm, the seeds share it
+    assert [c.llm_model for c in configs] == ["model-1", "model-2"] * len(study.seeds)
+    with pytest.raises(ValueError, match="arm_warm_starts names arms it does not declare"):
+        study.with_changes(arm_warm_starts={"no-such-arm": {}})
 
 
 def test_find_study_names_what_exists():
