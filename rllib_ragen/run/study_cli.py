@@ -34,6 +34,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--list", action="store_true", help="list the declared studies and exit")
     parser.add_argument("--budget-min", type=positive_float, help="training minutes a trial (default: the study's)")
     parser.add_argument(
+        "--envs",
+        nargs="+",
+        metavar="ENV",
+        help="run only these of the study's envs (default: all it declares); like --budget-min, this makes a "
+        "different experiment: give it its own --storage-path",
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -69,6 +76,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
         study = find_study(args.study)
         if args.budget_min:
             study = study.with_changes(budget_min=args.budget_min)
+        if args.envs:
+            study = study.with_changes(envs=tuple(only_envs(study, args.envs)))
         configs = trial_configs(study, overrides=args.set)
     print(f"study {study.name}: {study.question}\n{study.num_trials} trials of {study.budget_min:g} min", flush=True)
     if not args.report_only:
@@ -77,6 +86,18 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
         report = _report(study, args)
     print(f"figure: {report.figure}\ntable: {report.table}\n" + "\n".join(report.verdicts))
     return 0
+
+
+def only_envs(study: Study, envs: Sequence[str]) -> list[str]:
+    """`envs`, each one the study declares (in the order given, once each).
+
+    Raises:
+        ValueError: an env the study does not run.
+    """
+    unknown = [env for env in envs if env not in study.envs]
+    if unknown:
+        raise ValueError(f"--envs {' '.join(unknown)}: study {study.name!r} runs only {list(study.envs)}")
+    return list(dict.fromkeys(envs))
 
 
 def run(study: Study, configs: list[StarPOConfig], args: argparse.Namespace) -> None:

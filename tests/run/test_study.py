@@ -158,6 +158,15 @@ def test_an_arms_warm_start_flags_reach_only_that_arms_warm_start(monkeypatch):
         study.with_changes(arm_warm_starts={"no-such-arm": {}})
 
 
+def test_envs_flag_runs_a_subset_of_the_studys_envs_and_refuses_others():
+    from rllib_ragen.run.study_cli import only_envs
+
+    study = FINDINGS["finding5-freshness"]
+    assert only_envs(study, ["sokoban", "sokoban"]) == ["sokoban"]
+    with pytest.raises(ValueError, match=r"--envs bandit: study 'finding5-freshness' runs only \['frozenlake', 'sokoban'\]"):
+        only_envs(study, ["bandit"])
+
+
 def test_find_study_names_what_exists():
     assert find_study("finding1-critic") is FINDINGS["finding1-critic"]
     with pytest.raises(ValueError, match="no study 'finding9'"):
