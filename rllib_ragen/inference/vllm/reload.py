@@ -12,15 +12,42 @@ when that layer itself receives a weight; a state dict without `lm_head.weight`
 the embedding but leaves the head computing logits from the old weights, silently.
 `repack_tied_embeddings` rebuilds the kernels of every module that shares its
 weight with another one, whatever names the caller sent.
+
+On every reload vLLM's layerwise loader warns "Failed to load weights" for each
+layer the update names no weight of. Two such layers are expected in every
+sync: the tied head (no weight of its own in a Hugging Face state dict;
+repacked here) and the rotary embedding (a cache computed from the config, not
+a checkpoint weight). `ExpectedUnloadedLayers` drops just those two warnings;
+any other layer left unloaded still warns.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
+
+# vLLM's layerwise reload module logs under its module name (`vllm.logger.init_logger(__name__)`).
+LAYERWISE_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+EXPECTED_UNLOADED_LAYERS = frozenset({"ParallelLMHead", "RotaryEmbedding"})
+
+
+class ExpectedUnloadedLayers(logging.Filter):
+    """Drops the layerwise loader's "Failed to load weights" warning for `EXPECTED_UNLOADED_LAYERS` only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        unloaded = record.msg == "%s: Failed to load weights" and bool(record.args)
+        return not (unloaded and isinstance(record.args, tuple) and record.args[0] in EXPECTED_UNLOADED_LAYERS)
+
+
+def quiet_expected_unloaded_layers() -> None:
+    """Installs `ExpectedUnloadedLayers` on vLLM's layerwise logger (once per process)."""
+    layerwise = logging.getLogger(LAYERWISE_LOGGER)
+    if not any(isinstance(f, ExpectedUnloadedLayers) for f in layerwise.filters):
+        layerwise.addFilter(ExpectedUnloadedLayers())
 
 
 def reload_in_worker(worker: Any, weights: Sequence[tuple[str, Tensor]]) -> list[str]:
@@ -33,6 +60,7 @@ def reload_in_worker(worker: Any, weights: Sequence[tuple[str, Tensor]]) -> list
     Returns:
         Names of the modules whose tied weights were repacked.
     """
+    quiet_expected_unloaded_layers()
     worker.model_runner.reload_weights(weights_iterator=weights)
     return repack_tied_embeddings(worker.model_runner.get_model())
 
