@@ -31,6 +31,23 @@ def quiet_progress_bars() -> None:
         os.environ.setdefault(key, value)
 
 
+def quiet_console(log_file: Path, *, verbose: bool) -> None:
+    """`route_library_logs` to `log_file`, saying where they go; also turns off the libraries'
+    progress bars in the Ray workers started after it."""
+    quiet_progress_bars()
+    route_library_logs(log_file, verbose=verbose)
+    print(f"library logs: {log_file}" + ("" if verbose else " (--verbose: on the console too)"), flush=True)
+
+
+def trial_failed_line(name: str, error_file: str | None) -> str:
+    """The console's line for a trial that raised: the error's last line and the file holding it all
+    (a sweep's or study's trials print to Ray's logs, not to the console)."""
+    if not error_file or not Path(error_file).is_file():
+        return f"{name} failed (Tune kept no error file)"
+    lines = [line for line in Path(error_file).read_text(errors="replace").splitlines() if line.strip()]
+    return f"{name} failed: {lines[-1].strip() if lines else 'no message'} (the whole error: {error_file})"
+
+
 def route_library_logs(log_file: Path, *, verbose: bool = False) -> None:
     """Sends every logger's records and Python warnings to `log_file`; unless
     `verbose`, takes the libraries' console handlers away, so only this

@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from envs.user_errors import UserError, front_door, input_checks
-from rllib_ragen.run.console import quiet_progress_bars, route_library_logs
+from rllib_ragen.run.console import quiet_console, quiet_progress_bars
 from rllib_ragen.run.flags import build_parser, config_from_args
 from rllib_ragen.run.given_paths import check_resumable, check_tracking_uri, check_writable_dir
 
@@ -109,9 +109,7 @@ def main(*, env: str, argv: list[str] | None = None, prog: str | None = None, **
     from rllib_ragen.run.starting_model import choose_starting_model
     from rllib_ragen.run.train_loop import run, run_directory
 
-    log_file = run_directory(config, args) / RUN_LOG
-    route_library_logs(log_file, verbose=args.verbose)
-    print(f"library logs: {log_file}" + ("" if args.verbose else " (--verbose: on the console too)"), flush=True)
+    quiet_console(run_directory(config, args) / RUN_LOG, verbose=args.verbose)
     open_tracking_store(args)
     tags = choose_starting_model(config, args)
     try:

@@ -64,13 +64,22 @@ def build_parser(
     add_budget_flags(parser, job_budget_min=job_budget_min)
     add_result_flags(parser, success_threshold=success_threshold)
     add_checkpoint_flags(parser)
-    parser.add_argument(
-        "--verbose",
-        action="store_true",
-        help="show the libraries' logs and warnings (Ray, RLlib, vLLM, transformers) on the "
-        "console too; by default they go to the run's log file only",
+    add_verbose_flag(
+        parser, logs="the libraries' logs and warnings (Ray, RLlib, vLLM, transformers)", to="the run's log file"
     )
     return parser
+
+
+# What `--verbose` brings to the console: of a training run, and of the trials of a sweep or a study.
+LIBRARY_LOGS = "the libraries' logs and warnings (Ray, RLlib, vLLM, transformers)"
+TRIAL_LOGS = "the trials' output (RLlib, vLLM, Ray Tune) and the libraries' logs"
+
+
+def add_verbose_flag(parser: argparse.ArgumentParser, *, logs: str, to: str) -> None:
+    """`--verbose`: `logs` on the console too, which otherwise go to `to` only (read by `route_library_logs`)."""
+    parser.add_argument(
+        "--verbose", action="store_true", help=f"show {logs} on the console too; by default they go to {to} only"
+    )
 
 
 def add_budget_flags(parser: argparse.ArgumentParser, *, job_budget_min: float | None) -> None:

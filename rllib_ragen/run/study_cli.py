@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from envs.user_errors import front_door, input_checks
-from rllib_ragen.run.flags import CLIParser, add_tracking_flags, add_warm_start_flags, positive_float, positive_int
+from rllib_ragen.run.flags import (
+    CLIParser,
+    add_tracking_flags,
+    add_verbose_flag,
+    add_warm_start_flags,
+    positive_float,
+    positive_int,
+)
 from rllib_ragen.run.study import Study, trial_configs, trial_points
 
 if TYPE_CHECKING:
@@ -55,6 +62,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="trials at once (default: one per Ray node, at most as many as fit)",
     )
     parser.add_argument("--report-only", action="store_true", help="no training: report the runs in MLflow")
+    add_verbose_flag(
+        parser,
+        logs="the trials' output (RLlib, vLLM, Ray Tune) and the libraries' logs",
+        to="Ray's session logs and <storage-path>/<study>.log",
+    )
     add_tracking_flags(parser)
     return parser
 
@@ -102,6 +114,7 @@ def only_envs(study: Study, envs: Sequence[str]) -> list[str]:
 
 def run(study: Study, configs: list[StarPOConfig], args: argparse.Namespace) -> None:
     """Warm starts (cached, one per env and arm), then the trials through Tune."""
+    from rllib_ragen.run.console import quiet_console
     from rllib_ragen.run.experiment import open_tracking_store
     from rllib_ragen.run.ray_session import init_ray
     from rllib_ragen.run.study_runner import StudyRunSettings, run_study
@@ -109,7 +122,8 @@ def run(study: Study, configs: list[StarPOConfig], args: argparse.Namespace) -> 
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     open_tracking_store(args)  # once, here: trials starting together would race to create it
-    init_ray(log_to_driver=True)
+    quiet_console(Path(args.storage_path) / f"{study.name}.log", verbose=args.verbose)
+    init_ray(log_to_driver=args.verbose)
     start_from_warm_starts(study, configs, args)
     # No iteration count: a trial ends when its budget is spent (`study_runner.trial_finished`).
     settings = mlflow_settings(argparse.Namespace(**vars(args), stop_iters=None), tags={"preset": study.preset})

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from ray.tune.experiment import Trial
 
 from rllib_ragen.algorithm.starpo import StarPO
 from rllib_ragen.run.callbacks import MLflowSettings, mlflow_callback_of, with_mlflow
+from rllib_ragen.run.console import trial_failed_line
 from rllib_ragen.run.mlflow_store import tracking_client
 from rllib_ragen.run.placement_watchdog import DEFAULT_PLACEMENT_TIMEOUT_S, PlacementWatchdog
 from rllib_ragen.run.study import ARM_TAG, SEED_TAG, STUDY_TAG, Study, TrialPoint, trial_points
@@ -130,6 +132,9 @@ class StudyProgress(tune.Callback):
             + ("" if math.isnan(evaluation) else f" | eval success {evaluation:.3f}"),
             flush=True,
         )
+
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        print(trial_failed_line(trial_name(trial), trial.error_file), file=sys.stderr, flush=True)
 
 
 def trial_name(trial: Trial) -> str:

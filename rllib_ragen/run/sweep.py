@@ -45,8 +45,9 @@ from envs.user_errors import CLIParser, front_door, input_checks
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.rllib_private import config_dict_value
 from rllib_ragen.run.callbacks import MLflowSettings, with_mlflow
+from rllib_ragen.run.console import quiet_console, trial_failed_line
 from rllib_ragen.run.experiment import open_tracking_store
-from rllib_ragen.run.flags import add_config_flags, add_tracking_flags, config_from_args
+from rllib_ragen.run.flags import add_config_flags, add_tracking_flags, add_verbose_flag, config_from_args
 from rllib_ragen.run.mlflow_store import tracking_client
 from rllib_ragen.run.placement_watchdog import DEFAULT_PLACEMENT_TIMEOUT_S, PlacementWatchdog
 from rllib_ragen.run.ray_session import init_ray
@@ -277,6 +278,9 @@ class TrialProgress(tune.Callback):
         line = progress_line(result["training_iteration"], self.stop_iters, result, result.get("time_this_iter_s", 0.0))
         print(f"{trial.trial_id} {line}", flush=True)
 
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        print(trial_failed_line(trial.trial_id, trial.error_file), file=sys.stderr, flush=True)
+
 
 def run_sweep(
     config: StarPOConfig, sweep: SweepSettings, settings: MLflowSettings
@@ -390,6 +394,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--storage-path", help="where Tune keeps trial results (default: ~/ray_results)")
     parser.add_argument("--name", help="Tune experiment name")
+    add_verbose_flag(
+        parser,
+        logs="the trials' output (RLlib, vLLM, Ray Tune) and the libraries' logs",
+        to="Ray's session logs and sweep.log in --storage-path (or here)",
+    )
     return parser
 
 
@@ -408,7 +417,8 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> pd.DataFr
         check_grid(config, sweep.grid)  # before Ray starts (run_sweep checks it again)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     open_tracking_store(args)  # once, here: trials starting together would race to create it
-    init_ray(log_to_driver=True)
+    quiet_console(Path(args.storage_path or ".").expanduser() / "sweep.log", verbose=args.verbose)
+    init_ray(log_to_driver=args.verbose)
     check_trials_fit(config, sweep.grid, max_concurrent=sweep.max_concurrent)  # a TrialDoesNotFitError: one line
     try:
         tags = choose_starting_model(config, args)  # once, in the driver: every trial loads the same cached model
