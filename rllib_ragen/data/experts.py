@@ -38,11 +38,9 @@ from envs.textarena import TextArenaEnv
 # format only), or the env's expert below.
 WARM_START_PLAYERS = ("random", "expert")
 # Initial states a warm start plays by default. Random play writes 2 trajectories a state, the
-# expert 1: at 16 states (4 gradient steps) SmolLM2's expert start on FrozenLake answered no turn
-# in the format (valid 0.00 on 128 evaluation seeds); at 48 (12 steps) it answers all of them. The
-# expert's 192, seen once by SmolLM2's last 10 layers, cost what 48 seen twice by every weight did and
-# start RL higher: Sokoban 0.266 against 0.195-0.227, FrozenLake 0.508 against 0.156-0.508
-# (docs/results/warm_start_speed.md).
+# expert 1. Too few expert states leave SmolLM2 outside the answer format; the expert's many states,
+# seen once by the top layers, start RL higher than fewer states seen twice by every weight, at the
+# same cost (docs/results/warm_start_speed.md has the measurements).
 WARM_START_STATES = {"random": 16, "expert": 192}
 
 

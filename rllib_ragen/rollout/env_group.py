@@ -68,9 +68,9 @@ class TurnBudgetSettings:
 
 
 GROUP_RANDOMNESS = ("shared", "independent")
-# benchmarks/group_randomness.py (docs/results/group_randomness.md): with shared payout draws
-# GRPO's mean advantage favours the Bandit's worse arm (-0.43 for the better one; -0.09
-# when each member draws its own), while FrozenLake's first moves rank right either way.
+# With payout draws shared inside a group, GRPO's mean advantage can favour the Bandit's worse arm;
+# each member drawing its own removes that bias (benchmarks/group_randomness.py,
+# docs/results/group_randomness.md).
 DEFAULT_GROUP_RANDOMNESS = "independent"
 
 
