@@ -188,20 +188,39 @@ def plot_study(study: Study, trials: Sequence[TrialRun]) -> Figure:
 
 
 def draw_pooled_success(ax: Axes, trials: Sequence[TrialRun], colours: Mapping[str, str]) -> None:
-    """Per arm, at each evaluated iteration every seed reached: pooled success and its Wilson band."""
+    """Per arm, pooled success over its seeds and its Wilson band, at the mean minute of each seed's
+    k-th evaluation (`aligned_evaluations`)."""
     for arm, colour in colours.items():
         mine = [t for t in trials if t.arm == arm]
         if not mine:
             continue
-        success = pd.concat([t.history[EVALUATION_SUCCESS[0]].rename(t.seed) for t in mine], axis=1).dropna()
-        minutes = pd.concat([training_minutes(t.history).rename(t.seed) for t in mine], axis=1).loc[success.index]
+        minutes, successes = aligned_evaluations(mine)
         n = sum(t.eval_size for t in mine)
-        counts = sum((success[t.seed] * t.eval_size).round() for t in mine)
+        counts = (successes * [t.eval_size for t in mine]).round().sum(axis=1)
         bands = [wilson_interval(float(count), n) for count in counts]
         x = minutes.mean(axis=1)
         ax.plot(x, counts / n, marker="o", markersize=3, color=colour, label=arm)
         ax.fill_between(x, [b[0] for b in bands], [b[1] for b in bands], color=colour, alpha=0.2)
     ax.set_ylim(-0.02, 1.02)
+
+
+def aligned_evaluations(trials: Sequence[TrialRun]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(minutes, success) [evaluations x trials] of each trial's k-th evaluation, k below the fewest any
+    trial made, the last row each trial's final evaluation: with time budgets the seeds evaluate at
+    different iterations, and their finals must still be compared."""
+    series = [t.history[EVALUATION_SUCCESS[0]].dropna() for t in trials]
+    fewest = min(len(s) for s in series)
+    if fewest == 0:
+        return pd.DataFrame(), pd.DataFrame()
+    rows = [[*range(fewest - 1), len(s) - 1] for s in series]
+    successes = pd.DataFrame({i: s.iloc[r].to_numpy() for i, (s, r) in enumerate(zip(series, rows))})
+    minutes = pd.DataFrame(
+        {
+            i: training_minutes(t.history).loc[s.index[r]].to_numpy()
+            for i, (t, s, r) in enumerate(zip(trials, series, rows))
+        }
+    )
+    return minutes, successes
 
 
 @dataclasses.dataclass(frozen=True)
