@@ -63,7 +63,7 @@ def test_a_sweep_whose_trial_exceeds_the_cluster_fails_before_it_starts(ray_sess
     (error,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert error.startswith("error: grid point {'group_size': 2}: one trial needs {'CPU': 2.5}")
     assert "1 vLLM engine(s) ({'CPU': 1.5} each" in error and "the cluster has {'CPU': 2.0}" in error
-    assert not (tmp_path / "tune").exists()  # Tune never started
+    assert [path.name for path in (tmp_path / "tune").iterdir()] == ["sweep.log"]  # Tune never started
 
 
 @ray.remote(num_cpus=1)
