@@ -104,8 +104,8 @@ def cpu_preset(env: str) -> StarPOConfig:
             # (docs/results/iteration_breakdown_token_tree.md compares 1024 with 2048).
             micro_batch_tokens=1024,
             autocast_dtype="bfloat16" if bf16 else None,
-            # A CPU run makes tens of updates, not RAGEN's 200 at 1e-6: the Bandit
-            # preset's step size, with which it learned within 7 iterations.
+            # A CPU run makes tens of updates, not RAGEN's 200 at 1e-6: the Bandit preset's step size
+            # (docs/results/bandit.md).
             actor_lr=2e-5,
             critic_lr=1e-4,
             entropy_coeff=0.001,

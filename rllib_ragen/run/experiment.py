@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import sys
 import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from envs.user_errors import UserError, front_door, input_checks
@@ -55,24 +56,23 @@ class TunedRun:
 TUNED_RUNS: dict[str, TunedRun] = {
     "bandit": TunedRun(
         "Train an LLM agent to prefer the better arm of a two-armed bandit with StarPO.",
-        # Measured (docs/results/bandit.md, 128 seeds): 0.648 [0.562, 0.726] after 20 iterations, the
-        # random-play warm start alone 0.445 [0.362, 0.532]: the threshold sits between the intervals.
+        # Between the interval of the warm start alone and that after 20 iterations (docs/results/bandit.md).
         success_threshold=0.55,
         stop_iters=20,
     ),
     "countdown": TunedRun("Train an LLM agent on Countdown equations with StarPO.", stop_iters=20),
     "frozenlake": TunedRun(
         "Train an LLM agent on FrozenLake (deterministic ice, the state in words) with StarPO.",
-        # Measured (docs/results/tuned_example_runs.md): the warm start alone 0.602, after 69 iterations
-        # of RL 0.891; a run that did not learn fails.
+        # Between the warm start alone and a run that learned (docs/results/tuned_example_runs.md): a run
+        # that did not learn fails.
         success_threshold=0.75,
         stop_iters=200,
         job_budget_min=27.0,
     ),
     "sokoban": TunedRun(
         "Train an LLM agent to solve Sokoban rooms (6x6, one box, in words) with StarPO.",
-        # Measured (docs/results/tuned_example_runs.md): the 192-state warm start alone 0.266, after
-        # 27 iterations of RL 0.477; a run that did not learn fails.
+        # Between the warm start alone and a run that learned (docs/results/tuned_example_runs.md): a run
+        # that did not learn fails.
         success_threshold=0.37,
         stop_iters=200,
         job_budget_min=27.0,
@@ -86,13 +86,25 @@ def tuned_run(env: str) -> TunedRun:
 
 
 @front_door
-def main(*, env: str, argv: list[str] | None = None, prog: str | None = None, **settings: Any) -> None:
+def main(
+    *,
+    env: str,
+    argv: list[str] | None = None,
+    prog: str | None = None,
+    config: Callable[[], StarPOConfig] | None = None,
+    warm_start_choices: Mapping[str, Any] | None = None,
+    **settings: Any,
+) -> None:
     """Entry point of a tuned example: bad input ends it with one `error:` line and exit code 2 (`front_door`).
 
     Args:
         env: The env (the `--env` default).
         argv: The flags (default: the command line's).
         prog: The program name `--help` shows.
+        config: Builds the example's config (called after the flags that need no Ray or torch are
+            checked); None: the CPU preset of the env. `--preset gpu` or another `--env` use their preset.
+        warm_start_choices: The example's warm-start choices (`WarmStartSettings` fields); the warm-start
+            flags override them.
         **settings: `TunedRun` fields replacing `tuned_run(env)`'s.
     """
     job_started = time.perf_counter()
@@ -103,23 +115,23 @@ def main(*, env: str, argv: list[str] | None = None, prog: str | None = None, **
         args.job_budget_min = tuned.job_budget_min
     if not args.verbose:
         quiet_progress_bars()  # before the libraries are imported: they read it then
-    config = checked_inputs(args)
+    run_config = checked_inputs(args, tuned=config)
     # Imported first: they attach the console handlers that route_library_logs takes away.
     from rllib_ragen.run import callbacks, warm_start  # noqa: F401
     from rllib_ragen.run.starting_model import choose_starting_model
     from rllib_ragen.run.train_loop import run, run_directory
 
-    quiet_console(run_directory(config, args) / RUN_LOG, verbose=args.verbose)
+    quiet_console(run_directory(run_config, args) / RUN_LOG, verbose=args.verbose)
     open_tracking_store(args)
-    tags = choose_starting_model(config, args)
+    tags = choose_starting_model(run_config, args, tuned_warm_start=warm_start_choices)
     try:
-        run(config, args, tags={**tags, "preset": args.preset}, job_started=job_started)
+        run(run_config, args, tags={**tags, "preset": args.preset}, job_started=job_started)
     except KeyboardInterrupt:
         print("stopped by Ctrl-C; --resume continues from the last checkpoint", file=sys.stderr)
         sys.exit(130)
 
 
-def checked_inputs(args: argparse.Namespace) -> StarPOConfig:
+def checked_inputs(args: argparse.Namespace, *, tuned: Callable[[], StarPOConfig] | None = None) -> StarPOConfig:
     """The run's config, after every check of the flags that needs no work: those that need no Ray
     or torch first (contradicting flags, paths, the tracking server, the env), then the settings,
     the model directories and the checkpoint `--resume` would continue.
@@ -138,7 +150,7 @@ def checked_inputs(args: argparse.Namespace) -> StarPOConfig:
         check_tracking_uri(args.tracking_uri)
     with input_checks():
         check_starting_model(args)
-        config = config_from_args(args)
+        config = config_from_args(args, tuned=tuned)
         config.check_inputs()
         resume_from = checkpoint_to_resume(run_directory(config, args), resume=args.resume)
     if resume_from is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from envs import check_env
@@ -237,8 +238,9 @@ def add_tracking_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def config_from_args(args: argparse.Namespace) -> StarPOConfig:
-    """The preset for the env, with the flags applied and validated.
+def config_from_args(args: argparse.Namespace, *, tuned: Callable[[], StarPOConfig] | None = None) -> StarPOConfig:
+    """The preset for the env (or a tuned example's own config, `tuned()`, for its env on the CPU
+    preset), with the flags applied and validated.
 
     Raises:
         ValueError, TypeError: a flag or `--set` the config refuses (the message names it).
@@ -248,7 +250,9 @@ def config_from_args(args: argparse.Namespace) -> StarPOConfig:
         # directory, which is where Ray's workers look (and where a user's my_envs.py is).
         sys.path.insert(0, os.getcwd())
     check_env(args.env)  # before the preset imports Ray and torch: a typo fails at once
-    config = preset(args.preset, args.env)
+    config = tuned() if tuned is not None else None
+    if config is None or args.preset != "cpu" or args.env != config.env:
+        config = preset(args.preset, args.env)
     config.llm(model=_given(args.model, config.llm_model))
     config.inference(
         engine=_given(args.engine, config.engine), num_engines=_given(args.num_engines, config.num_engines)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rllib_ragen.algorithm.starpo import StarPOConfig
@@ -19,9 +20,12 @@ def check_starting_model(args: argparse.Namespace) -> None:
         resolve_model(args.warm_start_model)
 
 
-def choose_starting_model(config: StarPOConfig, args: argparse.Namespace) -> dict[str, str]:
+def choose_starting_model(
+    config: StarPOConfig, args: argparse.Namespace, *, tuned_warm_start: Mapping[str, Any] | None = None
+) -> dict[str, str]:
     """The model RL starts from: a given warm-started one, none, or the (cached) warm start
-    on the preset's player (the env's expert, or random moves that teach the format only).
+    on the preset's player (the env's expert, or random moves that teach the format only), with a
+    tuned example's choices (`tuned_warm_start`, `WarmStartSettings` fields).
 
     Returns:
         The run's model tags: `base_model` and `warm_start_model` ("none" without a warm start).
@@ -39,5 +43,6 @@ def choose_starting_model(config: StarPOConfig, args: argparse.Namespace) -> dic
             num_examples=args.warm_start_examples,
             player=args.warm_start_player,
             world_model_epochs=args.warm_start_world_model_epochs,
+            tuned=tuned_warm_start,
         )
     return {"base_model": base, "warm_start_model": "none" if args.no_warm_start else str(config.llm_model)}

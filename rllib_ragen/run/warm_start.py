@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -271,24 +271,33 @@ def world_model_passes(
 
 
 def warm_start_config(
-    config: StarPOConfig, *, num_examples: int | None = None, player: str | None = None, world_model_epochs: int = 0
+    config: StarPOConfig,
+    *,
+    num_examples: int | None = None,
+    player: str | None = None,
+    world_model_epochs: int = 0,
+    tuned: Mapping[str, Any] | None = None,
 ) -> WarmStartSettings:
-    """The warm start a tuned example gives `config`: its env, prompt and turn budget, and this policy's
-    player, states and learning rate.
+    """The warm start of `config`: its env, prompt and turn budget, and this policy's player, states and
+    learning rate; then a tuned example's choices (`tuned`: `WarmStartSettings` fields, used when the player
+    is theirs), then the flags (`player`, `num_examples`, `world_model_epochs`).
 
-    `player` None: the expert where the env has one (a policy that already
-    solves part of the task: RL gains most there, see
-    docs/results/multiturn_learning_2026-11.md), else random play (the answer format only).
+    `player` None: the tuned example's, else the expert where the env has one (a policy that already
+    solves part of the task: RL gains most there, see docs/results/multiturn_learning_2026-11.md), else
+    random play (the answer format only).
     """
-    player = player or ("expert" if has_expert(config.env) else "random")
+    tuned = dict(tuned or {})
+    if player is not None and tuned.get("player", player) != player:
+        tuned = {}  # the example's states and step size are its player's
+    player = player or tuned.get("player") or ("expert" if has_expert(config.env) else "random")
     tiny = config.llm_model == "tiny-random"
     expert = player == "expert"
-    return WarmStartSettings(
+    derived = WarmStartSettings(
         env=config.env,
         env_config=dict(config.env_config),
         protocol=config.protocol_settings,
         budget=config.turn_budget_settings,
-        num_examples=num_examples or WARM_START_STATES[player],
+        num_examples=WARM_START_STATES[player],
         answers_per_prompt=2,
         # The expert's many states once each (WARM_START_STATES); random play's few twice.
         epochs=1 if expert else 2,
@@ -297,18 +306,28 @@ def warm_start_config(
         lr=3e-3 if tiny else (3e-4 if expert else 1e-4),
         player=player,
         autocast_dtype=config.autocast_dtype,
-        # SmolLM2's last 10 of 30 layers: faster than every weight at a lower answer NLL
-        # (docs/results/warm_start_speed.md); a model of 10 layers or fewer trains every weight.
+        # The expert's start trains SmolLM2's last layers only, faster and at a lower answer NLL than every
+        # weight (docs/results/warm_start_speed.md); a model of that many layers or fewer trains every weight.
         trained_top_layers=EXPERT_TRAINED_TOP_LAYERS if expert else None,
-        world_model_epochs=world_model_epochs,
     )
+    if tiny:
+        tuned.pop("lr", None)  # the tiny model's step size is the tests', whatever the example tunes
+    flags: dict[str, Any] = {"num_examples": num_examples} if num_examples else {}
+    return dataclasses.replace(derived, **{**tuned, **flags, "world_model_epochs": world_model_epochs})
 
 
 def apply_warm_start(
-    config: StarPOConfig, *, num_examples: int | None = None, player: str | None = None, world_model_epochs: int = 0
+    config: StarPOConfig,
+    *,
+    num_examples: int | None = None,
+    player: str | None = None,
+    world_model_epochs: int = 0,
+    tuned: Mapping[str, Any] | None = None,
 ) -> None:
     """Replaces `config`'s model by its warm-started copy (`warm_start_config`; built once, cached)."""
-    ws = warm_start_config(config, num_examples=num_examples, player=player, world_model_epochs=world_model_epochs)
+    ws = warm_start_config(
+        config, num_examples=num_examples, player=player, world_model_epochs=world_model_epochs, tuned=tuned
+    )
     print(
         f"{ws.player}-play warm start of {config.llm_model} on {config.env} ({ws.num_examples} states"
         + (f", {world_model_epochs} world-model epoch(s) first" if world_model_epochs else "")
