@@ -80,6 +80,7 @@ class VLLMEnginePool(InferenceEngine):
             max_restarts=0,  # replaced by the pool itself, with the current weights
             runtime_env={"env_vars": actor_env_vars(config)},
         )
+        logger.info("starting %d vLLM engine(s) on %s", config.num_engines, self.model_path)
         self.actors = [self._actor_class.remote(self.model_path, config, rank) for rank in range(config.num_engines)]
         try:
             for rank, actor in enumerate(self.actors):
@@ -87,6 +88,7 @@ class VLLMEnginePool(InferenceEngine):
         except (RuntimeError, EngineTimeoutError):
             self.shutdown()
             raise
+        logger.info("%d vLLM engine(s) started", config.num_engines)
         self.restarts = 0
         self.last_sync_seconds: float | None = None
         self.last_sync_nbytes = 0
