@@ -4,8 +4,8 @@ replaced engine serves the learner's current weights.
 
 The run is a tuned example's (`--env`, its flags) in this process, with MLflow in `./mlflow.db` of a
 fresh working directory. A thread waits for a training rollout to start (the algorithm's sampler
-call), sleeps a moment drawn uniformly from [0, --max-delay-s] s (seeded) and, if that rollout is still
-running, finds an engine actor's process in Ray's actor table and SIGKILLs it by pid (`os.kill`);
+call), sleeps a moment drawn uniformly from [0, --max-delay-s] s, or from [0, the last rollout's length]
+when that is shorter (seeded), and, if that rollout is still running, finds an engine actor's process in Ray's actor table and SIGKILLs it by pid (`os.kill`);
 then it waits for the replacement and for the next rollout. Ray's actor table is read from its GCS
 (`rllib_private.actor_table`): `ray.util.state.list_actors` would need the dashboard, which the run
 leaves off. The pool replaces the dead actor, loads the current weights into it and sends its shard
@@ -59,7 +59,8 @@ class KillPlan:
     Attributes:
         kills: SIGKILLs, at most one per training rollout.
         from_iteration: The first iteration whose rollout may see one (2: after an update).
-        max_delay_s: Each comes at a moment uniform in [0, this] s after a rollout starts.
+        max_delay_s: Each comes at a moment uniform in [0, this] s after a rollout starts, or
+            in [0, the last rollout's length] when that is shorter (so that most land in one).
         seed: Seed of those moments and of the engine picked.
         record: One JSON line per kill is appended here.
     """
@@ -91,6 +92,7 @@ class EngineKiller(threading.Thread):
         self.algorithm, self.plan, self.rng = algorithm, plan, random.Random(plan.seed)
         self.pool = algorithm.env_runner.engine
         self.rollouts = 0  # training rollouts started so far
+        self.last_rollout_s = plan.max_delay_s
         self.in_rollout = threading.Event()
         self.changed = threading.Condition()
         sample = algorithm.sampler.sample
@@ -101,10 +103,12 @@ class EngineKiller(threading.Thread):
                 self.rollouts += 1
                 self.in_rollout.set()
                 self.changed.notify_all()
+            started = time.monotonic()
             try:
                 return sample(**kwargs)
             finally:
                 self.in_rollout.clear()
+                self.last_rollout_s = time.monotonic() - started
 
         algorithm.sampler.sample = watched_sample
 
@@ -114,7 +118,7 @@ class EngineKiller(threading.Thread):
             with self.changed:  # a rollout that started after the last kill
                 self.changed.wait_for(functools.partial(self._rollouts_after, seen))
                 seen = self.rollouts
-            delay = self.rng.uniform(0, self.plan.max_delay_s)
+            delay = self.rng.uniform(0, min(self.plan.max_delay_s, self.last_rollout_s))
             time.sleep(delay)
             if not self.in_rollout.is_set() or self.rollouts != seen:
                 continue  # that rollout ended first: the kill waits for another
@@ -152,14 +156,19 @@ def engine_pid(actor_id: str) -> int:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = CLIParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=10, help="SIGKILLs of an engine, at most one per rollout")
-    parser.add_argument("--max-delay-s", type=float, default=20.0, help="a kill comes in [0, this] s into a rollout")
+    parser.add_argument(
+        "--max-delay-s",
+        type=float,
+        default=60.0,
+        help="a kill comes in [0, this] s into a rollout (or [0, the last rollout's length] when shorter)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments and engines")
     parser.add_argument(
         "--from-iteration", type=int, default=2, help="the first iteration a kill may come in (2: after an update)"
     )
     parser.add_argument("--env", default="bandit", help="the tuned example's env")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="its --model")
-    parser.add_argument("--stop-iters", type=int, default=14, help="iterations of the run (kills need as many)")
+    parser.add_argument("--stop-iters", type=int, default=16, help="iterations of the run (kills need as many)")
     parser.add_argument(
         "--extra",
         default="--engine vllm --n-groups 2 --group-size 2 --eval-size 4 --no-warm-start --set eval_interval=5",
