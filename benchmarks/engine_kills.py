@@ -4,9 +4,10 @@ replaced engine serves the learner's current weights.
 
 The run is a tuned example's (`--env`, its flags) in this process, with MLflow in `./mlflow.db` of a
 fresh working directory. A thread waits for a training rollout to start (the algorithm's sampler
-call), sleeps a moment drawn uniformly from [0, --max-delay-s] s, or from [0, the last rollout's length]
-when that is shorter (seeded), and, if that rollout is still running, finds an engine actor's process in Ray's actor table and SIGKILLs it by pid (`os.kill`);
-then it waits for the replacement and for the next rollout. Ray's actor table is read from its GCS
+call), sleeps a moment drawn uniformly from [0, --max-delay-s] s, or from [0, the last rollout's
+length] when that is shorter (seeded), and, if that rollout is still running, finds this job's live
+engine actors in Ray's actor table and SIGKILLs one's process by pid (`os.kill`); then it waits for
+the replacement and for the next rollout. Ray's actor table is read from its GCS
 (`rllib_private.actor_table`): `ray.util.state.list_actors` would need the dashboard, which the run
 leaves off. The pool replaces the dead actor, loads the current weights into it and sends its shard
 again; after that rollout the algorithm scores a fixed probe on every engine
@@ -34,11 +35,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import ray
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.utils import force_list
 from ray.rllib.utils.annotations import override
 
 from envs.user_errors import CLIParser, front_door
+from rllib_ragen.inference.vllm.actor import VLLMEngineActor
 from rllib_ragen.rllib_private import actor_table
 from rllib_ragen.run.given_paths import output_file
 from rllib_ragen.run.provenance import header
@@ -128,15 +131,13 @@ class EngineKiller(threading.Thread):
         return self.rollouts > seen and self.algorithm.iteration + 1 >= self.plan.from_iteration
 
     def _kill(self, index: int, *, delay: float, rollout: int) -> None:
-        rank = self.rng.randrange(len(self.pool.actors))
-        actor_id = self.pool.actors[rank]._actor_id.hex()
-        pid = engine_pid(actor_id)
+        actor_id, pid = self.rng.choice(live_engines())
         restarts = self.pool.restarts
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         entry = {
-            "kill": index + 1, "iteration": self.algorithm.iteration + 1, "rollout": rollout, "rank": rank,
-            "pid": pid, "actor_id": actor_id, "delay_s": round(delay, 2),
+            "kill": index + 1, "iteration": self.algorithm.iteration + 1, "rollout": rollout, "pid": pid,
+            "actor_id": actor_id, "delay_s": round(delay, 2),
         }  # fmt: skip
         while self.pool.restarts == restarts and time.monotonic() - killed < REPLACEMENT_TIMEOUT_S:
             time.sleep(0.2)
@@ -145,12 +146,20 @@ class EngineKiller(threading.Thread):
             file.write(json.dumps(entry) + "\n")
 
 
-def engine_pid(actor_id: str) -> int:
-    """The pid of live actor `actor_id`, from Ray's actor table."""
-    for actor in actor_table():
-        if actor["ActorID"] == actor_id and actor["State"] == "ALIVE" and actor["Pid"]:
-            return int(actor["Pid"])
-    raise RuntimeError(f"engine actor {actor_id} is not alive in Ray's actor table")
+def live_engines() -> list[tuple[str, int]]:
+    """(actor id, pid) of this job's live vLLM engine actors, from Ray's actor table."""
+    job = ray.get_runtime_context().get_job_id()
+    engines = [
+        (actor["ActorID"], int(actor["Pid"]))
+        for actor in actor_table()
+        if actor["ActorClassName"] == VLLMEngineActor.__name__
+        and actor["JobID"] == job
+        and actor["State"] == "ALIVE"
+        and actor["Pid"]
+    ]
+    if not engines:
+        raise RuntimeError("no live vLLM engine actor of this job in Ray's actor table")
+    return sorted(engines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -265,13 +274,13 @@ def check_run(args: argparse.Namespace, workdir: Path, kills: list[dict]) -> dic
 
 def summary(kills: list[dict], checks: dict[str, tuple[bool, str]], sync_gaps: dict[int, list[float]]) -> str:
     rows = [
-        f"| {k['kill']} | {k['iteration']} | {k['delay_s']:.1f} | {k['rank']} | {k['pid']} | "
+        f"| {k['kill']} | {k['iteration']} | {k['delay_s']:.1f} | {k['pid']} | "
         f"{k['replaced_after_s']} | {', '.join(f'{v:.4f}' for v in sync_gaps.get(k['iteration'] - 1, [])) or '-'} |"
         for k in kills
     ]
     lines = [
-        "| kill | iteration | into its rollout [s] | engine | pid | replaced after [s] | previous sync's gap |",
-        "|---|---|---|---|---|---|---|",
+        "| kill | iteration | into its rollout [s] | pid | replaced after [s] | previous sync's gap |",
+        "|---|---|---|---|---|---|",
         *rows,
         "",
         *(f"- {'PASS' if ok else 'FAIL'} {name}: {detail}" for name, (ok, detail) in checks.items()),
