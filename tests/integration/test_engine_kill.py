@@ -9,8 +9,8 @@ import pytest
 import ray
 from run_helpers import ROOT, load_script
 
-# The tiny model's bf16 engine against its learner, after a sync (tests/inference/test_weight_sync.py).
-TOLERANCE = 0.05
+# The tiny model's engine against its learner after a sync: about 2e-3; a stale one, after this lr, far more.
+TOLERANCE = 0.01
 
 
 @pytest.mark.vllm
@@ -21,7 +21,7 @@ def test_an_engine_sigkilled_mid_rollout_is_replaced_with_the_current_weights(ti
         "--kills", "1", "--from-iteration", "2", "--max-delay-s", "0.3", "--stop-iters", "4",
         "--model", str(tiny_model_path), "--tolerance", str(TOLERANCE),
         "--extra", "--engine vllm --no-warm-start --n-groups 2 --group-size 2 --set kv_cache_gb=0.05 "
-        "--set max_model_len=512 --set eval_interval=0 --set actor_lr=1e-3",
+        "--set max_model_len=512 --set eval_interval=0 --set actor_lr=1e-2 --set entropy_coeff=1.0",
     ])  # fmt: skip
     assert not ray.is_initialized()
     try:
@@ -31,4 +31,5 @@ def test_an_engine_sigkilled_mid_rollout_is_replaced_with_the_current_weights(ti
     (kill,) = bench.read_kills(tmp_path)
     assert kill["iteration"] >= 2 and kill["replaced_after_s"] is not None  # after an update; replaced
     checks = bench.check_run(args, tmp_path, [kill])
+    print(checks)  # the gap and drift found (pytest -rA)
     assert all(ok for ok, _ in checks.values()), checks
