@@ -292,7 +292,7 @@ def summary(kills: list[dict], checks: dict[str, tuple[bool, str]], sync_gaps: d
         for k in kills
     ]
     lines = [
-        "| kill | iteration | into its rollout [s] | pid | replaced after [s] | previous sync's gap |",
+        "| kill | iteration | into its rollout [s] | pid | replacement started after [s] | previous sync's gap |",
         "|---|---|---|---|---|---|",
         *rows,
         "",
