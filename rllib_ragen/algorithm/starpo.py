@@ -330,6 +330,7 @@ class StarPO(Algorithm):
         )
         # The engines loaded the checkpoint themselves; this first sync proves the path at start.
         self.sync_engine_weights()
+        self._engine_restarts_checked = 0
 
     @override(Algorithm)
     def training_step(self) -> None:
@@ -338,6 +339,7 @@ class StarPO(Algorithm):
         # 1. Sample this iteration's groups (algorithm/group_sampling/).
         with self._phase(ROLLOUT_TIMER):
             episodes = self.sampler.sample(iteration=iteration)
+        self._check_replaced_engines()
         # 2. Collapse diagnostics, before the filter, under the weights that sampled (algorithm/diagnostics.py).
         collapse = self.diagnostics.measure_collapse(episodes, iteration=iteration, learner_group=self.learner_group)
         # 3. Filter: keep the groups whose rewards disagree most (training/filtering.py); watch for the echo trap.
@@ -360,6 +362,26 @@ class StarPO(Algorithm):
         if self._evaluation_due(iteration):
             logger.info("iteration %d: evaluating on the %d fixed seeds", iteration, self.config.eval_size)
             self.evaluate_fixed_seeds()
+
+    def _check_replaced_engines(self) -> None:
+        """After a rollout in which the local env runner's engine pool replaced a dead engine: the probe
+        scored again on every engine. The learner's weights are still the ones last synced (the update
+        comes later), so `weight_sync/replaced_engine_logp_max_abs_diff` (against the learner) should
+        equal the sync's own gap, and `weight_sync/replaced_engine_drift` (against what the engines
+        scored after that sync) be float noise: a replacement serving other weights (the checkpoint's)
+        shows in both. `engine_restarts` counts the replacements since this process started."""
+        restarts = 0 if self.env_runner is None else self.env_runner.engine.restarts
+        if restarts > self._engine_restarts_checked:
+            self._engine_restarts_checked = restarts
+            synced = self.weight_sync.engine_scores
+            gap = self.weight_sync.check()
+            drift = max(
+                abs(a - b) for old, new in zip(synced, self.weight_sync.engine_scores, strict=True)
+                for a, b in zip(old, new, strict=True)
+            )  # fmt: skip
+            self.metrics.log_value((WEIGHT_SYNC_RESULTS, "replaced_engine_logp_max_abs_diff"), gap, window=1)
+            self.metrics.log_value((WEIGHT_SYNC_RESULTS, "replaced_engine_drift"), drift, window=1)
+        self.metrics.log_value("engine_restarts", restarts, window=1)
 
     def _sync_after_update(self) -> None:
         """The new weights into every rollout engine, once the rollouts still running (async) are in."""

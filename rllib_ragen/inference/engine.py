@@ -73,6 +73,8 @@ class InferenceEngine(abc.ABC):
     in_process: bool = True
     #: Brings an out-of-process engine's replaced actors up to date (set by the weight sync where it can).
     resync: Callable[[], object] | None = None
+    #: Dead engine processes replaced so far (an in-process engine has none to replace).
+    restarts: int = 0
 
     @abc.abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:

@@ -120,6 +120,8 @@ class PolicyWeightSync:
         self._payload = Payload(adapter=config.serves_adapter, dtype=wire_dtype(config))
         self._policy_tensors = functools.partial(_policy_tensors, payload=self._payload)
         self._probe: tuple[list[int], list[int]] | None = None
+        # Every engine's probe log-probs at the last `check` (after a sync: what the synced weights score).
+        self.engine_scores: list[list[float]] = []
 
     @property
     def _local_engine(self) -> InferenceEngine | None:
@@ -164,6 +166,7 @@ class PolicyWeightSync:
             "call_timeout_s",
         )
         scored += [each for _, per_runner in runner_scores for each in per_runner]
+        self.engine_scores = scored
         return max(abs(a - b) for each in scored for a, b in zip(each, reference, strict=True))
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ from rllib_ragen.inference.engine import SamplingParams
 from rllib_ragen.inference.engine_factory import make_engine
 from rllib_ragen.inference.engine_settings import EngineSettings, resolve_kind
 from rllib_ragen.inference.hf_engine import HFEngine
-from rllib_ragen.inference.vllm.pool import VLLMEnginePool
+from rllib_ragen.inference.vllm.pool import LOAD_STEP, VLLMEnginePool
 from rllib_ragen.inference.weights import pack_weights, unpack_weights
 from rllib_ragen.models import load_causal_lm, tiny_random_config
 
@@ -224,6 +224,32 @@ def test_an_engine_killed_mid_call_is_replaced_with_current_weights(pool, learne
     assert waits[0] == 0 and kills == [victim]  # killed once, at the call's first wait: on its shard
     assert pool.restarts == restarts + 1 and pool.actors[0] is not victim
     # Same completions as before the kill: every prompt done, in order, by engines with the synced weights.
+    assert_same_completions(result, reference)
+    assert pool.health()["healthy"]
+
+
+@pytest.mark.vllm
+def test_a_replacement_killed_while_it_starts_is_replaced_again_within_the_call(pool, learner, monkeypatch):
+    pool.update_weights(dict(learner.state_dict()))  # the weights a replacement is restored to
+    prompts = [PROMPTS[i % len(PROMPTS)] + [i + 10] for i in range(8)]
+    params = SamplingParams(max_new_tokens=32, temperature=1.0, seed=3)
+    reference = pool.generate(prompts, params)
+    restarts = pool.restarts
+    pool.actors[0].__ray_call__.remote(lambda _: time.sleep(300))  # engine 0's shard cannot finish first
+    waits, wait = [], pool._await
+
+    def kill_engine_0_at_its_shard_and_at_its_first_replacements_start(rank, ref, step, *args):
+        waits.append((rank, step))
+        if rank == 0 and len([w for w in waits if w[0] == 0]) <= 2:
+            ray.kill(pool.actors[0])
+        return wait(rank, ref, step, *args)
+
+    monkeypatch.setattr(pool, "_await", kill_engine_0_at_its_shard_and_at_its_first_replacements_start)
+    result = pool.generate(prompts, params)
+    monkeypatch.undo()
+
+    assert [step for rank, step in waits if rank == 0] == ["generate", "starting", "starting", LOAD_STEP, "generate"]
+    assert pool.restarts == restarts + 2  # the killed replacement counts: max_restarts_per_call=2 covers both
     assert_same_completions(result, reference)
     assert pool.health()["healthy"]
 

@@ -80,6 +80,7 @@ class VLLMEnginePool(InferenceEngine):
             max_restarts=0,  # replaced by the pool itself, with the current weights
             runtime_env={"env_vars": actor_env_vars(config)},
         )
+        logger.info("starting %d vLLM engine(s) on %s", config.num_engines, self.model_path)
         self.actors = [self._actor_class.remote(self.model_path, config, rank) for rank in range(config.num_engines)]
         try:
             for rank, actor in enumerate(self.actors):
@@ -87,6 +88,7 @@ class VLLMEnginePool(InferenceEngine):
         except (RuntimeError, EngineTimeoutError):
             self.shutdown()
             raise
+        logger.info("%d vLLM engine(s) started", config.num_engines)
         self.restarts = 0
         self.last_sync_seconds: float | None = None
         self.last_sync_nbytes = 0
@@ -242,10 +244,18 @@ class VLLMEnginePool(InferenceEngine):
     ) -> Any:
         """`_await(ref)`; if actor `rank` died, replaces it and re-submits with `resend(new_actor)`.
 
-        The re-submitted work gets a deadline of its own (`setting` seconds from then).
+        The re-submitted work gets a deadline of its own (`setting` seconds from then). A replacement
+        that dies too (while it starts, loads the current weights or redoes the work) is replaced
+        again, up to `max_restarts_per_call` replacements in the call.
         """
         for attempt in range(self.config.max_restarts_per_call + 1):
             try:
+                if attempt > 0:
+                    self._replace(rank)
+                    if resend is None:
+                        return None
+                    ref = resend(self.actors[rank])
+                    deadline = time.monotonic() + getattr(self.config, setting)
                 return self._await(rank, ref, step, setting, deadline)
             except RayActorError as error:
                 if attempt == self.config.max_restarts_per_call:
@@ -253,11 +263,6 @@ class VLLMEnginePool(InferenceEngine):
                         f"vLLM engine {rank} died {attempt + 1} times in one call ({step}); giving up"
                     ) from error
                 logger.warning("vLLM engine %d died (%s); starting a replacement", rank, type(error).__name__)
-                self._replace(rank)
-                if resend is None:
-                    return None
-                ref = resend(self.actors[rank])
-                deadline = time.monotonic() + getattr(self.config, setting)
         raise AssertionError("unreachable")
 
     def _await(self, rank: int, ref: ray.ObjectRef, step: str, setting: str, deadline: float) -> Any:
@@ -281,12 +286,18 @@ class VLLMEnginePool(InferenceEngine):
             raise
 
     def _replace(self, rank: int, *, restore: bool = True) -> None:
-        """Starts a new actor for `rank` and (unless `restore=False`) loads the current weights into it."""
+        """Starts a new actor for `rank` and (unless `restore=False`) loads the current weights into it.
+
+        Raises:
+            RayActorError: the new actor died too (the caller may replace it again).
+            EngineTimeoutError: it did not start within `start_timeout_s` (it was stopped).
+        """
         ray.kill(self.actors[rank])
-        actor = self._actor_class.remote(self.model_path, self.config, rank)
-        self._wait_started(rank, actor)
-        self.actors[rank] = actor
+        self.actors[rank] = self._actor_class.remote(self.model_path, self.config, rank)
         self.restarts += 1
+        deadline = time.monotonic() + self.config.start_timeout_s
+        self._await(rank, self.actors[rank].info.remote(), "starting", "start_timeout_s", deadline)
+        logger.info("vLLM engine %d replaced (%d replacements so far)", rank, self.restarts)
         if restore:
             self._restore(rank)
 
