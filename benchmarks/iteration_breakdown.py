@@ -82,13 +82,13 @@ def measure(env: str, iters: int, warmup: int, settings: list[str]) -> dict:
                 results.append(algo.train())
                 timings.append(dict(algo.env_runner.last_rollout_timing))
             seconds = time.perf_counter() - began
-            params = next(iter(algo.learner_group.foreach_learner(_policy_parameters))).get()
+            params = next(iter(algo.learner_group.foreach_learner(policy_parameters))).get()
         finally:
             algo.stop()
     return {**_figures(config, results, timings, seconds, iters, params), **_memory_figures(memory)}
 
 
-def _policy_parameters(learner) -> tuple[int, int]:
+def policy_parameters(learner) -> tuple[int, int]:
     """The policy's parameters, and those that train (backward computes weight gradients for these only)."""
     parameters = list(learner.module["default_policy"].policy.parameters())
     return sum(p.numel() for p in parameters), sum(p.numel() for p in parameters if p.requires_grad)
@@ -98,7 +98,6 @@ def _figures(config, results: list[dict], timings: list[dict], seconds: float, i
              params: tuple[int, int]) -> dict:
     """Per-iteration means of the timed iterations, and each phase's achieved GFLOP/s."""
     learner = [r["learners"]["default_policy"] for r in results]
-    params, trained = params
     rollout = sum(t["total_s"] for t in timings)
     generation = sum(t["engine_s"] for t in timings)
     generated = sum(r["env_runners"]["rollout_tokens_per_s"] * t["total_s"] for r, t in zip(results, timings))
@@ -125,16 +124,26 @@ def _figures(config, results: list[dict], timings: list[dict], seconds: float, i
         "weight_sync_s": sync / iters,
         # The learner connector and update, the weight sync and the metrics: all but the rollout.
         "update_sync_rest_s": (seconds - rollout) / iters,
+        **phase_gflops(params, row_tokens=row_tokens, computed_tokens=computed_tokens, update_s=update,
+                       generated_tokens=generated, generation_s=generation),
+        "policy_loss": sum(r["policy_loss"] for r in learner) / iters,
+        "logp_gap_mean": sum(r.get("train_inference_logp_gap_mean", float("nan")) for r in learner) / iters,
+    }
+
+
+def phase_gflops(params: tuple[int, int], *, row_tokens: float, computed_tokens: float, update_s: float,
+                 generated_tokens: float, generation_s: float) -> dict[str, float]:
+    """The update's and the generation's achieved GFLOP/s, from the policy's (all, trained) parameters."""
+    params_all, trained = params
+    return {
         # 6 x parameters x tokens (forward 2, backward 4), over the update's time, for every row token (what a
         # per-row pass of every weight computes: the issue's measure). The hardware's: the positions really run
         # (the shared prefix once), forward through every weight and backward (4) through the trained ones only
         # (frozen bottom layers run forward only).
-        "update_gflops": 6 * params * row_tokens / update / 1e9,
-        "update_hardware_gflops": (2 * params + 4 * trained) * computed_tokens / update / 1e9,
+        "update_gflops": 6 * params_all * row_tokens / update_s / 1e9,
+        "update_hardware_gflops": (2 * params_all + 4 * trained) * computed_tokens / update_s / 1e9,
         # 2 x parameters x generated token over the engine's time (prompts' prefill not counted).
-        "generation_gflops": 2 * params * generated / generation / 1e9,
-        "policy_loss": sum(r["policy_loss"] for r in learner) / iters,
-        "logp_gap_mean": sum(r.get("train_inference_logp_gap_mean", float("nan")) for r in learner) / iters,
+        "generation_gflops": 2 * params_all * generated_tokens / generation_s / 1e9,
     }
 
 

@@ -1,0 +1,58 @@
+"""`benchmarks/cost_curves.py`: one tiny-model point end to end, the fit on hand-made numbers, the model shapes."""
+
+import importlib
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+ROOT = Path(__file__).resolve().parents[2]
+# The scripts import their sibling benchmarks by name, as they do when run.
+sys.path.insert(0, str(ROOT / "benchmarks"))
+cost_curves = importlib.import_module("cost_curves")
+cost_report = importlib.import_module("cost_report")
+shapes = importlib.import_module("shaped_random_models")
+
+
+def test_a_tiny_point_splits_its_iterations_into_rollout_update_and_sync(ray_session, tiny_model_path):
+    args = cost_curves.parse_args(["--model", str(tiny_model_path), "--engine", "hf", "--iters", "2"])
+    point = cost_curves.measure_point(cost_curves.point_config(args, "trajectories", "16"), args.iters)
+    assert len(point["iterations"]) == 2
+    for row in point["iterations"]:
+        assert row["trajectories"] == 16 and 1 <= row["turns_mean"] <= 5
+        assert row["rollout_s"] > 0 and row["sync_s"] > 0 and row["update_s"] > 0
+        assert math.isclose(row["rollout_s"] + row["update_s"] + row["sync_s"], row["seconds"], rel_tol=1e-9)
+        assert row["generation_s"] <= row["rollout_s"]
+    assert point["seconds"] == point["iterations"][1]["seconds"]  # the median of iteration 2 alone
+    assert point["generation_gflops"] > 0 and point["parameters"] >= point["trained_parameters"] > 0
+    assert point["processes"][0]["peak_mb"] > 0 and any(p["role"] == "driver" for p in point["processes"])
+
+
+def test_the_fit_recovers_hand_made_lines():
+    fit = cost_report.linear_fit([16, 32, 64, 128], [2 + 0.5 * x for x in (16, 32, 64, 128)])
+    assert fit["intercept"] == pytest.approx(2) and fit["slope"] == pytest.approx(0.5)
+    assert fit["rms_residual"] == pytest.approx(0, abs=1e-9)
+    assert cost_report.linear_fit([1, 2, 4], [3, 6, 12])["exponent"] == pytest.approx(1)
+    assert cost_report.linear_fit([1, 2, 4], [1, 4, 16])["exponent"] == pytest.approx(2)
+    bent = cost_report.linear_fit([0, 1, 2], [0, 0, 3])  # best line 1.5x - 0.5; residuals 0.5, -1, 0.5
+    assert bent["slope"] == pytest.approx(1.5) and bent["rms_residual"] == pytest.approx(math.sqrt(0.5))
+    points = [{"axis": "trajectories", "point": size, "seconds": s} for size, s in (("16", 2.0), ("256", 36.0))]
+    line = cost_report.linearity_line(points)
+    assert "x18.00" in line and "OVER the 17.6 bound" in line
+
+
+def test_the_shaped_models_have_the_published_parameter_counts():
+    for name, count in (("smollm2-360m-shape", 361_821_120), ("qwen2.5-0.5b-shape", 494_032_768)):
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(shapes.SHAPES[name]())
+        assert sum(p.numel() for p in model.parameters()) == count, name
+
+
+def test_points_need_one_axis_and_two_iterations():
+    with pytest.raises(Exception, match="--points needs exactly one --axis"):
+        cost_curves.parse_args(["--points", "16"])
+    with pytest.raises(Exception, match="--iters must be at least 2"):
+        cost_curves.parse_args(["--iters", "1"])
