@@ -1,0 +1,202 @@
+"""A two-player TextArena game as an RLlib turn-based multi-agent env: one agent id per seat.
+
+`TwoPlayerGame` follows RLlib's turn-based convention (`MultiAgentEnv`): the
+agents are `player_0` and `player_1` (TextArena's player ids 0 and 1); `reset`
+and `step` return an observation for the seat that acts next only, and `step`
+takes that seat's move. When the game ends, both seats get their final reward
+and observation and are terminated.
+
+- observations: what TextArena shows the seat since its last move (its rules
+  and role with the first; the opponent's moves as `[Player 1] [4]`);
+- moves: the parsed `<answer>`, put in square brackets as `envs.textarena`
+  does (an empty answer is an invalid move);
+- invalid moves, with `invalid_move_ends_game` (SPIRAL's rule, the default):
+  the game ends, the offender gets `invalid_move_reward` (-1.5) and the other
+  seat `opponent_invalid_reward` (+0.5); without it the seat moves again (the
+  caller's turn budget bounds the retries) and the game's own rewards stand;
+- the turn cap: after `max_game_turns` moves (both seats' together) the game
+  ends in a draw (0 each), as SPIRAL's cap does;
+- rewards: the game's final ones (win 1, loss -1, draw 0; Kuhn Poker's too).
+
+Scripted seats (`scripted_move`) draw their moves here, from the game's
+state: "random" (a uniformly random listed move, from the env's own stream)
+or "minimax" (`envs.tictactoe_minimax`, TicTacToe only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+from ray.rllib.env.multi_agent_env import MultiAgentEnv
+
+from envs.base import build_config
+from envs.textarena import game_action, make_game
+from envs.textarena_isolation import GameSandbox
+from envs.textarena_opponent import candidate_moves
+from envs.tictactoe_minimax import minimax_move
+from envs.user_errors import UserError
+
+SEATS = ("player_0", "player_1")
+SCRIPTED_POLICIES = ("random", "minimax")
+_SEED_BOUND = 2**31
+_GAME_SENDER = -1
+
+
+def seat_of(agent: str) -> int:
+    """TextArena's player id of an agent id (`player_1` -> 1)."""
+    if agent not in SEATS:
+        raise ValueError(f"unknown seat {agent!r}; the seats are {SEATS}")
+    return SEATS.index(agent)
+
+
+@dataclasses.dataclass(frozen=True)
+class TwoPlayerConfig:
+    """Which two-player TextArena game, and the self-play rules (module docstring).
+
+    Attributes:
+        game: TextArena's id of a two-player game, e.g. "TicTacToe-v0" or "KuhnPoker-v0".
+        invalid_move_ends_game: SPIRAL's rule: an invalid move ends the game.
+        invalid_move_reward: The offender's reward when an invalid move ends the game.
+        opponent_invalid_reward: The other seat's reward then.
+        max_game_turns: Moves (both seats') after which the game is a draw.
+    """
+
+    game: str = "TicTacToe-v0"
+    invalid_move_ends_game: bool = True
+    invalid_move_reward: float = -1.5
+    opponent_invalid_reward: float = 0.5
+    max_game_turns: int = 30
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.game, str) or not self.game:
+            raise UserError(f"game must be a TextArena game id such as 'TicTacToe-v0', got {self.game!r}")
+        if self.max_game_turns < 1:
+            raise UserError(f"max_game_turns must be >= 1, got {self.max_game_turns}")
+
+
+class TwoPlayerGame(MultiAgentEnv):
+    """One two-player TextArena game, one agent per seat (module docstring)."""
+
+    def __init__(self, config: TwoPlayerConfig | None = None, **overrides: Any) -> None:
+        super().__init__()
+        self.config: TwoPlayerConfig = build_config(TwoPlayerConfig, config, overrides)
+        self.sandbox = GameSandbox(game=self.config.game)
+        self.game = self.sandbox.call(lambda: make_game(self.config.game))
+        self.agents = self.possible_agents = list(SEATS)
+        self.rng = np.random.default_rng(0)
+        self.moves = 0
+        self._seen: dict[str, list[str]] = {seat: [] for seat in SEATS}
+
+    @property
+    def current_seat(self) -> str:
+        """The agent id of the seat to move."""
+        return SEATS[int(self.game.state.current_player_id)]
+
+    @property
+    def done(self) -> bool:
+        return bool(self.game.state.done) or self.moves >= self.config.max_game_turns
+
+    def instructions(self, agent: str) -> str:
+        """The system prompt's task for one seat: its role is told here and in the game's first message."""
+        return (
+            f"You are playing {self.config.game}, a two-player TextArena game, as Player {seat_of(agent)}. "
+            "Its rules come with the first state; each later state shows what happened since your last move. "
+            "Write each move as the game asks for it, e.g. [4]; the square brackets may be left out."
+        )
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        if options:
+            raise ValueError(f"unknown two-player reset option(s) {sorted(options)}; it takes none")
+        self.rng = np.random.default_rng(seed)
+        game_seed = int(self.rng.integers(_SEED_BOUND))
+        self.sandbox.seed(seed=game_seed)
+        self.sandbox.call(lambda: self.game.reset(num_players=2, seed=game_seed))
+        if self.config.invalid_move_ends_game:
+            self.game.state.error_allowance = 0  # the first invalid move ends the game (SPIRAL)
+        else:
+            self.game.state.error_allowance = math.inf
+        self.moves = 0
+        self._seen = {seat: [] for seat in SEATS}
+        seat = self.current_seat
+        return {seat: self._observe(seat)}, {seat: {}}
+
+    def step(self, action_dict: dict[str, str]) -> tuple[dict, dict, dict, dict, dict]:
+        seat = self.current_seat
+        if set(action_dict) != {seat}:
+            raise ValueError(f"it is {seat}'s turn; step got moves for {sorted(action_dict)}")
+        move = game_action(action_dict[seat])
+        errors_before = self.game.state.error_count
+        self.sandbox.call(lambda: self.game.step(move))
+        self.moves += 1
+        invalid = bool(self.game.state.game_info[seat_of(seat)].get("invalid_move")) or (
+            self.game.state.error_count > errors_before
+        )
+        info = {"action_is_valid": not invalid, "game_action": move}
+        if not self.done:
+            nxt = self.current_seat
+            return {nxt: self._observe(nxt)}, {nxt: 0.0}, {"__all__": False}, {"__all__": False}, {nxt: info}
+        rewards = self._final_rewards(seat, invalid)
+        observations = {agent: self._observe(agent) for agent in SEATS}
+        infos = {agent: {"success": rewards[agent] >= 1.0, "outcome": _outcome(rewards[agent])} for agent in SEATS}
+        infos[seat].update(info)
+        flags = {agent: True for agent in SEATS} | {"__all__": True}
+        return observations, rewards, flags, {agent: False for agent in SEATS} | {"__all__": False}, infos
+
+    def _final_rewards(self, mover: str, invalid: bool) -> dict[str, float]:
+        if invalid and self.config.invalid_move_ends_game:
+            other = SEATS[1 - seat_of(mover)]
+            return {mover: self.config.invalid_move_reward, other: self.config.opponent_invalid_reward}
+        if not self.game.state.done:  # the turn cap: a draw
+            return {agent: 0.0 for agent in SEATS}
+        rewards = self.game.state.rewards or {}
+        return {agent: float(rewards.get(seat_of(agent), 0.0)) for agent in SEATS}
+
+    def chips(self, agent: str) -> float:
+        """Kuhn Poker: the seat's net chips this game (its stack less the mean, as the game is zero-sum)."""
+        stacks = self.game.state.game_state.get("player_chips")
+        if stacks is None:
+            raise ValueError(f"game {self.config.game!r} keeps no chips")
+        return float(stacks[seat_of(agent)] - (stacks[0] + stacks[1]) / 2)
+
+    def hands_opened(self, agent: str) -> tuple[int, int]:
+        """Kuhn Poker: (hands the seat opened, hands played); round r (from 1) is opened by player r % 2."""
+        rounds = int(self.game.max_rounds)
+        return sum(1 for r in range(1, rounds + 1) if r % 2 == seat_of(agent)), rounds
+
+    def scripted_move(self, policy: str) -> str:
+        """The move a scripted seat plays now: "random" or "minimax" (TicTacToe)."""
+        seat = self.current_seat
+        if policy == "minimax":
+            if not self.config.game.startswith("TicTacToe"):
+                raise UserError(f"the minimax opponent plays TicTacToe only, not {self.config.game!r}")
+            return f"[{minimax_move(self.game.state.game_state['board'], seat_of(seat))}]"
+        if policy != "random":
+            raise UserError(f"unknown scripted policy {policy!r}; choose one of {SCRIPTED_POLICIES}")
+        moves = candidate_moves(self._seen[seat][-1:]) or candidate_moves(self._seen[seat])
+        if not moves:
+            raise RuntimeError(f"game {self.config.game!r} showed {seat} no bracketed move to draw from")
+        return str(self.rng.choice(moves))
+
+    def _observe(self, agent: str) -> str:
+        """The seat's new messages as text (its own moves left out), also kept as what it has seen."""
+        player = seat_of(agent)
+        state = self.game.state
+        texts = []
+        for sender, text, kind in state.observations[player]:
+            if getattr(kind, "name", "") != "PLAYER_ACTION":
+                texts.append(str(text))
+            elif sender not in (player, _GAME_SENDER):
+                texts.append(f"[Player {sender}] {text}")
+        state.observations[player] = []
+        if self.done:
+            reason = state.game_info[player].get("reason", "") if state.done else "the turn limit was reached"
+            texts.append(f"Game over: {reason or 'draw'}")
+        self._seen[agent] += texts
+        return "\n".join(t.strip() for t in texts)
+
+
+def _outcome(reward: float) -> str:
+    return "win" if reward > 0 else "loss" if reward < 0 else "draw"

@@ -1,0 +1,83 @@
+"""The two-player TextArena game (one agent per seat), SPIRAL's rules and the TicTacToe minimax expert."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import require_extra
+
+from envs.tictactoe_minimax import minimax_move
+
+require_extra("textarena", "cpu,test,textarena")
+
+from envs.textarena_two_player import SEATS, TwoPlayerGame  # noqa: E402
+
+
+def test_minimax_blocks_and_wins_on_hand_made_boards() -> None:
+    # X (player 1) threatens the top row: O (player 0) must block cell 2.
+    assert minimax_move([["X", "X", ""], ["O", "", ""], ["", "", ""]], 0) == 2
+    # O can win at once in cell 2 rather than block X's row at 5.
+    assert minimax_move([["O", "O", ""], ["X", "X", ""], ["", "", ""]], 0) == 2
+    with pytest.raises(ValueError, match="over"):
+        minimax_move([["O", "O", "O"], ["X", "X", ""], ["", "", ""]], 1)
+
+
+def _play(game: TwoPlayerGame, seed: int, policies: dict[str, str]) -> tuple[dict, dict]:
+    observations, _ = game.reset(seed=seed)
+    while True:
+        seat = game.current_seat
+        assert set(observations) >= {seat}
+        observations, rewards, terminateds, _, infos = game.step({seat: game.scripted_move(policies[seat])})
+        if terminateds["__all__"]:
+            return rewards, infos
+
+
+def test_minimax_never_loses_to_random_on_either_seat() -> None:
+    game = TwoPlayerGame(game="TicTacToe-v0")
+    outcomes = []
+    for seed in range(40):
+        expert = SEATS[seed % 2]  # seats alternate
+        other = SEATS[1 - seed % 2]
+        rewards, _ = _play(game, seed, {expert: "minimax", other: "random"})
+        assert rewards[expert] >= 0.0, f"seed {seed}: minimax lost as {expert}"
+        assert rewards[expert] == -rewards[other]
+        outcomes.append(rewards[expert])
+    assert sum(o > 0 for o in outcomes) > 20  # random blunders: the expert wins most games
+
+
+def test_spiral_invalid_move_ends_the_game_with_its_rewards() -> None:
+    game = TwoPlayerGame(game="TicTacToe-v0")
+    observations, _ = game.reset(seed=0)
+    assert list(observations) == ["player_0"] and "Player 0" in observations["player_0"]
+    game.step({"player_0": "4"})
+    # Player 1 plays the occupied cell 4: it loses 1.5, player 0 gains 0.5, both seats see the end.
+    observations, rewards, terminateds, _, infos = game.step({"player_1": "[4]"})
+    assert rewards == {"player_0": 0.5, "player_1": -1.5}
+    assert terminateds == {"player_0": True, "player_1": True, "__all__": True}
+    assert infos["player_1"]["action_is_valid"] is False
+    assert all("Game over" in observations[seat] for seat in SEATS)
+
+
+def test_without_the_rule_an_invalid_move_is_retried_by_the_same_seat() -> None:
+    game = TwoPlayerGame(game="TicTacToe-v0", invalid_move_ends_game=False)
+    game.reset(seed=0)
+    observations, rewards, terminateds, _, infos = game.step({"player_0": "[9]"})
+    assert list(observations) == ["player_0"] and infos["player_0"]["action_is_valid"] is False
+    assert rewards == {"player_0": 0.0} and not terminateds["__all__"]
+
+
+def test_turn_cap_is_a_draw() -> None:
+    game = TwoPlayerGame(game="TicTacToe-v0", max_game_turns=2)
+    game.reset(seed=0)
+    game.step({"player_0": "[0]"})
+    _, rewards, terminateds, _trunc, infos = game.step({"player_1": "[4]"})
+    assert rewards == {"player_0": 0.0, "player_1": 0.0} and terminateds["__all__"]
+    assert infos["player_0"]["outcome"] == infos["player_1"]["outcome"] == "draw"
+
+
+def test_kuhn_poker_runs_through_the_same_seats() -> None:
+    game = TwoPlayerGame(game="KuhnPoker-v0")
+    rewards, _ = _play(game, 5, {"player_0": "random", "player_1": "random"})
+    assert rewards["player_0"] == -rewards["player_1"]
+    chips = game.chips("player_0")
+    assert chips == -game.chips("player_1")
+    assert game.hands_opened("player_0") == (1, 3)  # rounds 1 and 3 are opened by player 1
