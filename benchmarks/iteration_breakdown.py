@@ -108,13 +108,16 @@ def _figures(config, results: list[dict], timings: list[dict], seconds: float, i
     # A baseline revision may predate the token counts: its learner GFLOP/s are then not known.
     row_tokens = sum(r.get("num_row_tokens", float("nan")) for r in learner)
     computed_tokens = sum(r.get("num_computed_tokens", float("nan")) for r in learner)
-    # The groups StarPO-S keeps x group size (a baseline revision may predate `filter_settings`).
-    kept = (config.filter_settings.max_kept_groups(config.n_groups) if hasattr(config, "filter_settings")
-            else max(1, round(config.rollout_filter_ratio * config.n_groups)))
-    trained_per_iter = min(kept, config.n_groups) * config.group_size
+    # The settings by name, as every revision's `to_dict()` has them (a baseline may predate the settings groups).
+    named = config.to_dict()
+    n_groups, group_size, ratio = named["n_groups"], named["group_size"], named["rollout_filter_ratio"]
+    # The groups StarPO-S keeps x group size (a baseline revision may predate the filter's own count).
+    filter_group = getattr(config, "group_filter", getattr(config, "filter_settings", None))
+    kept = filter_group.max_kept_groups(n_groups) if filter_group is not None else max(1, round(ratio * n_groups))
+    trained_per_iter = min(kept, n_groups) * group_size
     return {
-        "settings": f"{config.n_groups}x{config.group_size} groups, filter {config.rollout_filter_ratio}, "
-                    f"learner autocast {getattr(config, 'autocast_dtype', None)}, engine {config.engine_dtype}",
+        "settings": f"{n_groups}x{group_size} groups, filter {ratio}, "
+                    f"learner autocast {named.get('autocast_dtype')}, engine {named['engine_dtype']}",
         "seconds_per_iter": seconds / iters,
         "trajectories_per_min": 60 * sum(r["env_runners"]["num_trajectories"] for r in results) / seconds,
         "trained_trajectories_per_min": 60 * trained_per_iter * iters / seconds,

@@ -84,9 +84,9 @@ def play_episode(env_name: str, seed: int, episode: int, player: Player | None, 
     env.reset(seed=seed, options={DYNAMICS_STREAM: episode})
     expert = expert_for(env) if player is None else None
     used = 0
-    for turn in range(preset.max_turns):
-        left = TurnBudgetLeft(turns=preset.max_turns - turn, actions=preset.max_actions_per_traj - used,
-                              per_turn=preset.max_actions_per_turn)
+    for turn in range(preset.turn_budget.max_turns):
+        left = TurnBudgetLeft(turns=preset.turn_budget.max_turns - turn, actions=preset.turn_budget.max_actions_per_traj - used,
+                              per_turn=preset.protocol.max_actions_per_turn)
         if left.actions <= 0:
             break
         if expert is not None:
@@ -121,8 +121,8 @@ def main(argv: list[str] | None = None) -> list[str]:
     rows = ["| env | variant | player | success [95%] |", "|---|---|---|---|"]
     for env_name in (e.strip() for e in args.envs.split(",")):
         preset = cpu_preset(env_name)
-        variant = (f"{preset.env_config or 'RAGEN defaults'}, {preset.max_turns} turns x "
-                   f"{preset.max_actions_per_turn} actions, {preset.max_actions_per_traj} in all")
+        variant = (f"{preset.env_config or 'RAGEN defaults'}, {preset.turn_budget.max_turns} turns x "
+                   f"{preset.protocol.max_actions_per_turn} actions, {preset.turn_budget.max_actions_per_traj} in all")
         for label, player in players(env_name).items():
             rng = np.random.default_rng(0)
             successes = [float(play_episode(env_name, seed, episode, player, rng))

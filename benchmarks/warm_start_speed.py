@@ -81,7 +81,7 @@ def measure(env: str, model: str, same_as: dict | None) -> dict:
             from rllib_ragen.run.experiment import apply_warm_start
 
             apply_warm_start(config)
-        model_dir = config.llm_model
+        model_dir = config.llm_module.model
     else:
         model_dir = str(recording(model, baseline_demonstrations(config, same_as), progress=True))
     return {"seconds": time.perf_counter() - began, "model_dir": model_dir, "settings": built}

@@ -20,7 +20,7 @@ def test_cpu_preset_computes_in_bf16_only_where_the_cpu_has_it(monkeypatch, nati
     """Without AMX / AVX-512 BF16 (e.g. an AVX2-only EPYC) learner and engine stay float32, never emulated bf16."""
     monkeypatch.setattr(hardware, "fast_bf16", lambda: native_bf16)
     config = cpu_preset("sokoban")
-    assert (config.engine_dtype, config.autocast_dtype or "float32", config.dtype) == (expected, expected, "float32")
+    assert (config.rollout_engine.dtype, config.scoring.autocast_dtype or "float32", config.llm_module.dtype) == (expected, expected, "float32")
 
 
 def test_cpu_model_and_flags_come_from_the_first_cpu_of_cpuinfo():

@@ -59,15 +59,15 @@ def make_config(args: argparse.Namespace):
     from rllib_ragen.algorithm.presets import preset
 
     config = preset(args.preset, "sokoban")
-    config.llm(model=args.model or config.llm_model)
-    config.inference(engine=args.engine or config.engine)
-    config.rollouts(n_groups=args.groups_per_iter, think=not args.no_think, prefill=args.no_think or config.prefill)
+    config.llm(model=args.model or config.llm_module.model)
+    config.inference(engine=args.engine or config.rollout_engine.kind)
+    config.rollouts(n_groups=args.groups_per_iter, think=not args.no_think, prefill=args.no_think or config.protocol.prefill)
     # A demonstration group is one trajectory: no in-group spread for the StarPO-S filter to rank.
     config.training(actor_lr=args.lr, mini_batch_size=args.groups_per_iter, rollout_filter_ratio=1.0)
     config.starpo_evaluation(eval_interval=0, eval_size=args.eval_size, eval_temperature=args.eval_temperature)
     config.debugging(seed=args.seed)
     demo_seeds = range(args.demo_seed, args.demo_seed + args.num_demos)
-    eval_seeds = range(config.eval_seed, config.eval_seed + config.eval_size)
+    eval_seeds = config.starpo_eval.seeds
     if set(demo_seeds) & set(eval_seeds):
         raise ValueError(f"demonstration seeds {demo_seeds} overlap evaluation seeds {eval_seeds}; move --demo-seed")
     return config, demo_seeds
@@ -96,9 +96,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         config.check_inputs()
     demo_config = DemonstrationSettings(
         seeds=tuple(demo_seeds), env_config=dict(config.env_config),
-        protocol=config.protocol_settings, budget=config.turn_budget_settings,
+        protocol=config.protocol, budget=config.turn_budget,
     )
-    demos = expert_demonstrations(load_tokenizer(resolve_model(config.llm_model, progress=True)), demo_config)
+    demos = expert_demonstrations(load_tokenizer(resolve_model(config.llm_module.model, progress=True)), demo_config)
     if not demos:
         raise SystemExit(f"the solver found no plan within the turn budget for seeds {demo_seeds}")
     path = Path(args.data_dir) / "demos.parquet"

@@ -6,36 +6,46 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.learner.learner_group import LearnerGroup
 
 from rllib_ragen.lora import LoraSettings, peft_model_with_adapters
 from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model
 from rllib_ragen.rollout.env_runner import policy_weights
+from rllib_ragen.training.module import LLMModuleSettings
 
 
 def export_policy(
-    learner_group: LearnerGroup, config: AlgorithmConfig, directory: str | Path, *, adapter: bool = False
+    learner_group: LearnerGroup,
+    llm_module: LLMModuleSettings,
+    lora: LoraSettings,
+    directory: str | Path,
+    *,
+    adapter: bool = False,
 ) -> Path:
     """Writes the learners' policy as a plain Hugging Face model directory (LoRA adapters merged in).
 
     Args:
         learner_group: The algorithm's `LearnerGroup`.
-        config: The algorithm's `StarPOConfig`.
+        llm_module: The model the policy was built on (`.llm()`).
+        lora: Its LoRA settings (`.llm()`).
         directory: Where to write it (created when missing).
         adapter: Under LoRA, write a PEFT adapter directory instead
             (`adapter_config.json` naming the base model directory,
             `adapter_model.safetensors`), loadable with `peft.PeftModel.from_pretrained`.
     """
-    lora = config.lora_settings
     if adapter and not lora.enabled:
         raise ValueError("export_policy(adapter=True) needs a LoRA policy (.llm(lora_rank=r > 0))")
     component = f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}/{DEFAULT_MODULE_ID}"
     state = learner_group.get_state(components=component, inference_only=True)
     module_state = state[COMPONENT_LEARNER][COMPONENT_RL_MODULE][DEFAULT_MODULE_ID]
     return save_policy(
-        module_state, base_model=config.llm_model, dtype=config.dtype, directory=directory, lora=lora, adapter=adapter
+        module_state,
+        base_model=llm_module.model,
+        dtype=llm_module.dtype,
+        directory=directory,
+        lora=lora,
+        adapter=adapter,
     )
 
 

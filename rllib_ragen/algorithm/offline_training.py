@@ -198,7 +198,7 @@ class BCTorchLearner(StarPOTorchLearner):
         set_learner_connector(
             self,
             LearnerConnectorPipeline(
-                connectors=[TokenRows(history_window=self.config.history_window, log_trained_tokens=True)]
+                connectors=[TokenRows(history_window=self.config.protocol.history_window, log_trained_tokens=True)]
             ),
         )
 
@@ -207,8 +207,9 @@ class BCTorchLearner(StarPOTorchLearner):
         self, *, module_id: ModuleID, config: AlgorithmConfig, batch: dict[str, Any], fwd_out: dict[str, Any]
     ) -> torch.Tensor:
         mask = batch[GENERATED_MASK]  # a likelihood loss trains on every generated token
-        nll = aggregate_loss(-fwd_out[TOKEN_LOGP], mask, loss_agg_mode=config.loss_agg_mode)
-        entropy = aggregate_loss(fwd_out[TOKEN_ENTROPY], mask, loss_agg_mode=config.loss_agg_mode)
+        loss_agg_mode = self.loss_settings.loss_agg_mode
+        nll = aggregate_loss(-fwd_out[TOKEN_LOGP], mask, loss_agg_mode=loss_agg_mode)
+        entropy = aggregate_loss(fwd_out[TOKEN_ENTROPY], mask, loss_agg_mode=loss_agg_mode)
         self.metrics.log_value((module_id, "bc_nll"), float(nll.detach()), reduce="mean")
         self.metrics.log_value((module_id, "entropy"), float(entropy.detach()), reduce="mean")
         return nll
@@ -216,7 +217,7 @@ class BCTorchLearner(StarPOTorchLearner):
 
 def learner_nll(algo: StarPO, episodes: Sequence[MultiAgentEpisode]) -> float:
     """Mean NLL per response token of `episodes` under the (first) learner's current policy."""
-    window = algo.config.history_window
+    window = algo.config.protocol.history_window
 
     def nll(learner: StarPOTorchLearner) -> float:
         return response_token_nll(learner.module[DEFAULT_MODULE_ID].policy, episodes, history_window=window)

@@ -187,7 +187,9 @@ def _readable_grid_settings(config: StarPOConfig, *, env_config: dict[str, Any],
     # A Markov prompt is one state, well within 512 tokens for both readable grids (the warm starts'
     # demonstrations are the longest). The KV cache is sized to the model and one rollout batch of such
     # sequences (rllib_ragen.inference.kv_cache), not a fixed size.
-    config.inference(max_model_len=512, kv_cache_gb=None, max_batch_size=config.n_groups * config.group_size)
+    config.inference(
+        max_model_len=512, kv_cache_gb=None, max_batch_size=config.rollout.n_groups * config.rollout.group_size
+    )
     # mini_batch_size unset: one on-policy step on the kept rows, so no separate forward pass scores
     # the old log-probs.
     # actor_lr: the CPU preset trains SmolLM2's last 10 layers only, and at its 2e-5 Sokoban gained less an

@@ -1,96 +1,85 @@
-"""Every StarPO setting group, bound to `StarPOConfig`: the single table of its settings.
+"""Every StarPO setting by name: for the code that reads or sets settings by name rather than through a
+builder (`--set KEY=VALUE` and the studies in `rllib_ragen.run`, and `StarPOConfig.to_dict()` and
+`update_from_dict()`, which Tune trials, MLflow params and RLlib's evaluation config go through).
 
-A setting is a field of a frozen settings group, declared once with its type, default,
-check and doc; each group lives beside the component it configures:
-
-| group | module |
-|---|---|
-| `LLMModuleSettings`, `ScoringSettings` | `rllib_ragen.training.module` |
-| `LoraSettings` | `rllib_ragen.lora` |
-| `RolloutSettings`, `TurnBudgetSettings` | `rllib_ragen.rollout.env_group` |
-| `ProtocolSettings` | `rllib_ragen.rollout.prompt.prompt_protocol` |
-| `AsyncRolloutSettings` | `rllib_ragen.rollout.async_rollouts` |
-| `RewardShapingSettings` | `rllib_ragen.rollout.reward_shaping` |
-| `EvalSettings` | `rllib_ragen.rollout.evaluation` |
-| `EngineSettings` | `rllib_ragen.inference.engine_settings` |
-| `AdvantageSettings` | `rllib_ragen.training.advantages` |
-| `LossSettings` | `rllib_ragen.training.losses` |
-| `UpdateSettings`, `OptimizerSettings` | `rllib_ragen.training.learner` |
-| `FilterSettings` | `rllib_ragen.training.filtering` |
-| `OffPolicyCorrectionSettings` | `rllib_ragen.training.off_policy` |
-| `CollapseMetricsSettings` | `rllib_ragen.training.collapse_metrics` |
-| `EchoTrapSettings` | `rllib_ragen.training.echo_trap` |
-| `RecordingSettings` | `rllib_ragen.data.parquet` |
-
-`SETTINGS_GROUPS` binds each group to `StarPOConfig` (`SettingsBinding`): the flat
-attribute each field becomes, the builder method that sets it, and the config property
-holding the group (`rllib_ragen.algorithm.builders` makes the builders and properties).
+A setting is a field of one of `StarPOConfig`'s settings groups: a frozen dataclass declared beside the
+component it configures (each field's type, default and check), held by the config as an attribute
+(`config.rollout`, `config.loss`, ...) and set by a builder method. A setting's name is its field's name,
+prefixed for the groups in `PREFIXES`, renamed in `RENAMED`; each is also its builder keyword, but for
+`llm_model` (`.llm(model=...)`: RLlib's config already has a `model`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import operator
+import functools
+import typing
+from collections.abc import Mapping
+from typing import Any
 
-from rllib_ragen.algorithm.settings_binding import SettingsBinding
-from rllib_ragen.data.parquet import RecordingSettings
-from rllib_ragen.inference.engine_settings import EngineSettings
-from rllib_ragen.lora import LoraSettings
-from rllib_ragen.rollout.async_rollouts import AsyncRolloutSettings
-from rllib_ragen.rollout.env_group import RolloutSettings, TurnBudgetSettings
-from rllib_ragen.rollout.evaluation import EvalSettings
-from rllib_ragen.rollout.prompt.prompt_protocol import ProtocolSettings
-from rllib_ragen.rollout.reward_shaping import RewardShapingSettings
-from rllib_ragen.training.advantages import AdvantageSettings
-from rllib_ragen.training.collapse_metrics import CollapseMetricsSettings
-from rllib_ragen.training.echo_trap import EchoTrapSettings
-from rllib_ragen.training.filtering import FilterSettings
-from rllib_ragen.training.learner import OptimizerSettings, UpdateSettings
-from rllib_ragen.training.losses import LossSettings
-from rllib_ragen.training.module import LLMModuleSettings, ScoringSettings
-from rllib_ragen.training.off_policy import OffPolicyCorrectionSettings
+# (group attribute, field) -> the setting's name, where the field's name alone would not say what it sets.
+RENAMED = {
+    ("llm_module", "model"): "llm_model",
+    ("rollout_engine", "kind"): "engine",
+    ("rollout_engine", "dtype"): "engine_dtype",
+    ("rollout_engine", "num_threads"): "engine_threads",
+    ("rollout_engine", "max_restarts_per_call"): "max_engine_restarts_per_call",
+    ("rollout_engine", "start_timeout_s"): "engine_start_timeout_s",
+    ("rollout_engine", "call_timeout_s"): "engine_call_timeout_s",
+}
+# Group attribute -> the prefix of each of its settings' names.
+PREFIXES = {"lora": "lora_", "echo_trap": "echo_trap_"}
 
-# Every settings group of StarPOConfig: each default and each check is declared in its group.
-SETTINGS_GROUPS = (
-    SettingsBinding(
-        LLMModuleSettings,
-        "llm",
-        {"model": "llm_model"},
-        keywords={"model": "model"},
-        derived={"logit_temperature": operator.attrgetter("temperature"), "lora": operator.attrgetter("lora_settings")},
-    ),
-    SettingsBinding(LoraSettings, "llm", {f.name: f"lora_{f.name}" for f in dataclasses.fields(LoraSettings)}),
-    SettingsBinding(RolloutSettings, "rollouts"),
-    SettingsBinding(TurnBudgetSettings, "rollouts"),
-    SettingsBinding(ProtocolSettings, "rollouts"),
-    SettingsBinding(AsyncRolloutSettings, "rollouts"),
-    SettingsBinding(
-        EngineSettings,
-        "inference",
-        {
-            "kind": "engine",
-            "dtype": "engine_dtype",
-            "num_threads": "engine_threads",
-            "max_restarts_per_call": "max_engine_restarts_per_call",
-            "start_timeout_s": "engine_start_timeout_s",
-            "call_timeout_s": "engine_call_timeout_s",
-        },
-        # RLlib's `.debugging(seed=...)`, `.llm(lora_*=...)`
-        derived={"seed": lambda config: config.seed or 0, "lora": operator.attrgetter("lora_settings")},
-    ),
-    SettingsBinding(AdvantageSettings, "training"),
-    SettingsBinding(LossSettings, "training"),
-    SettingsBinding(UpdateSettings, "training", builders={"torch_threads": "inference"}),
-    SettingsBinding(ScoringSettings, "training"),
-    SettingsBinding(OptimizerSettings, "training"),
-    SettingsBinding(FilterSettings, "training"),
-    SettingsBinding(OffPolicyCorrectionSettings, "training"),
-    SettingsBinding(RewardShapingSettings, "reward_shaping"),
-    SettingsBinding(CollapseMetricsSettings, "diagnostics"),
-    SettingsBinding(
-        EchoTrapSettings, "diagnostics", {f.name: f"echo_trap_{f.name}" for f in dataclasses.fields(EchoTrapSettings)}
-    ),
-    SettingsBinding(EvalSettings, "starpo_evaluation"),
-    SettingsBinding(RecordingSettings, "rollout_recording"),
-)
-SETTINGS = tuple(setting for binding in SETTINGS_GROUPS for setting in binding.settings())
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """Where a named setting lives.
+
+    Args:
+        group: The config attribute holding its settings group.
+        field: Its field in that group.
+        declared_type: The field's type (e.g. `int | None`), resolved.
+    """
+
+    group: str
+    field: str
+    declared_type: Any
+
+
+def settings_of(config: Any) -> dict[str, Setting]:
+    """Every setting of `config` (a `StarPOConfig`) by name: each field of each group it holds (the
+    attributes whose value is a dataclass; RLlib's own attributes hold none)."""
+    named: dict[str, Setting] = {}
+    for attribute, value in vars(config).items():
+        if dataclasses.is_dataclass(value) and not isinstance(value, type) and not attribute.startswith("_"):
+            named.update(_group_settings(attribute, type(value)))
+    return named
+
+
+@functools.cache
+def _group_settings(attribute: str, group: type) -> dict[str, Setting]:
+    types = typing.get_type_hints(group)
+    return {
+        RENAMED.get((attribute, f.name), PREFIXES.get(attribute, "") + f.name): Setting(
+            attribute, f.name, types[f.name]
+        )
+        for f in dataclasses.fields(group)
+    }
+
+
+def setting_values(config: Any) -> dict[str, Any]:
+    """The value of every setting of `config`, by name."""
+    return {name: getattr(getattr(config, s.group), s.field) for name, s in settings_of(config).items()}
+
+
+def set_settings(config: Any, values: Mapping[str, Any]) -> None:
+    """Sets settings of `config` by name: each group changed once, with every field given for it, so its
+    checks see them together (raises ValueError naming the setting of an unknown name or a bad value)."""
+    settings = settings_of(config)
+    changes: dict[str, dict[str, Any]] = {}
+    for name, value in values.items():
+        if name not in settings:
+            raise ValueError(f"unknown StarPO setting {name!r}")
+        changes.setdefault(settings[name].group, {})[settings[name].field] = value
+    for attribute, fields in changes.items():
+        setattr(config, attribute, dataclasses.replace(getattr(config, attribute), **fields))

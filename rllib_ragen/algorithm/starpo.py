@@ -20,12 +20,11 @@ call into one module (the table in docs/rllib_integration.md maps each to its fi
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import os
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Any
 
 import gymnasium as gym
 import torch
@@ -39,34 +38,20 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.metrics import EVALUATION_RESULTS, LEARNER_RESULTS, TIMERS
 
 from rllib_ragen.algorithm import export
-from rllib_ragen.algorithm.builder_keywords import (
-    DiagnosticsKeywords,
-    InferenceKeywords,
-    LlmKeywords,
-    RewardShapingKeywords,
-    RolloutRecordingKeywords,
-    RolloutsKeywords,
-    StarpoEvaluationKeywords,
-    TrainingKeywords,
-)
-from rllib_ragen.algorithm.builders import SettingsGroups, settings_builder, unexpected_keyword
 from rllib_ragen.algorithm.diagnostics import BatchDiagnostics
 from rllib_ragen.algorithm.group_sampling.remote_sampler import episodes_of, sample_on_remote_runners
 from rllib_ragen.algorithm.group_sampling.sampler_factory import make_group_sampler
-from rllib_ragen.algorithm.ignored_rllib_settings import refuse_ignored_rllib_settings
-from rllib_ragen.algorithm.settings_groups import SETTINGS_GROUPS
+from rllib_ragen.algorithm.starpo_settings import StarPOSettings
 from rllib_ragen.algorithm.update import update_learners
 from rllib_ragen.algorithm.validation import check_starpo_config
 from rllib_ragen.inference.weight_sync import PolicyWeightSync
 from rllib_ragen.models import load_tokenizer, resolve_model, resolves_locally
-from rllib_ragen.rollout.env_runner import LLMEnvRunner
 from rllib_ragen.rollout.evaluation import evaluate_on_seeds
-from rllib_ragen.rollout.prompt.token_history import rows_per_trajectory
 from rllib_ragen.training.filtering import filter_groups
 from rllib_ragen.training.host_memory import phase_peak
 from rllib_ragen.training.learner import StarPOTorchLearner
 from rllib_ragen.training.learner_connector import GroupAdvantages, OldLogProbsAndValues, TokenRows
-from rllib_ragen.training.module import LLMRLModule
+from rllib_ragen.training.module import LLMRLModule, module_config
 from rllib_ragen.training.token_masks import ResponseSpanLabeller
 
 logger = logging.getLogger(__name__)
@@ -79,18 +64,10 @@ EVAL_TIMER = "evaluation"
 DRIVER_PEAK_RSS = "driver_peak_rss_gb"
 
 
-class StarPOConfig(SettingsGroups, AlgorithmConfig):
-    """Configuration of StarPO; defaults are RAGEN's v1 base configuration.
-
-    Every StarPO setting is a flat attribute (as RLlib and Ray Tune need), declared
-    once, with its type, default, check and doc, as a field of its settings group
-    (`rllib_ragen.algorithm.settings_groups.SETTINGS_GROUPS`), and set with the builder
-    method its group names (`.llm()`, `.rollouts()`, `.inference()`, `.training()`,
-    `.reward_shaping()`, `.diagnostics()`, `.starpo_evaluation()`,
-    `.rollout_recording()`; `help()` lists each one's settings, type checkers read
-    them from `rllib_ragen.algorithm.builder_keywords`). Each group is a property
-    (`config.engine_settings`, `config.turn_budget_settings`, ...) built, so checked,
-    once: at validation, or at first use after a setting changed.
+class StarPOConfig(StarPOSettings):
+    """Configuration of StarPO: its settings (`StarPOSettings`: one frozen group per part, each set by a
+    builder), and how RLlib builds StarPO from them (its RLModule, learner and learner connector).
+    Defaults are RAGEN's v1 base configuration.
 
     Example:
         config = (
@@ -106,93 +83,15 @@ class StarPOConfig(SettingsGroups, AlgorithmConfig):
 
     def __init__(self, algo_class: type[Algorithm] | None = None) -> None:
         super().__init__(algo_class=algo_class or StarPO)
-        # RLlib plumbing: one local LLM env runner; we own the learner pipeline.
-        self.env_runner_cls = LLMEnvRunner
-        self.num_env_runners = 0
-        self.add_default_connectors_to_learner_pipeline = False
-        self.env = "sokoban"
-        self.grad_clip = 1.0
-        self.grad_clip_by = "global_norm"
-        # Every StarPO setting, with the default its settings group declares.
-        for binding in SETTINGS_GROUPS:
-            for attribute, default in binding.defaults().items():
-                setattr(self, attribute, default)
-
-    # ------------------------------------------------------------------ builders
-    # Each builder's keywords, docs and defaults come from the settings groups (`settings_builder`).
-    @settings_builder
-    def llm(self, **settings: Unpack[LlmKeywords]) -> StarPOConfig:
-        """The language model trained as the policy, and its critic."""
-
-    @settings_builder
-    def rollouts(self, **settings: Unpack[RolloutsKeywords]) -> StarPOConfig:
-        """How trajectories are sampled each iteration."""
-
-    @settings_builder
-    def inference(self, **settings: Unpack[InferenceKeywords]) -> StarPOConfig:
-        """The rollout engine, and how the learner's weights reach it."""
-
-    @settings_builder  # overrides AlgorithmConfig.training (RLlib's @override applied there)
-    def training(self, **kwargs: Unpack[TrainingKeywords]) -> StarPOConfig:
-        """The StarPO update.
-
-        Args:
-            **kwargs: RLlib's own training settings (e.g. grad_clip); those StarPO
-                does not read (lr, minibatch_size, num_epochs, train_batch_size...)
-                raise ValueError naming the StarPO setting to use.
-        """
-        refuse_ignored_rllib_settings(kwargs)
-        unknown = sorted(kwargs.keys() - inspect.signature(AlgorithmConfig.training).parameters.keys())
-        if unknown:
-            raise unexpected_keyword(type(self).__name__, "training", unknown[0])
-        super().training(**kwargs)
-        return self
-
-    @settings_builder
-    def diagnostics(self, **settings: Unpack[DiagnosticsKeywords]) -> StarPOConfig:
-        """RAGEN-2's collapse diagnostics and the echo-trap monitor.
-
-        The diagnostics (`rllib_ragen.training.collapse_metrics`) score the reasoning of
-        sampled first turns under every sampled prompt with the learner's model,
-        logging I(X;Z) and H(Z|X) under `collapse/`; the monitor
-        (`rllib_ragen.training.echo_trap`) warns when the in-group reward std, H(Z|X) or
-        I(X;Z) stays far below its early level.
-        """
-
-    @settings_builder
-    def reward_shaping(self, **settings: Unpack[RewardShapingKeywords]) -> StarPOConfig:
-        """Reasoning-aware reward terms (`rllib_ragen.rollout.reward_shaping`), each off at 0.
-
-        A turn's reward becomes the task reward plus each coefficient times its
-        term; the rollout metrics keep the task reward (`task_return_mean`) and
-        every term (`think_length_mean`, `think_names_action_mean`, ...) apart.
-        """
-
-    @settings_builder
-    def starpo_evaluation(self, **settings: Unpack[StarpoEvaluationKeywords]) -> StarPOConfig:
-        """Periodic evaluation on fixed initial states (group size 1)."""
-
-    @settings_builder
-    def rollout_recording(self, **settings: Unpack[RolloutRecordingKeywords]) -> StarPOConfig:
-        """Writing sampled rollouts to Parquet (layout: `rllib_ragen.data.schema`)."""
-
-    @override(AlgorithmConfig)
-    def env_runners(self, **kwargs: Any) -> StarPOConfig:
-        """RLlib's env-runner settings (see `AlgorithmConfig.env_runners`).
-
-        `num_env_runners=N > 0` samples each iteration's groups on N remote
-        `LLMEnvRunner` actors, each with its own engine; unless
-        `create_local_env_runner` is given too, no local runner is built then.
-        """
-        super().env_runners(**kwargs)
-        if "num_env_runners" in kwargs and "create_local_env_runner" not in kwargs:
-            self.create_local_env_runner = self.num_env_runners == 0
-        return self
 
     # ------------------------------------------------------------ derived parts
     @override(AlgorithmConfig)
     def get_default_rl_module_spec(self) -> RLModuleSpec:
-        return RLModuleSpec(module_class=LLMRLModule, model_config=dict(vars(self.llm_module_settings)))
+        # The module gets the groups themselves; it scores tokens at the rollout temperature.
+        return RLModuleSpec(
+            module_class=LLMRLModule,
+            model_config=module_config(self.llm_module, lora=self.lora, logit_temperature=self.rollout.temperature),
+        )
 
     @override(AlgorithmConfig)
     def get_default_learner_class(self) -> type[StarPOTorchLearner]:
@@ -220,25 +119,24 @@ class StarPOConfig(SettingsGroups, AlgorithmConfig):
         """
         if score_old_logp is None:
             score_old_logp = not self.update_is_one_on_policy_step
-        advantages = self.advantage_settings
         return [
-            TokenRows(history_window=self.history_window),
+            TokenRows(history_window=self.protocol.history_window),
             OldLogProbsAndValues(
-                micro_batch_size=self.micro_batch_size,
+                micro_batch_size=self.update.micro_batch_size,
                 score_old_logp=score_old_logp,
-                with_values=advantages.needs_critic,
+                with_values=self.advantages.needs_critic,
             ),
             GroupAdvantages(
-                advantages=advantages,
-                loss_token_mask=self.loss_token_mask,
-                advantage_token_mask=self.advantage_token_mask,
-                span_labeller=self._span_labeller() if self.loss_settings.needs_token_spans else None,
-                advantage_length_weight=self.advantage_length_weight,
+                advantages=self.advantages,
+                loss_token_mask=self.loss.loss_token_mask,
+                advantage_token_mask=self.loss.advantage_token_mask,
+                span_labeller=self._span_labeller() if self.loss.needs_token_spans else None,
+                advantage_length_weight=self.shaping.advantage_length_weight,
             ),
         ]
 
     def _span_labeller(self) -> ResponseSpanLabeller:
-        return ResponseSpanLabeller(load_tokenizer(resolve_model(self.llm_model)), self.protocol_settings)
+        return ResponseSpanLabeller(load_tokenizer(resolve_model(self.llm_module.model)), self.protocol)
 
     @override(AlgorithmConfig)
     def validate(self) -> None:
@@ -256,44 +154,14 @@ class StarPOConfig(SettingsGroups, AlgorithmConfig):
     def check_inputs(self) -> None:
         """Checks what validation does not read: a local model directory has its config, weights,
         tokenizer and chat template (raises `ModelNotFoundError` or ValueError naming what is missing)."""
-        if resolves_locally(str(self.llm_model)):
-            resolve_model(str(self.llm_model))
-
-    def rows_per_step(self, rows: int) -> int:
-        """Rows of one optimiser step of an update on `rows` rows: the mini-batch size, never more than
-        the rows (RLlib would fill the rest by repeating rows); all of them when it is None."""
-        return rows if self.mini_batch_size is None else max(1, min(self.mini_batch_size, rows))
-
-    @property
-    def max_rows_per_update(self) -> int:
-        """Most token rows one update trains on: the most groups the filter keeps x group size
-        (a row is a trajectory, or one turn with a history window)."""
-        rows = rows_per_trajectory(self.max_turns, self.history_window)
-        return self.filter_settings.max_kept_groups(self.n_groups) * self.group_size * rows
-
-    @property
-    def update_is_one_on_policy_step(self) -> bool:
-        """Each update is one optimiser step on the rows just sampled by the current policy.
-
-        Its old log-probs are then the current policy's own, so the learner
-        connector does not score them in a separate forward pass.
-        """
-        return (
-            self.rollout_frequency == 1
-            and self.num_learners <= 1
-            and (self.mini_batch_size is None or self.max_rows_per_update <= self.mini_batch_size)
-        )
-
-    @property
-    def rollout_summary(self) -> str:
-        return (
-            f"{self.env}: {self.n_groups} groups x {self.group_size} trajectories, "
-            f"{self.max_turns} turns, model {self.llm_model}, estimator {self.advantage_estimator}"
-        )
+        if resolves_locally(self.llm_module.model):
+            resolve_model(self.llm_module.model)
 
 
 class StarPO(Algorithm):
     """StarPO (State-Thinking-Actions-Reward Policy Optimisation) on RLlib."""
+
+    config: StarPOConfig
 
     @classmethod
     @override(Algorithm)
@@ -301,10 +169,10 @@ class StarPO(Algorithm):
         return StarPOConfig()
 
     @override(Algorithm)
-    def setup(self, config: AlgorithmConfig) -> None:
+    def setup(self, config: StarPOConfig) -> None:
         # Ray gives actors (e.g. Tune trials) OMP_NUM_THREADS=1; the synchronous
         # loop alternates rollout and update, so each may use every core it has.
-        torch.set_num_threads(config.torch_threads or os.cpu_count() or 1)
+        torch.set_num_threads(config.update.torch_threads or os.cpu_count() or 1)
         config.check_inputs()
         super().setup(config)
         # Set by a driver that knows where it stops: that iteration always ends with an evaluation.
@@ -322,9 +190,18 @@ class StarPO(Algorithm):
             env_runner_group=self.env_runner_group,
             policy_version=lambda: self.policy_version,
         )
-        self.diagnostics = BatchDiagnostics(self.config, self.metrics)
+        self.diagnostics = BatchDiagnostics(
+            config.collapse_metrics,
+            config.echo_trap,
+            self.metrics,
+            protocol=config.protocol,
+            model=config.llm_module.model,
+            micro_batch_size=config.update.micro_batch_size,
+            seed=config.seed or 0,
+        )
         self.weight_sync = PolicyWeightSync(
-            config=self.config.engine_settings,
+            config=config.rollout_engine,
+            lora=config.lora,
             learner_group=self.learner_group,
             env_runner_group=self.env_runner_group,
         )
@@ -343,13 +220,19 @@ class StarPO(Algorithm):
         # 2. Collapse diagnostics, before the filter, under the weights that sampled (algorithm/diagnostics.py).
         collapse = self.diagnostics.measure_collapse(episodes, iteration=iteration, learner_group=self.learner_group)
         # 3. Filter: keep the groups whose rewards disagree most (training/filtering.py); watch for the echo trap.
-        kept = filter_groups(episodes, self.config.filter_settings, self.metrics)
-        self.diagnostics.watch_echo_trap(collapse)
-        if kept:
+        filtered = filter_groups(episodes, self.config.group_filter, self.metrics)
+        self.diagnostics.watch_echo_trap(collapse, in_group_reward_std=filtered.in_group_reward_std)
+        if filtered.kept:
             # 4. Advantages and update (algorithm/update.py): each learner's connector estimates, whitens and
             #    length-weights the advantages (training/advantages/postprocess.py), then the loss trains on them.
             with self._phase(UPDATE_TIMER):
-                learner_results = update_learners(self.learner_group, kept, self.config, iteration=self.iteration)
+                learner_results = update_learners(
+                    self.learner_group,
+                    filtered.kept,
+                    self.config.update,
+                    history_window=self.config.protocol.history_window,
+                    iteration=iteration,
+                )
             self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
             # 5. Sync the new weights into every rollout engine (inference/weight_sync.py).
             self._sync_after_update()
@@ -360,7 +243,7 @@ class StarPO(Algorithm):
             )
         # 6. Every `eval_interval` iterations (and the last): evaluate on the fixed seeds (rollout/evaluation.py).
         if self._evaluation_due(iteration):
-            logger.info("iteration %d: evaluating on the %d fixed seeds", iteration, self.config.eval_size)
+            logger.info("iteration %d: evaluating on the %d fixed seeds", iteration, self.config.starpo_eval.eval_size)
             self.evaluate_fixed_seeds()
 
     def _check_replaced_engines(self) -> None:
@@ -399,7 +282,7 @@ class StarPO(Algorithm):
             self.metrics.log_value((DRIVER_PEAK_RSS, name), peak["bytes"] / 2**30, window=1)
 
     def _evaluation_due(self, iteration: int) -> bool:
-        interval = self.config.eval_interval
+        interval = self.config.starpo_eval.eval_interval
         return bool(interval) and (iteration % interval == 0 or iteration == self.final_iteration)
 
     def sync_engine_weights(self) -> None:
@@ -422,10 +305,10 @@ class StarPO(Algorithm):
 
     def evaluate_fixed_seeds(self) -> dict[str, float]:
         """Success (with its 95% interval) and reward on the fixed evaluation instances (group size 1)."""
-        config = self.config
-        seeds = list(range(config.eval_seed, config.eval_seed + config.eval_size))
+        settings = self.config.starpo_eval
+        seeds = list(settings.seeds)
         with self._phase(EVAL_TIMER):
-            evaluation = evaluate_on_seeds(self._sample_evaluation, seeds=seeds, temperature=config.eval_temperature)
+            evaluation = evaluate_on_seeds(self._sample_evaluation, seeds=seeds, temperature=settings.eval_temperature)
         for key, value in evaluation.stats.items():
             self.metrics.log_value((EVALUATION_RESULTS, key), value, window=1)
         self._evaluation_episodes = evaluation.episodes
@@ -481,4 +364,6 @@ class StarPO(Algorithm):
             directory: Where to write it (created when missing).
             adapter: Under LoRA, write a PEFT adapter directory instead.
         """
-        return export.export_policy(self.learner_group, self.config, directory, adapter=adapter)
+        return export.export_policy(
+            self.learner_group, self.config.llm_module, self.config.lora, directory, adapter=adapter
+        )

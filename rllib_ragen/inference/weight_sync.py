@@ -50,6 +50,7 @@ from rllib_ragen.inference.engine import EngineTimeoutError, InferenceEngine
 from rllib_ragen.inference.engine_settings import EngineSettings
 from rllib_ragen.inference.weights import pack_weights, unique_weights
 from rllib_ragen.logits import token_logprobs
+from rllib_ragen.lora import LoraSettings
 
 # The probe scored after every sync: fixed random token ids (no text, no tokenizer needed).
 PROBE_PROMPT_TOKENS = 24
@@ -85,10 +86,10 @@ class Payload:
     dtype: torch.dtype | None
 
 
-def wire_dtype(config: EngineSettings) -> torch.dtype | None:
+def wire_dtype(config: EngineSettings, *, adapter: bool) -> torch.dtype | None:
     """The dtype weights travel in: the engines' own half-precision dtype, so that no engine receives
-    float32 bytes only to round them; None (as they are) for "auto", float32 and a served adapter."""
-    if config.serves_adapter or config.dtype not in ("bfloat16", "float16"):
+    float32 bytes only to round them; None (as they are) for "auto", float32 and a served adapter (`adapter`)."""
+    if adapter or config.dtype not in ("bfloat16", "float16"):
         return None
     return getattr(torch, config.dtype)
 
@@ -98,13 +99,19 @@ class PolicyWeightSync:
 
     Args:
         config: The engines' settings (`weight_sync`, its timeout, the call timeout).
+        lora: The policy's LoRA settings: with `config.serves_adapter(lora)` a sync sends the adapter only.
         learner_group: Where the policy is trained (local, or remote learners).
         env_runner_group: The runners whose engines receive the weights (the local
             runner, or remote runners).
     """
 
     def __init__(
-        self, *, config: EngineSettings, learner_group: LearnerGroup, env_runner_group: EnvRunnerGroup
+        self,
+        *,
+        config: EngineSettings,
+        lora: LoraSettings,
+        learner_group: LearnerGroup,
+        env_runner_group: EnvRunnerGroup,
     ) -> None:
         self.config = config
         self.learner_group, self.env_runner_group = learner_group, env_runner_group
@@ -117,7 +124,8 @@ class PolicyWeightSync:
                 engine.resync = self.sync
         self._syncs = itertools.count()
         # What the learner sends: the engines' weights, or the LoRA adapter they serve.
-        self._payload = Payload(adapter=config.serves_adapter, dtype=wire_dtype(config))
+        adapter = config.serves_adapter(lora)
+        self._payload = Payload(adapter=adapter, dtype=wire_dtype(config, adapter=adapter))
         self._policy_tensors = functools.partial(_policy_tensors, payload=self._payload)
         self._probe: tuple[list[int], list[int]] | None = None
         # Every engine's probe log-probs at the last `check` (after a sync: what the synced weights score).

@@ -43,13 +43,15 @@ from ray.rllib.utils.checkpoints import Checkpointable
 
 from rllib_ragen.inference.engine import InferenceEngine, SamplingParams
 from rllib_ragen.inference.engine_factory import make_engine
+from rllib_ragen.inference.engine_settings import EngineSettings
 from rllib_ragen.models import load_tokenizer, resolve_model
-from rllib_ragen.rollout.env_group import EnvGroup, training_env_config
+from rllib_ragen.rollout.env_group import EnvGroup, RolloutSettings, TurnBudgetSettings, training_env_config
 from rllib_ragen.rollout.episode_readers import rollout_statistics
 from rllib_ragen.rollout.prompt.answer_parser import ParsedAnswer
 from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
 from rllib_ragen.rollout.prompt.prompt_protocol import PromptProtocol, feedback_for
 from rllib_ragen.rollout.prompt.token_history import TokenHistory
+from rllib_ragen.rollout.reward_shaping import RewardShapingSettings
 from rllib_ragen.rollout.trajectory_record import (
     TrajectoryStart,
     TurnRecord,
@@ -73,7 +75,11 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
     def __init__(self, *, config: AlgorithmConfig, **kwargs: Any) -> None:
         super().__init__(config=config, **kwargs)
-        self.model_path = resolve_model(config.llm_model)
+        # The config's groups this runner reads, typed (RLlib types `self.config` as its own base class).
+        self.rollout: RolloutSettings = config.rollout
+        self.turn_budget: TurnBudgetSettings = config.turn_budget
+        self.engine_settings: EngineSettings = config.rollout_engine
+        self.model_path = resolve_model(config.llm_module.model)
         self.make_env()
         self.make_module()
         self._group_counter = 0
@@ -100,10 +106,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         # The training rooms: the first prompt checked below is a training one.
         probe = EnvGroup(
             config.env,
-            training_env_config(config.env_config, config.rollout_settings),
+            training_env_config(config.env_config, self.rollout),
             group_size=1,
-            budget=config.turn_budget_settings,
-            step_timeout_s=config.env_step_timeout_s,
+            budget=self.turn_budget,
+            step_timeout_s=self.rollout.env_step_timeout_s,
         )
         self.template_env = probe.template_env
         template = ChatTemplate.from_tokenizer(load_tokenizer(self.model_path))
@@ -111,9 +117,9 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             template,
             instructions=self.template_env.instructions,
             action_vocabulary=self.template_env.action_vocabulary,
-            config=config.protocol_settings,
+            config=config.protocol,
         )
-        self.reward_shaping = config.reward_shaping_settings
+        self.reward_shaping: RewardShapingSettings = config.shaping
         try:
             self._check_first_prompt_fits(probe)
         finally:
@@ -121,25 +127,28 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
     def _check_first_prompt_fits(self, probe: EnvGroup) -> None:
         """Fails before any rollout when the first training prompt leaves no room for the response."""
-        config, seed = self.config, self.config.train_seed_start
+        env, seed = self.config.env, self.rollout.train_seed_start
         observations, _ = probe.reset(seed=seed)
         if not observations:
-            raise RuntimeError(f"env {config.env!r} cannot reset with seed {seed}: {probe.errors}")
-        budget = config.turn_budget_settings
+            raise RuntimeError(f"env {env!r} cannot reset with seed {seed}: {probe.errors}")
+        budget = self.turn_budget
         user_ids = self.protocol.user_ids(
             next(iter(observations.values())), turns_left=budget.max_turns, actions_left=budget.max_actions_per_traj
         )
         length = len(self.protocol.system_ids) + len(user_ids)
-        if length + config.response_length > config.max_model_len:
+        response_length, max_model_len = self.rollout.response_length, self.engine_settings.max_model_len
+        if length + response_length > max_model_len:
             raise ValueError(
-                f"the first prompt of env {config.env!r} (seed {seed}) is {length} tokens: with "
-                f"response_length={config.response_length} it exceeds max_model_len={config.max_model_len}; "
+                f"the first prompt of env {env!r} (seed {seed}) is {length} tokens: with "
+                f"response_length={response_length} it exceeds max_model_len={max_model_len}; "
                 "raise .inference(max_model_len=...) or lower .rollouts(response_length=...)"
             )
 
     @override(EnvRunner)
     def make_module(self) -> None:
-        self.engine: InferenceEngine = make_engine(self.config.engine_settings, self.model_path)
+        self.engine: InferenceEngine = make_engine(
+            self.engine_settings, self.model_path, seed=self.config.seed or 0, lora=self.config.lora
+        )
 
     @override(EnvRunner)
     def assert_healthy(self) -> None:
@@ -171,21 +180,18 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             evaluation: An evaluation rollout: logs none of the runner's
                 (training) metrics; the caller reports it (StarPO under `evaluation/`).
         """
+        settings = self.rollout
         if seeds is None:
-            seeds = list(range(self.config.train_seed_start, self.config.train_seed_start + self.config.n_groups))
-        group_size = group_size or self.config.group_size
+            seeds = list(range(settings.train_seed_start, settings.train_seed_start + settings.n_groups))
+        group_size = group_size or settings.group_size
         params = SamplingParams(
-            max_new_tokens=self.config.response_length,
-            temperature=self.config.temperature if temperature is None else temperature,
+            max_new_tokens=settings.response_length,
+            temperature=settings.temperature if temperature is None else temperature,
             stop_token_ids=self.protocol.stop_token_ids,
         )
         start = time.perf_counter()
         # Evaluation plays the standard env_config; training, its overrides (a curriculum) on top.
-        env_config = (
-            self.config.env_config
-            if evaluation
-            else training_env_config(self.config.env_config, self.config.rollout_settings)
-        )
+        env_config = self.config.env_config if evaluation else training_env_config(self.config.env_config, settings)
         rollout = _GroupRollout(self, seeds, group_size, env_config=env_config or {})
         try:
             generated_tokens = rollout.run(params)
@@ -258,18 +264,18 @@ class _GroupRollout:
 
     def __init__(self, runner: LLMEnvRunner, seeds: list[int], group_size: int, *, env_config: dict) -> None:
         self.runner, self.protocol = runner, runner.protocol
-        config = runner.config
-        self.max_prompt_len = config.max_model_len - config.response_length
+        env, settings = runner.config.env, runner.rollout
+        self.max_prompt_len = runner.engine_settings.max_model_len - settings.response_length
         self.timing = {"engine_s": 0.0, "env_step_s": 0.0, "prompt_build_s": 0.0}
         self.truncated_prompts = 0
         self.all_groups = [
             EnvGroup(
-                config.env,
+                env,
                 env_config,
                 group_size=group_size,
-                budget=config.turn_budget_settings,
-                step_timeout_s=config.env_step_timeout_s,
-                group_randomness=config.group_randomness,
+                budget=runner.turn_budget,
+                step_timeout_s=settings.env_step_timeout_s,
+                group_randomness=settings.group_randomness,
             )
             for _ in seeds
         ]
@@ -286,7 +292,7 @@ class _GroupRollout:
             self.close()
             errors = [line for g in self.all_groups for line in g.errors]
             raise RuntimeError(
-                f"no group of env {config.env!r} could start (seeds {seeds[0]}..{seeds[-1]}): "
+                f"no group of env {env!r} could start (seeds {seeds[0]}..{seeds[-1]}): "
                 f"{self.truncated_prompts} trajectories had a first prompt longer than "
                 f"max_model_len - response_length = {self.max_prompt_len} tokens; env errors: {errors[:5]}"
             )
@@ -318,7 +324,7 @@ class _GroupRollout:
         with self._timed("prompt_build_s"):
             histories = {}
             for agent in observations:
-                history = TokenHistory(self.protocol.system_ids, runner.config.protocol_settings.history_window)
+                history = TokenHistory(self.protocol.system_ids, self.protocol.config.history_window)
                 history.add_user(
                     self.protocol.user_ids(
                         observations[agent], turns_left=budget.max_turns, actions_left=budget.max_actions_per_traj

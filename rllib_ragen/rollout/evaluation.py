@@ -48,6 +48,11 @@ class EvalSettings:
                 f"eval_interval and eval_temperature must be >= 0, got {self.eval_interval}, {self.eval_temperature}"
             )
 
+    @property
+    def seeds(self) -> range:
+        """The evaluation seeds, `eval_seed` .. `eval_seed + eval_size - 1`."""
+        return range(self.eval_seed, self.eval_seed + self.eval_size)
+
 
 @dataclasses.dataclass(frozen=True)
 class Evaluation:

@@ -268,7 +268,7 @@ class MLflowCallback(RLlibCallback):
                 title=f"{config.env} evaluation at iteration {step}",
                 limit=len(episodes) if stage else self.settings.trajectory_limit,
                 iteration=step,
-                seeds=f"{config.eval_seed}..{config.eval_seed + config.eval_size - 1}",
+                seeds=f"{config.starpo_eval.seeds[0]}..{config.starpo_eval.seeds[-1]}",
             )
             self._tracker().log_text(page, f"trajectories/eval_iter_{step:04d}.html")
             if stage:
@@ -300,7 +300,7 @@ def _open_run(settings: MLflowSettings, algorithm: Algorithm) -> MLflowTracker:
     trial_key = Path(algorithm.logdir).name
     tags = {
         "env": str(algorithm.config.env),
-        "base_model": str(algorithm.config.llm_model),
+        "base_model": str(algorithm.config.llm_module.model),
         "git_commit": git_commit(),
         **settings.tags,
         TRIAL_TAG: trial_key,

@@ -194,7 +194,7 @@ def load_policy(source: str, *, scratch: Path) -> Policy:
         print(f"exporting the policy of checkpoint {checkpoint}", flush=True)
         model = export_checkpoint_policy(checkpoint, config, scratch / "policy")
         inside = f"the policy of {checkpoint.name}" if checkpoint != path else "its policy"
-        return Policy(source, model, config, f"{source}: {inside}, trained from {config.llm_model}")
+        return Policy(source, model, config, f"{source}: {inside}, trained from {config.llm_module.model}")
     model = resolve_model(source, progress=True)
     return Policy(source, model, None, model_label(source, model))
 
@@ -236,10 +236,10 @@ def export_checkpoint_policy(checkpoint: Path, config: StarPOConfig, directory: 
     module = RLModule.from_checkpoint(module_dir)
     return save_policy(
         module.get_state(inference_only=True),
-        base_model=config.llm_model,
-        dtype=config.dtype,
+        base_model=config.llm_module.model,
+        dtype=config.llm_module.dtype,
         directory=directory,
-        lora=config.lora_settings,
+        lora=config.lora,
     )
 
 
@@ -255,7 +255,7 @@ def env_config(
     with `settings` (config attribute -> value) and `assignments` (`--set KEY=VALUE`)
     applied, on one local runner."""
     from rllib_ragen.algorithm.presets import preset
-    from rllib_ragen.run.settings_flag import apply_setting
+    from rllib_ragen.run.settings_flag import apply_settings
 
     if policy.run_config is None:
         config = preset(preset_name, env)
@@ -263,26 +263,24 @@ def env_config(
         config = policy.run_config.copy(copy_frozen=False).environment(env)
     config.llm(model=str(policy.model))
     config.env_runners(num_env_runners=0)
-    for key, value in settings.items():
-        setattr(config, key, value)
-    for assignment in assignments:
-        apply_setting(config, assignment)
+    config.update_from_dict(settings)
+    apply_settings(config, assignments)
     config.validate_starpo()
     return config
 
 
 def evaluate_env(config: StarPOConfig, *, seeds: Sequence[int]) -> Evaluation:
-    """One trajectory per seed on `config.env` at `config.eval_temperature`, on a runner of its own."""
+    """One trajectory per seed on `config.env` at its evaluation temperature, on a runner of its own."""
     from rllib_ragen.inference.engine_settings import resolve_kind
     from rllib_ragen.rollout.env_runner import LLMEnvRunner
     from rllib_ragen.rollout.evaluation import evaluate_on_seeds
     from rllib_ragen.run.ray_session import init_ray
 
-    if resolve_kind(config.engine) == "vllm":
+    if resolve_kind(config.rollout_engine.kind) == "vllm":
         init_ray()  # vLLM engines are Ray actors
     runner = LLMEnvRunner(config=config)
     try:
-        return evaluate_on_seeds(runner.sample, seeds=seeds, temperature=config.eval_temperature)
+        return evaluate_on_seeds(runner.sample, seeds=seeds, temperature=config.starpo_eval.eval_temperature)
     finally:
         runner.stop()
 
@@ -317,9 +315,10 @@ def evaluate_policy(
             settings=settings,
             assignments=assignments,
         )
-        seeds = range(config.eval_seed, config.eval_seed + config.eval_size)
+        seeds = config.starpo_eval.seeds
         print(
-            f"{env}: {len(seeds)} episodes (seeds {seeds[0]}..{seeds[-1]}, temperature {config.eval_temperature}) ...",
+            f"{env}: {len(seeds)} episodes (seeds {seeds[0]}..{seeds[-1]}, "
+            f"temperature {config.starpo_eval.eval_temperature}) ...",
             flush=True,
         )
         began = time.perf_counter()

@@ -16,7 +16,7 @@ from envs import check_env
 from envs.user_errors import CLIParser
 from rllib_ragen.algorithm.presets import PRESETS, preset
 from rllib_ragen.data.experts import WARM_START_PLAYERS, WARM_START_STATES
-from rllib_ragen.run.settings_flag import apply_setting
+from rllib_ragen.run.settings_flag import apply_settings
 
 if TYPE_CHECKING:
     from rllib_ragen.algorithm.starpo import StarPOConfig
@@ -253,16 +253,17 @@ def config_from_args(args: argparse.Namespace, *, tuned: Callable[[], StarPOConf
     config = tuned() if tuned is not None else None
     if config is None or args.preset != "cpu" or args.env != config.env:
         config = preset(args.preset, args.env)
-    config.llm(model=_given(args.model, config.llm_model))
+    config.llm(model=_given(args.model, config.llm_module.model))
     config.inference(
-        engine=_given(args.engine, config.engine), num_engines=_given(args.num_engines, config.num_engines)
+        engine=_given(args.engine, config.rollout_engine.kind),
+        num_engines=_given(args.num_engines, config.rollout_engine.num_engines),
     )
     config.rollouts(
-        n_groups=_given(args.n_groups, config.n_groups),
-        group_size=_given(args.group_size, config.group_size),
-        max_turns=_given(args.max_turns, config.max_turns),
-        think=False if args.no_think else config.think,
-        prefill=True if args.no_think else config.prefill,
+        n_groups=_given(args.n_groups, config.rollout.n_groups),
+        group_size=_given(args.group_size, config.rollout.group_size),
+        max_turns=_given(args.max_turns, config.turn_budget.max_turns),
+        think=False if args.no_think else config.protocol.think,
+        prefill=True if args.no_think else config.protocol.prefill,
     )
     if args.estimator:
         from rllib_ragen.training.advantages import needs_critic
@@ -275,8 +276,7 @@ def config_from_args(args: argparse.Namespace, *, tuned: Callable[[], StarPOConf
         config.debugging(seed=args.seed)
     if args.eval_size is not None:
         config.starpo_evaluation(eval_size=args.eval_size)
-    for assignment in args.set:
-        apply_setting(config, assignment)
+    apply_settings(config, args.set)
     config.validate_starpo()
     return config
 

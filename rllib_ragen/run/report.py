@@ -25,14 +25,17 @@ def evaluate_before_training(algo: Algorithm, callback: MLflowCallback) -> tuple
     from ray.rllib.utils.metrics import EVALUATION_RESULTS
 
     # One batched rollout with no progress of its own: minutes on a CPU without bf16 units.
-    print(f"[0] evaluating the starting policy on the {algo.config.eval_size} evaluation seeds...", flush=True)
+    print(
+        f"[0] evaluating the starting policy on the {algo.config.starpo_eval.eval_size} evaluation seeds...", flush=True
+    )
     stats = algo.evaluate_fixed_seeds()
     # Logged as step 0 here, so not also into iteration 1's result (as if iteration 1 had evaluated).
     algo.metrics.delete(EVALUATION_RESULTS, key_error=False)
     successes = list(algo.last_evaluation_successes)
     callback.log_initial_evaluation(algo, stats)
+    size = algo.config.starpo_eval.eval_size
     print(
-        f"[0] before RL, on the {algo.config.eval_size} evaluation seeds: success {format_rate(successes)} | "
+        f"[0] before RL, on the {size} evaluation seeds: success {format_rate(successes)} | "
         f"return {stats['episode_return_mean']:.3f} | valid {stats['valid_action_ratio']:.2f}",
         flush=True,
     )
@@ -114,7 +117,7 @@ def report_learning(
         summary.update(
             stats_before=before[0],
             stats_after=result["evaluation"],
-            starting_model=algo.config.llm_model,
+            starting_model=algo.config.llm_module.model,
             job_minutes=job_minutes,
             trajectories_trained=budget.trajectories_trained,
             curve=budget.rows,

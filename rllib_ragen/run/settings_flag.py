@@ -1,18 +1,20 @@
 """`--set KEY=VALUE` (and `--grid KEY=V1,V2`): a setting's value from its text, through its declared type.
 
-A StarPO setting converts through the type its settings group declares
-(`history_window: int | None` takes an integer or None); an attribute of RLlib's own,
-which declares none, through the type of its current value (any literal when that is None).
+A StarPO setting (by its name, `rllib_ragen.algorithm.settings_groups`) converts through the type
+its settings group declares (`history_window: int | None` takes an integer or None); an attribute
+of RLlib's own, which declares none, through the type of its current value (any literal when that
+is None). Either is then set by name with `StarPOConfig.update_from_dict`.
 """
 
 from __future__ import annotations
 
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from envs.base import parse_literal
+from rllib_ragen.algorithm.settings_groups import settings_of
 
 if TYPE_CHECKING:
     from rllib_ragen.algorithm.starpo import StarPOConfig
@@ -20,16 +22,24 @@ if TYPE_CHECKING:
 
 def apply_setting(config: StarPOConfig, assignment: str) -> None:
     """Applies one `KEY=VALUE`, VALUE converted through the setting's type (see `setting_value`)."""
-    key, raw = split_assignment(config, assignment, flag="--set")
-    setattr(config, key, setting_value(config, key, raw, flag="--set"))
+    apply_settings(config, [assignment])
+
+
+def apply_settings(config: StarPOConfig, assignments: Sequence[str], *, flag: str = "--set") -> None:
+    """Applies `KEY=VALUE`s together (a group's checks see every value given for it)."""
+    values = {}
+    for assignment in assignments:
+        key, raw = split_assignment(config, assignment, flag=flag)
+        values[key] = setting_value(config, key, raw, flag=flag)
+    config.update_from_dict(values)
 
 
 def split_assignment(config: StarPOConfig, assignment: str, *, flag: str) -> tuple[str, str]:
-    """`KEY=VALUE` -> (KEY, VALUE), KEY checked to be a config attribute."""
+    """`KEY=VALUE` -> (KEY, VALUE), KEY checked to be a StarPO setting or an attribute of RLlib's config."""
     key, sep, raw = assignment.partition("=")
     if not sep:
         raise ValueError(f"{flag} expects KEY=VALUE, got {assignment!r}")
-    if not hasattr(config, key):
+    if key not in settings_of(config) and not hasattr(config, key):
         raise ValueError(f"unknown config key {key!r} in {flag} {assignment!r}")
     return key, raw
 
@@ -42,11 +52,11 @@ def setting_value(config: StarPOConfig, key: str, raw: str, *, flag: str) -> Any
     Raises:
         ValueError: naming the flag, the setting, its declared type and the value given.
     """
-    from rllib_ragen.algorithm.settings_groups import SETTINGS
-
-    declared = {setting.attribute: setting for setting in SETTINGS}
+    declared = settings_of(config)
     if key in declared:
-        kind, name = declared[key].declared_type, declared[key].annotation
+        kind = declared[key].declared_type
+        name = kind.__name__ if isinstance(kind, type) else str(kind).replace("collections.abc.", "")
+        name = name.replace("typing.", "")
     else:  # RLlib's own attribute
         current = getattr(config, key)
         kind, name = (Any, "any literal") if current is None else (type(current) | None, type(current).__name__)

@@ -34,7 +34,7 @@ def choose_starting_model(
     from rllib_ragen.run.warm_start import apply_warm_start
 
     check_starting_model(args)
-    base = str(config.llm_model)
+    base = str(config.llm_module.model)
     if args.warm_start_model:
         config.llm(model=str(resolve_model(args.warm_start_model)))
     elif not args.no_warm_start:  # cached: a resumed run gets the same warm-started model back
@@ -45,4 +45,4 @@ def choose_starting_model(
             world_model_epochs=args.warm_start_world_model_epochs,
             tuned=tuned_warm_start,
         )
-    return {"base_model": base, "warm_start_model": "none" if args.no_warm_start else str(config.llm_model)}
+    return {"base_model": base, "warm_start_model": "none" if args.no_warm_start else str(config.llm_module.model)}

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from envs import check_env
 from rllib_ragen.algorithm.presets import PRESETS, preset
-from rllib_ragen.run.settings_flag import apply_setting, setting_value
+from rllib_ragen.run.settings_flag import apply_settings as apply_assignments
+from rllib_ragen.run.settings_flag import setting_value, split_assignment
 
 if TYPE_CHECKING:
     from rllib_ragen.algorithm.starpo import StarPOConfig
@@ -188,8 +189,7 @@ def trial_configs(study: Study, *, overrides: Sequence[str] = ()) -> list[StarPO
         try:
             config = preset(study.preset, point.env)
             apply_settings(config, study.settings, source=f"study {study.name!r} settings:")
-            for assignment in overrides:
-                apply_setting(config, assignment)
+            apply_assignments(config, overrides)
             apply_settings(config, study.arms[point.arm], source=f"arm {point.arm!r}:")
             config.debugging(seed=point.seed)
             config.validate_starpo()
@@ -202,12 +202,16 @@ def trial_configs(study: Study, *, overrides: Sequence[str] = ()) -> list[StarPO
 
 
 def apply_settings(config: StarPOConfig, settings: Mapping[str, Any], *, source: str) -> None:
-    """Sets each setting as `--set KEY=VALUE` would (a non-text value is read from its repr)."""
+    """Sets the settings together as `--set KEY=VALUE`s would (a non-text value is read from its repr)."""
+    values = {}
     for key, value in settings.items():
-        if not hasattr(config, key):
-            raise ValueError(f"{source} unknown setting {key!r}")
         raw = value if isinstance(value, str) else repr(value)
-        setattr(config, key, setting_value(config, key, raw, flag=source))
+        try:
+            split_assignment(config, f"{key}={raw}", flag=source)
+        except ValueError:
+            raise ValueError(f"{source} unknown setting {key!r}") from None
+        values[key] = setting_value(config, key, raw, flag=source)
+    config.update_from_dict(values)
 
 
 def check_overrides(study: Study, overrides: Sequence[str]) -> None:
@@ -222,9 +226,9 @@ def check_overrides(study: Study, overrides: Sequence[str]) -> None:
 def check_seeds_apart(config: StarPOConfig) -> None:
     """Refuses evaluation seeds that training could also play (training takes seeds upwards from
     `train_seed_start`, a new group a seed, so only evaluation seeds below it stay unseen)."""
-    last_eval = config.eval_seed + config.eval_size - 1
-    if last_eval >= config.train_seed_start:
+    seeds = config.starpo_eval.seeds
+    if seeds[-1] >= config.rollout.train_seed_start:
         raise ValueError(
-            f"the evaluation seeds {config.eval_seed}..{last_eval} reach the training seeds, which start at "
-            f"train_seed_start={config.train_seed_start}: move eval_seed below or train_seed_start above"
+            f"the evaluation seeds {seeds[0]}..{seeds[-1]} reach the training seeds, which start at "
+            f"train_seed_start={config.rollout.train_seed_start}: move eval_seed below or train_seed_start above"
         )

@@ -143,7 +143,7 @@ def start_from_warm_starts(study: Study, configs: list[StarPOConfig], args: argp
         if key not in models:
             arm_flags = study.arm_warm_starts.get(point.arm, {})
             choose_starting_model(config, argparse.Namespace(**{**vars(args), "warm_start_model": None, **arm_flags}))
-            models[key] = str(config.llm_model)
+            models[key] = str(config.llm_module.model)
         config.llm(model=models[key])
 
 

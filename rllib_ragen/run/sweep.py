@@ -159,17 +159,16 @@ def grid_points(config: StarPOConfig, grid: Mapping[str, Sequence[Any]]) -> Iter
     """(swept values, the trial's config) of every combination of the grid."""
     for combination in itertools.product(*grid.values()):
         point = dict(zip(grid, combination))
-        trial_config = config.copy(copy_frozen=False)
-        for key, value in point.items():
-            setattr(trial_config, key, value)
-        yield point, trial_config
+        yield point, config.copy(copy_frozen=False).update_from_dict(point)
 
 
 def check_grid(config: StarPOConfig, grid: Mapping[str, Sequence[Any]]) -> None:
     """Validates every combination up front, so a bad value fails here, not in a trial
     (nor an env that the trials, in other processes, could not build)."""
-    for point, trial_config in grid_points(config, grid):
+    for combination in itertools.product(*grid.values()):
+        point = dict(zip(grid, combination))
         try:
+            trial_config = config.copy(copy_frozen=False).update_from_dict(point)  # a group checks its values here
             trial_config.validate_starpo()
             check_env(trial_config.env, in_other_processes=True)
         except ValueError as error:

@@ -123,7 +123,11 @@ def _train_and_report(
     algo: Algorithm, callback: MLflowCallback, args: argparse.Namespace, *, job_started: float
 ) -> dict[str, Any]:
     """Evaluates the starting policy (a fresh run), trains, and reports what was learnt; returns the last result."""
-    before = evaluate_before_training(algo, callback) if algo.iteration == 0 and algo.config.eval_interval else None
+    before = (
+        evaluate_before_training(algo, callback)
+        if algo.iteration == 0 and algo.config.starpo_eval.eval_interval
+        else None
+    )
     began, budget = time.perf_counter(), BudgetSpent()
     budget_s = training_budget_s(args, job_started)
     result = _train(algo, callback, stop_iters=args.stop_iters, budget_s=budget_s, budget=budget)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 
@@ -30,6 +30,9 @@ from rllib_ragen.rollout.failure_kinds import failure_counts, failure_kind
 from rllib_ragen.rollout.prompt.answer_parser import parse_answer
 from rllib_ragen.rollout.trajectory_record import response_text, state_boards
 from rllib_ragen.run.board_drawing import drawing, legend
+
+if TYPE_CHECKING:
+    from rllib_ragen.algorithm.starpo import StarPOConfig
 
 # In rllib_ragen/run/templates/ (package data): the markup, style and scripts of the page.
 TEMPLATE = "trajectory_page.html.j2"
@@ -46,22 +49,29 @@ _COLUMNS = (
 
 
 def evaluation_page(
-    config: Any, episodes: Iterable[Any], *, title: str, limit: int, model: str | None = None, **settings: Any
+    config: StarPOConfig,
+    episodes: Iterable[Any],
+    *,
+    title: str,
+    limit: int,
+    model: str | None = None,
+    **settings: Any,
 ) -> str:
-    """The trajectory page of an evaluation under `config` (a `StarPOConfig`), with
-    the run's settings on top (the config's that shape a rollout, plus `settings`).
+    """The trajectory page of an evaluation under `config`, with the run's settings on top (the
+    config's that shape a rollout, plus `settings`).
 
-    `model` is the model row (default: `config.llm_model`): what the user named, when
-    the config's model is a copy unpacked somewhere temporary.
+    `model` is the model row (default: the config's): what the user named, when the config's
+    model is a copy unpacked somewhere temporary.
     """
+    budget, protocol = config.turn_budget, config.protocol
     shown = {
         "env": config.env,
-        "model": config.llm_model if model is None else model,
-        "temperature": config.eval_temperature,
-        "max turns": config.max_turns,
-        "actions per turn / trajectory": f"{config.max_actions_per_turn} / {config.max_actions_per_traj}",
-        "response length": config.response_length,
-        "think": config.think,
+        "model": config.llm_module.model if model is None else model,
+        "temperature": config.starpo_eval.eval_temperature,
+        "max turns": budget.max_turns,
+        "actions per turn / trajectory": f"{protocol.max_actions_per_turn} / {budget.max_actions_per_traj}",
+        "response length": config.rollout.response_length,
+        "think": protocol.think,
         **settings,
     }
     kinds = make_env(config.env, **config.env_config).failure_descriptions()

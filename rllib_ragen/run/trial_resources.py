@@ -57,14 +57,17 @@ class StarPOTrial(StarPO):
 def engine_bundles(config: StarPOConfig) -> list[dict[str, float]]:
     """One bundle per vLLM engine actor of the run (none for the in-process HF engine, nor for
     engines that reserve nothing): `num_engines` for each env runner that holds an engine."""
-    if resolve_kind(config.engine) != "vllm":
+    if resolve_kind(config.rollout_engine.kind) != "vllm":
         return []
-    requested = {"CPU": float(config.num_cpus_per_engine), "GPU": float(config.num_gpus_per_engine)}
+    requested = {
+        "CPU": float(config.rollout_engine.num_cpus_per_engine),
+        "GPU": float(config.rollout_engine.num_gpus_per_engine),
+    }
     bundle = {key: amount for key, amount in requested.items() if amount > 0}
     if not bundle:
         return []
     runners = config.num_env_runners + (1 if config.create_local_env_runner else 0)
-    return [dict(bundle) for _ in range(runners * config.num_engines)]
+    return [dict(bundle) for _ in range(runners * config.rollout_engine.num_engines)]
 
 
 def placement_parts(config: StarPOConfig) -> str:

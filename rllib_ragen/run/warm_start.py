@@ -290,13 +290,13 @@ def warm_start_config(
     if player is not None and tuned.get("player", player) != player:
         tuned = {}  # the example's states and step size are its player's
     player = player or tuned.get("player") or ("expert" if has_expert(config.env) else "random")
-    tiny = config.llm_model == "tiny-random"
+    tiny = config.llm_module.model == "tiny-random"
     expert = player == "expert"
     derived = WarmStartSettings(
         env=config.env,
         env_config=dict(config.env_config),
-        protocol=config.protocol_settings,
-        budget=config.turn_budget_settings,
+        protocol=config.protocol,
+        budget=config.turn_budget,
         num_examples=WARM_START_STATES[player],
         answers_per_prompt=2,
         # The expert's many states once each (WARM_START_STATES); random play's few twice.
@@ -305,7 +305,7 @@ def warm_start_config(
         # A random tiny model needs large steps to learn the format in a test's few steps.
         lr=3e-3 if tiny else (3e-4 if expert else 1e-4),
         player=player,
-        autocast_dtype=config.autocast_dtype,
+        autocast_dtype=config.scoring.autocast_dtype,
         # The expert's start trains SmolLM2's last layers only, faster and at a lower answer NLL than every
         # weight (docs/results/warm_start_speed.md); a model of that many layers or fewer trains every weight.
         trained_top_layers=EXPERT_TRAINED_TOP_LAYERS if expert else None,
@@ -329,9 +329,9 @@ def apply_warm_start(
         config, num_examples=num_examples, player=player, world_model_epochs=world_model_epochs, tuned=tuned
     )
     print(
-        f"{ws.player}-play warm start of {config.llm_model} on {config.env} ({ws.num_examples} states"
+        f"{ws.player}-play warm start of {config.llm_module.model} on {config.env} ({ws.num_examples} states"
         + (f", {world_model_epochs} world-model epoch(s) first" if world_model_epochs else "")
         + "; cached after the first run)",
         flush=True,
     )
-    config.llm(model=str(warm_start(config.llm_model, ws, progress=True)))
+    config.llm(model=str(warm_start(config.llm_module.model, ws, progress=True)))

@@ -29,7 +29,7 @@ from rllib_ragen.training.advantages import group_statistics
 
 Tensor = torch.Tensor
 
-# Where `filter_groups` logs the selection's statistics, and the one the echo-trap monitor watches.
+# Where `filter_groups` logs the selection's statistics.
 FILTER_RESULTS = "starpo_filter"
 IN_GROUP_STD_BEFORE = "in_group_reward_std_before"
 FILTER_METRICS = ("std", "range")
@@ -206,15 +206,32 @@ def select_groups_by_variance(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class FilteredGroups:
+    """What `filter_groups` returns.
+
+    Attributes:
+        kept: The group episodes kept, in batch order (possibly none with top_p).
+        in_group_reward_std: The mean in-group reward std over all groups, before the filter
+            (the signal the echo-trap monitor watches).
+    """
+
+    kept: list[MultiAgentEpisode]
+    in_group_reward_std: float
+
+
 def filter_groups(
     episodes: list[MultiAgentEpisode], settings: FilterSettings, metrics: MetricsLogger
-) -> list[MultiAgentEpisode]:
-    """Step 3 of an iteration: the group episodes whose trajectories disagree most in reward
-    (possibly none with top_p), in batch order; the selection's statistics go to `starpo_filter/`."""
+) -> FilteredGroups:
+    """Step 3 of an iteration: the group episodes whose trajectories disagree most in reward, and the
+    batch's in-group reward spread; the selection's statistics go to `starpo_filter/`."""
     returns = [[float(sum(a.get_rewards())) for a in e.agent_episodes.values()] for e in episodes]
     scores = torch.tensor([r for group in returns for r in group])
     group_ids = torch.tensor([g for g, group in enumerate(returns) for _ in group])
     selection = select_groups_by_variance(scores, group_ids, settings)
     for key, value in selection.stats.items():
         metrics.log_value((FILTER_RESULTS, key), float(value), window=1)
-    return [episodes[g] for g in sorted(int(g) for g in selection.kept_group_ids)]
+    return FilteredGroups(
+        kept=[episodes[g] for g in sorted(int(g) for g in selection.kept_group_ids)],
+        in_group_reward_std=selection.stats[IN_GROUP_STD_BEFORE],
+    )

@@ -56,12 +56,14 @@ from rllib_ragen.training.distributed import (
 )
 from rllib_ragen.training.host_memory import release_freed_memory
 from rllib_ragen.training.losses import (
+    LossSettings,
     aggregate_loss,
     kl_penalty,
     policy_loss,
     value_loss,
 )
 from rllib_ragen.training.module import computed_positions, host_copy
+from rllib_ragen.training.off_policy import OffPolicyCorrectionSettings
 from rllib_ragen.training.token_tree import tree_budget_groups
 
 POLICY_OPTIMIZER = "policy"
@@ -110,6 +112,11 @@ class UpdateSettings:
                 f"micro_batch_size={self.micro_batch_size} is larger than mini_batch_size={self.mini_batch_size}"
             )
 
+    def rows_per_step(self, rows: int) -> int:
+        """Rows of one optimiser step of an update on `rows` rows: the mini-batch size, never more than
+        the rows (RLlib would fill the rest by repeating rows); all of them when it is None."""
+        return rows if self.mini_batch_size is None else max(1, min(self.mini_batch_size, rows))
+
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerSettings:
@@ -140,9 +147,12 @@ class StarPOTorchLearner(MiniBatchStepLearner):
         super().build()
         # Set before any forward, so the connector's old log-probs and the
         # update's new ones are computed the same way (PPO ratio 1 at start).
-        self.module[DEFAULT_MODULE_ID].unwrapped().scoring = self.config.scoring_settings
+        self.module[DEFAULT_MODULE_ID].unwrapped().scoring = self.config.scoring
+        # The config's groups the update reads, typed (RLlib types `self.config` as its own base class).
+        self.update_settings: UpdateSettings = self.config.update
+        self.loss_settings: LossSettings = self.config.loss
         self._reference = None
-        if self.config.kl_coeff > 0:
+        if self.loss_settings.kl_coeff > 0:
             # A frozen copy of the initial policy, the anchor of the KL term.
             self._reference = copy.deepcopy(self.module[DEFAULT_MODULE_ID].unwrapped().policy).eval()
             self._reference.requires_grad_(False)
@@ -158,16 +168,17 @@ class StarPOTorchLearner(MiniBatchStepLearner):
             if not param.requires_grad:  # LoRA's frozen base: no gradients, no optimiser state
                 continue
             (critic_params if name.split(".")[0] in critic_names else policy_params).append(param)
+        settings: OptimizerSettings = config.optim
         groups = {
-            POLICY_OPTIMIZER: (policy_params, config.actor_lr),
-            CRITIC_OPTIMIZER: (critic_params, config.critic_lr),
+            POLICY_OPTIMIZER: (policy_params, settings.actor_lr),
+            CRITIC_OPTIMIZER: (critic_params, settings.critic_lr),
         }
         for name, (params, lr) in groups.items():
             if params:
                 self.register_optimizer(
                     module_id=module_id,
                     optimizer_name=name,
-                    optimizer=torch.optim.AdamW(params, betas=config.adam_betas, weight_decay=config.weight_decay),
+                    optimizer=torch.optim.AdamW(params, betas=settings.adam_betas, weight_decay=settings.weight_decay),
                     params=params,
                     lr_or_lr_schedule=lr,
                 )
@@ -195,15 +206,15 @@ class StarPOTorchLearner(MiniBatchStepLearner):
             optimizer.zero_grad(set_to_none=True)
         weights = micro_batch_weights(
             module_batch,
-            self.config.micro_batch_size,
-            self.config.loss_agg_mode,
-            token_budget=self.config.micro_batch_tokens,
+            self.update_settings.micro_batch_size,
+            self.loss_settings.loss_agg_mode,
+            token_budget=self.update_settings.micro_batch_tokens,
         )
         # With several learners (num_learners >= 2) the module runs unwrapped (DDP's hooks
         # would need equal micro-batch counts on every learner): each loss is weighted by
         # its share of the global mini-batch and the gradients are summed over learners once.
         module = self.module[DEFAULT_MODULE_ID].unwrapped()
-        share = global_share(mask_or_generated(module_batch, Columns.LOSS_MASK), self.config.loss_agg_mode)
+        share = global_share(mask_or_generated(module_batch, Columns.LOSS_MASK), self.loss_settings.loss_agg_mode)
         total_loss: Any = 0.0  # a Tensor after the first micro-batch
         fwd_out = None
         # The token positions this optimiser step runs (logged once a step: the last step's with several).
@@ -226,25 +237,25 @@ class StarPOTorchLearner(MiniBatchStepLearner):
         self, *, module_id: ModuleID, config: AlgorithmConfig, batch: dict[str, Any], fwd_out: dict[str, Any]
     ) -> torch.Tensor:
         mask = mask_or_generated(batch, Columns.LOSS_MASK)
-        loss_agg_mode = config.loss_agg_mode
+        settings: LossSettings = config.loss
+        off_policy: OffPolicyCorrectionSettings = config.off_policy
+        loss_agg_mode = settings.loss_agg_mode
         # No scored old log-probs: the update is one on-policy step, so the old policy is this one.
         old_logp = batch[OLD_LOGP] if OLD_LOGP in batch else fwd_out[TOKEN_LOGP].detach()
-        correction, correction_stats = config.off_policy_correction_settings.weights(
-            old_logp, batch[SAMPLING_LOGP], mask
-        )
+        correction, correction_stats = off_policy.weights(old_logp, batch[SAMPLING_LOGP], mask)
         pg_loss, pg_stats = policy_loss(
             fwd_out[TOKEN_LOGP],
             old_logp,
             batch[Columns.ADVANTAGES],
             mask,
-            clip_ratio_low=config.clip_ratio_low,
-            clip_ratio_high=config.clip_ratio_high,
-            clip_ratio_dual=config.clip_ratio_dual,
+            clip_ratio_low=settings.clip_ratio_low,
+            clip_ratio_high=settings.clip_ratio_high,
+            clip_ratio_dual=settings.clip_ratio_dual,
             loss_agg_mode=loss_agg_mode,
             weights=correction,
         )
         entropy = aggregate_loss(fwd_out[TOKEN_ENTROPY], mask, loss_agg_mode=loss_agg_mode)
-        total = pg_loss - config.entropy_coeff * entropy
+        total = pg_loss - settings.entropy_coeff * entropy
         ratio_max = correction_stats.pop("is_ratio_max", None)
         stats = {"policy_loss": pg_loss, "entropy": entropy, **pg_stats, **correction_stats}
         if Columns.VALUE_TARGETS in batch:
@@ -253,18 +264,18 @@ class StarPOTorchLearner(MiniBatchStepLearner):
                 batch[Columns.VF_PREDS],
                 batch[Columns.VALUE_TARGETS],
                 mask_or_generated(batch, ADVANTAGE_MASK),
-                value_clip=config.value_clip,
+                value_clip=settings.value_clip,
                 loss_agg_mode=loss_agg_mode,
             )
-            total = total + config.vf_loss_coeff * vf_loss
+            total = total + settings.vf_loss_coeff * vf_loss
             stats.update(vf_loss=vf_loss, **vf_stats)
         if self._reference is not None:
             kl = aggregate_loss(
-                kl_penalty(fwd_out[TOKEN_LOGP], self._reference_logp(batch), kl_type=config.kl_type),
+                kl_penalty(fwd_out[TOKEN_LOGP], self._reference_logp(batch), kl_type=settings.kl_type),
                 mask,
                 loss_agg_mode=loss_agg_mode,
             )
-            total = total + config.kl_coeff * kl
+            total = total + settings.kl_coeff * kl
             stats["kl"] = kl
         # Train/inference mismatch: the learner's log-probs vs the engine's sampling ones, on every generated token.
         generated = batch[GENERATED_MASK]

@@ -56,59 +56,35 @@ LOGIT_CHUNK_SIZE = 1024
 
 @dataclasses.dataclass(frozen=True)
 class LLMModuleSettings:
-    """What `LLMRLModule` builds (passed as the RLModuleSpec's `model_config`).
+    """The model `LLMRLModule` builds (`StarPOConfig.llm()`, which documents each field).
 
-    Args:
-        model: A built-in name ("smollm2-135m-instruct", "tiny-random"), a
-            local Hugging Face model directory, or a hub id (where a hub is
-            reachable), e.g. "Qwen/Qwen2.5-0.5B-Instruct".
-        critic: "separate" (its own copy of the LM trunk plus a value head, as
-            RAGEN's PPO; under LoRA the copy shares the policy's frozen base
-            weights and has its own adapters), "head" (a value head on the
-            policy's last hidden state, detached: value-loss gradients train
-            only the head and never move the policy; cheaper) or "none"
-            (critic-free estimators only: grpo, brpo, arpo).
-        dtype: Trained parameter dtype: "float32", "bfloat16" or "float16".
-        logit_temperature: Logits are divided by this before log-probs, so the
-            learner scores tokens under the distribution they were sampled from.
-        gradient_checkpointing: Recompute activations in backward to save memory.
-        lora: LoRA adapters (`LoraSettings`, or its fields as a dict); rank 0
-            trains every weight.
-        trained_top_layers: None trains every weight of the policy; N trains
-            only its last N decoder layers and final norm (the embeddings and
-            the LM head tied to them stay the base model's). Backward stops at
-            the first trained layer, and frozen weights keep neither gradients
-            nor optimiser state: less memory and a cheaper update. A separate
-            critic trunk trains every weight.
+    `model` is a built-in name, a local model directory or a hub id; `critic` is "separate",
+    "head" or "none"; `dtype` the trained parameters'; `trained_top_layers` None trains every
+    weight of the policy, N only its last N decoder layers and final norm.
     """
 
     model: str = "Qwen/Qwen2.5-0.5B-Instruct"
     critic: str = "separate"
     dtype: str = "float32"
-    logit_temperature: float = 1.0
     gradient_checkpointing: bool = False
-    lora: LoraSettings = dataclasses.field(default_factory=LoraSettings)
     trained_top_layers: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.lora, dict):
-            object.__setattr__(self, "lora", LoraSettings(**self.lora))
-        if self.trained_top_layers is not None:
-            if self.trained_top_layers < 1:
-                raise ValueError(f"trained_top_layers must be >= 1 or None, got {self.trained_top_layers}")
-            if self.lora.enabled:
-                raise ValueError(
-                    "trained_top_layers trains whole layers and lora_rank > 0 trains adapters: set one of them "
-                    "(LoRA on the last layers only is lora_top_layers)"
-                )
+        if self.trained_top_layers is not None and self.trained_top_layers < 1:
+            raise ValueError(f"trained_top_layers must be >= 1 or None, got {self.trained_top_layers}")
         if self.critic not in CRITIC_KINDS:
             raise ValueError(f"critic must be one of {CRITIC_KINDS}, got {self.critic!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        if self.logit_temperature <= 0:
-            raise ValueError(
-                f"logit_temperature must be > 0 (greedy rollouts are scored at 1.0), got {self.logit_temperature}"
-            )
+
+
+def module_config(
+    llm_module: LLMModuleSettings, *, lora: LoraSettings | None = None, logit_temperature: float = 1.0
+) -> dict[str, Any]:
+    """The `model_config` of an `LLMRLModule`'s spec: its settings groups themselves, and the temperature
+    its log-probs divide the logits by (the rollouts', so tokens are scored under the distribution they
+    were sampled from). `lora` None: no adapters (every weight trains)."""
+    return {"llm_module": llm_module, "lora": lora or LoraSettings(), "logit_temperature": logit_temperature}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,12 +124,15 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
 
     @override(TorchRLModule)
     def setup(self) -> None:
-        self.llm_config = LLMModuleSettings(**(self.model_config or {}))
+        settings = self.model_config or {}
+        self.llm_config: LLMModuleSettings = settings["llm_module"]
+        self.lora: LoraSettings = settings["lora"]
+        self.logit_temperature: float = settings["logit_temperature"]
         dtype = _DTYPES[self.llm_config.dtype]
         model_path = resolve_model(self.llm_config.model)
         self.scoring = ScoringSettings()
         self.policy = load_causal_lm(model_path, dtype=dtype)
-        lora = self.llm_config.lora
+        lora = self.lora
         if self.llm_config.critic == "separate" and not self.inference_only:
             # Under LoRA one frozen trunk serves both: the critic's adapters wrap the policy's base tensors.
             # The causal LM's base model, a PreTrainedModel (transformers types `base_model` nn.Module).
@@ -222,7 +201,7 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
             policy.get_output_embeddings(),
             hidden,
             batch,
-            self.llm_config.logit_temperature,
+            self.logit_temperature,
             with_entropy=with_entropy,
             chunk_size=self.scoring.logit_chunk_size,
         )
@@ -251,7 +230,7 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
         `adapter`, the LoRA adapter's tensors alone (PEFT's names), for engines that serve it."""
         if adapter:
             return adapter_state_dict(self.policy)
-        return merged_state_dict(self.policy) if self.llm_config.lora.enabled else self.policy.state_dict()
+        return merged_state_dict(self.policy) if self.lora.enabled else self.policy.state_dict()
 
     @override(TorchRLModule)
     def get_state(
@@ -273,7 +252,7 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
         """
         skipped = set(self.get_non_inference_attributes()) if inference_only and not self.inference_only else set()
         state = self.state_dict()
-        if self.llm_config.lora.enabled:
+        if self.lora.enabled:
             trained = {name for name, param in self.named_parameters(remove_duplicate=False) if param.requires_grad}
             state = {k: v for k, v in state.items() if k in trained}
         return host_copy({k: v for k, v in state.items() if k.split(".", 1)[0] not in skipped})
@@ -282,7 +261,7 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
     def set_state(self, state: dict) -> None:
         """RLlib's `set_state`; under LoRA it also refuses a state that lacks trained tensors or holds unknown
         ones (e.g. a full fine-tuning checkpoint, whose weights would otherwise be silently dropped)."""
-        if self.llm_config.lora.enabled and not self.inference_only:
+        if self.lora.enabled and not self.inference_only:
             trained = {name for name, param in self.named_parameters(remove_duplicate=False) if param.requires_grad}
             known = set(self.state_dict())
             missing, unknown = sorted(trained - set(state)), sorted(set(state) - known)

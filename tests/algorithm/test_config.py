@@ -8,11 +8,11 @@ import pickle
 
 import pytest
 import torch
+from ray.rllib.algorithms.algorithm_config import NotProvided
 
 from envs import register_env
 from envs.corridor import CorridorEnv
 from rllib_ragen.algorithm.ignored_rllib_settings import IGNORED_RLLIB_SETTINGS
-from rllib_ragen.algorithm.settings_groups import SETTINGS_GROUPS
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.models import ModelNotFoundError
 from rllib_ragen.training.advantages import (
@@ -26,64 +26,69 @@ from rllib_ragen.training.advantages import (
 from rllib_ragen.training.losses import LossSettings
 
 
-def test_every_setting_defaults_to_its_groups_default_and_builds_its_group():
+def test_the_config_holds_each_group_at_its_own_defaults():
     config = StarPOConfig()
-    for binding in SETTINGS_GROUPS:
-        for attribute, default in binding.defaults().items():
-            assert getattr(config, attribute) == default, attribute
-    groups = {type(group) for group in config.settings_groups()}
-    assert groups == {binding.group for binding in SETTINGS_GROUPS}
+    groups = {name: value for name, value in vars(config).items() if dataclasses.is_dataclass(value)}
+    assert {name: type(group)() for name, group in groups.items()} == groups
+    assert (config.rollout.n_groups, config.loss.kl_type, config.rollout_engine.kind) == (8, "k3", "auto")
 
 
-def test_each_group_is_built_once_at_validation_and_travels_with_the_config(monkeypatch):
-    """The learner reads the groups validation built (`config.loss_settings` once per micro-batch)."""
-    built = []
-    monkeypatch.setattr(LossSettings, "__post_init__", lambda group: built.append(group))
+def test_a_bad_value_fails_at_the_builder_naming_the_setting_and_leaves_the_group_unchanged():
     config = StarPOConfig()
-    config.validate_starpo()
-    assert len(built) == 1
-    validated = config.loss_settings
-    assert [config.loss_settings for _ in range(5)] == [validated] * 5 and len(built) == 1
+    with pytest.raises(ValueError, match="kl_type must be one of"):
+        config.training(kl_type="k9")
+    with pytest.raises(ValueError, match="engine must be one of"):
+        config.inference(engine="no-such-engine")
+    with pytest.raises(ValueError, match="micro_batch_size=4 is larger than mini_batch_size=2"):
+        config.training(mini_batch_size=2)
+    assert config.loss == LossSettings() and config.update.mini_batch_size is None
+    config.training(mini_batch_size=2, micro_batch_size=2)  # both at once: the group checks them together
+    assert (config.update.mini_batch_size, config.update.micro_batch_size) == (2, 2)
+
+
+def test_a_builder_replaces_only_the_fields_given_and_the_groups_travel_with_the_config():
+    config = StarPOConfig().training(clip_ratio_low=0.1)
+    before = config.loss
+    assert config.training(entropy_coeff=0.5).loss == dataclasses.replace(before, entropy_coeff=0.5)
+    assert config.training(entropy_coeff=NotProvided).loss.entropy_coeff == 0.5
     config.freeze()  # as the Algorithm does; then pickled to each learner
     learners_copy = pickle.loads(pickle.dumps(config))
-    assert learners_copy.loss_settings == validated and len(built) == 1
-    assert "_built_groups" not in config.to_dict()  # nor in Tune's or MLflow's view of the config
+    assert learners_copy.loss == config.loss and learners_copy.rollout == config.rollout
 
 
-def test_a_changed_setting_rebuilds_its_group():
+def test_to_dict_names_every_setting_and_from_dict_restores_the_groups():
+    """Tune's param space, MLflow's params and RLlib's evaluation config see each setting by its name."""
+    config = StarPOConfig().rollouts(n_groups=3).training(lambda_=0.9).llm(lora_rank=4).inference(engine_dtype="float16")
+    named = config.to_dict()
+    assert (named["n_groups"], named["lambda"], named["lora_rank"], named["engine_dtype"]) == (3, 0.9, 4, "float16")
+    assert not {"rollout", "lora", "rollout_engine", "lambda_"} & named.keys()
+    restored = StarPOConfig.from_dict(named)
+    assert all(getattr(restored, name) == group for name, group in vars(config).items() if dataclasses.is_dataclass(group))
+    space = {**named, "group_size": 2, "actor_lr": 1e-3}  # a Tune trial's config
+    trial = StarPOConfig().update_from_dict(space)
+    assert (trial.rollout.group_size, trial.optim.actor_lr, trial.rollout.n_groups) == (2, 1e-3, 3)
+
+
+def test_a_setting_set_as_an_attribute_is_refused_at_validation():
     config = StarPOConfig()
-    config.validate_starpo()
-    validated = config.loss_settings
-    config.training(clip_ratio_low=0.1)
-    assert config.loss_settings is not validated and config.loss_settings.clip_ratio_low == 0.1
-    config.kl_type = "k9"  # set as an attribute, e.g. by Tune: checked again at the next use
-    with pytest.raises(ValueError, match="kl_type must be one of"):
-        _ = config.loss_settings
-    config = StarPOConfig().training(advantage_estimator="grpo").llm(critic="none")
-    config.validate_starpo()
-    config.advantage_hparams["high_level_lambda"] = 0.9  # changed in place: validation still sees it
-    with pytest.raises(ValueError, match=r"advantage_hparams \['high_level_lambda'\] are not hyper-parameters"):
+    config.n_groups = 4  # reads nothing: the setting lives in config.rollout
+    with pytest.raises(ValueError, match=r"'n_groups' is set as an attribute of the config"):
         config.validate_starpo()
 
 
-def test_no_setting_belongs_to_two_groups():
-    attributes = [a for binding in SETTINGS_GROUPS for a in binding.attributes().values()]
-    assert len(attributes) == len(set(attributes))
-
-
 @pytest.mark.parametrize(
-    "builder, setting, value",
+    "builder, setting, group, value",
     [
-        ("inference", "num_cpus_per_engine", 0.5),
-        ("training", "advantage_hparams", {"eps": 0.5}),
-        ("training", "grpo_norm_by_std", False),
-        ("inference", "torch_threads", 2),
-        ("llm", "lora_dropout", 0.1),
+        ("inference", "num_cpus_per_engine", "rollout_engine", 0.5),
+        ("training", "whiten_advantages", "advantages", False),
+        ("training", "grpo_norm_by_std", "advantages", False),
+        ("inference", "torch_threads", "update", 2),
+        ("llm", "lora_dropout", "lora", 0.1),
     ],
 )
-def test_settings_are_reachable_through_the_builders(builder, setting, value):
+def test_settings_are_reachable_through_the_builders(builder, setting, group, value):
     config = getattr(StarPOConfig(), builder)(**{setting: value})
-    assert getattr(config, setting) == value
+    assert getattr(getattr(config, group), setting.removeprefix("lora_")) == value
 
 
 def test_advantage_hparams_reach_the_estimator():
@@ -97,11 +102,9 @@ def test_advantage_hparams_reach_the_estimator():
     expected = 1 / (2**0.5 + 1)
     torch.testing.assert_close(advantages[:, 0], torch.tensor([expected, -expected]))
     with pytest.raises(ValueError, match=r"advantage_hparams \['high_level_lambda'\] are not hyper-parameters of .*'grpo'"):
-        StarPOConfig().training(advantage_estimator="grpo", advantage_hparams={"high_level_lambda": 0.9}).llm(
-            critic="none"
-        ).settings_groups()
+        StarPOConfig().training(advantage_estimator="grpo", advantage_hparams={"high_level_lambda": 0.9})
     config = StarPOConfig().training(advantage_estimator="bi_level_gae", advantage_hparams={"high_level_lambda": 0.9})
-    assert config.advantage_settings.hparams()["high_level_lambda"] == 0.9
+    assert config.advantages.hparams()["high_level_lambda"] == 0.9
 
 
 @pytest.mark.parametrize("name", sorted(IGNORED_RLLIB_SETTINGS))
@@ -131,8 +134,8 @@ def test_a_registered_estimator_declares_its_critic_and_hparams():
     register_advantage_estimator("scaled_values", scaled, needs_critic=True)
     try:
         config = StarPOConfig().training(advantage_estimator="scaled_values", advantage_hparams={"scale": 3.0})
-        assert config.advantage_settings.needs_critic
-        assert config.advantage_settings.hparams() == {"scale": 3.0}
+        assert config.advantages.needs_critic
+        assert config.advantages.hparams() == {"scale": 3.0}
         config.llm(critic="none")
         with pytest.raises(ValueError, match=r"'scaled_values' needs a critic.*\['arpo', 'brpo', 'grpo'\]"):
             config.validate_starpo()
@@ -171,9 +174,9 @@ def test_cpu_frozenlake_preset_trains_the_readable_variant_in_one_on_policy_step
     config.validate()
     assert make_env("frozenlake", **config.env_config).config.render == "words"
     assert config.env_config == {"is_slippery": False, "render": "words"}
-    assert (config.max_actions_per_turn, config.history_window, config.think) == (1, 0, False)
-    assert config.max_rows_per_update == 4 * 4 * 5 and config.mini_batch_size is None
-    assert config.rows_per_step(37) == 37  # one step over whatever rows the filter kept
+    assert (config.protocol.max_actions_per_turn, config.protocol.history_window, config.protocol.think) == (1, 0, False)
+    assert config.max_rows_per_update == 4 * 4 * 5 and config.update.mini_batch_size is None
+    assert config.update.rows_per_step(37) == 37  # one step over whatever rows the filter kept
     assert config.update_is_one_on_policy_step
 
 
@@ -184,9 +187,9 @@ def test_cpu_sokoban_preset_trains_the_rooms_in_words_one_move_a_turn():
     config = cpu_preset("sokoban")
     config.validate()
     assert make_env("sokoban", **config.env_config).config.render == "words"
-    assert (config.max_turns, config.max_actions_per_turn, config.max_actions_per_traj) == (8, 1, 8)
-    assert (config.history_window, config.think, config.advantage_estimator) == (0, False, "grpo")
-    assert config.max_rows_per_update == 4 * 4 * 8 and config.mini_batch_size is None
+    assert (config.turn_budget.max_turns, config.protocol.max_actions_per_turn, config.turn_budget.max_actions_per_traj) == (8, 1, 8)
+    assert (config.protocol.history_window, config.protocol.think, config.advantages.advantage_estimator) == (0, False, "grpo")
+    assert config.max_rows_per_update == 4 * 4 * 8 and config.update.mini_batch_size is None
     assert cpu_preset("larger_sokoban").env_config == {}
 
 
@@ -194,11 +197,11 @@ def test_a_mini_batch_never_repeats_rows_and_a_too_large_one_is_named_in_one_lin
     from rllib_ragen.algorithm.presets import cpu_preset
 
     config = cpu_preset("bandit")
-    assert config.mini_batch_size is None and config.rows_per_step(32) == 32 and config.rows_per_step(5) == 5
+    assert config.update.mini_batch_size is None and config.update.rows_per_step(32) == 32 and config.update.rows_per_step(5) == 5
     config.training(mini_batch_size=8)
-    assert (config.rows_per_step(32), config.rows_per_step(5)) == (8, 5)  # never 8 rows out of 5
+    assert (config.update.rows_per_step(32), config.update.rows_per_step(5)) == (8, 5)  # never 8 rows out of 5
     with caplog.at_level("WARNING"):
         config.training(mini_batch_size=100).validate()
     lines = [r.getMessage() for r in caplog.records if "mini_batch_size=100" in r.getMessage()]
     assert len(lines) == 1 and "at most 32 rows" in lines[0] and "none repeated" in lines[0]
-    assert config.rows_per_step(32) == 32
+    assert config.update.rows_per_step(32) == 32

@@ -46,7 +46,7 @@ def base_config(model_path, **rollouts) -> StarPOConfig:
 def demos(tiny_model_path):
     config = base_config(tiny_model_path)
     demo_config = DemonstrationSettings(
-        seeds=range(8), protocol=config.protocol_settings, budget=config.turn_budget_settings
+        seeds=range(8), protocol=config.protocol, budget=config.turn_budget
     )
     return expert_demonstrations(load_tokenizer(tiny_model_path), demo_config)
 
@@ -64,7 +64,7 @@ def _policy(algo):
 
 def test_behaviour_cloning_from_demonstrations_lowers_their_nll(ray_session, tiny_model_path, demos, demo_dir):
     config = offline_config(base_config(tiny_model_path), OfflineSettings(str(demo_dir), objective="bc"))
-    assert config.learner_class is BCTorchLearner and config.rollout_filter_ratio == 1.0
+    assert config.learner_class is BCTorchLearner and config.group_filter.rollout_filter_ratio == 1.0
     algo = config.build_algo()
     try:
         before = learner_nll(algo, demos)

@@ -130,6 +130,5 @@ def test_starpo_run_writes_rollouts_every_n_iterations(ray_session, tiny_model_p
 
 
 def test_recording_knob_is_validated(tiny_model_path):
-    config = sokoban_config(tiny_model_path).rollout_recording(write_rollouts_every=0)
     with pytest.raises(ValueError, match="write_rollouts_every must be >= 1"):
-        config.validate_starpo()
+        sokoban_config(tiny_model_path).rollout_recording(write_rollouts_every=0)

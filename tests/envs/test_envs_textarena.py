@@ -395,10 +395,10 @@ def test_the_cpu_preset_plays_a_textarena_game_one_move_a_turn_with_the_whole_hi
     from rllib_ragen.algorithm.presets import TEXTARENA_TURNS, cpu_preset
 
     config = cpu_preset("textarena:GuessTheNumber-v0")
-    assert (config.max_turns, config.max_actions_per_turn, config.max_actions_per_traj) == (TEXTARENA_TURNS, 1, 6)
-    assert config.history_window is None and not config.think and config.prefill
+    assert (config.turn_budget.max_turns, config.protocol.max_actions_per_turn, config.turn_budget.max_actions_per_traj) == (TEXTARENA_TURNS, 1, 6)
+    assert config.protocol.history_window is None and not config.protocol.think and config.protocol.prefill
     # A row is a whole trajectory: the 4 kept groups x 4 trajectories fill the one on-policy step, unrepeated.
-    assert config.mini_batch_size is None and config.max_rows_per_update == 16 and config.rows_per_step(16) == 16
+    assert config.update.mini_batch_size is None and config.max_rows_per_update == 16 and config.update.rows_per_step(16) == 16
     assert config.update_is_one_on_policy_step
 
 

@@ -33,7 +33,8 @@ from run_helpers import tiny_config
 
 from envs import list_envs, make_env
 from envs.base import match_action
-from rllib_ragen.algorithm.settings_groups import SETTINGS
+from rllib_ragen.algorithm.settings_groups import settings_of
+from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.rollout.prompt.answer_parser import (
     ACTION_SEPARATOR,
     ParsedAnswer,
@@ -228,7 +229,7 @@ SETTING_TEXT = st.one_of(
     st.dictionaries(st.sampled_from(["size", "dim_room", "num_boxes", "max_steps", "distance", "p"]), _LITERAL,
                     max_size=3).map(repr),
 )  # fmt: skip
-SETTING_KEYS = sorted({setting.attribute for setting in SETTINGS} | {"env", "env_config", "no_such_key"})
+SETTING_KEYS = sorted(settings_of(StarPOConfig()).keys() | {"env", "env_config", "no_such_key"})
 
 
 def _fuzz_settings(model_path, cases: int) -> int:

@@ -40,22 +40,20 @@ NON_DEFAULTS = {
 
 
 def test_starpo_defaults_are_engine_config_defaults():
-    assert StarPOConfig().engine_settings == EngineSettings(seed=0)
+    assert StarPOConfig().rollout_engine == EngineSettings()
 
 
 def test_every_engine_field_is_settable_from_inference():
-    fields = {f.name for f in dataclasses.fields(EngineSettings)} - {"seed", "lora"}
+    fields = {f.name for f in dataclasses.fields(EngineSettings)}
     assert {field for field, _ in NON_DEFAULTS.values()} == fields
     config = StarPOConfig().inference(**{attribute: value for attribute, (_, value) in NON_DEFAULTS.items()})
-    engine = config.engine_settings
+    engine = config.rollout_engine
     for attribute, (field, value) in NON_DEFAULTS.items():
         assert getattr(engine, field) == value != getattr(EngineSettings(), field), attribute
-    assert StarPOConfig().debugging(seed=5).engine_settings.seed == 5
-    assert StarPOConfig().llm(lora_rank=4).engine_settings.lora == LoraSettings(rank=4)
 
 
 def test_settings_reach_vllm_under_its_names():
-    cpu = llm_kwargs(EngineSettings(kv_cache_gb=0.25, enforce_eager=False, seed=3), "/m", rank=1)
+    cpu = llm_kwargs(EngineSettings(kv_cache_gb=0.25, enforce_eager=False), "/m", rank=1, seed=3)
     assert (cpu["kv_cache_memory_bytes"], cpu["enforce_eager"], cpu["seed"]) == (2**28, False, 4)
     assert "gpu_memory_utilization" not in cpu
     gpu = llm_kwargs(EngineSettings(num_gpus_per_engine=1, kv_cache_gb=None, gpu_memory_utilization=0.3), "/m", 0)
@@ -126,14 +124,11 @@ def test_auto_dtype_reaches_vllm_as_the_checkpoints_own(tmp_path):
         ({"gpu_memory_utilization": 0.5}, "num_gpus_per_engine=0 .a CPU engine"),
         ({"num_gpus_per_engine": 1, "gpu_memory_utilization": 1.5}, r"gpu_memory_utilization must be in \(0, 1\]"),
         ({"weight_sync": "nccl"}, "weight_sync must be one of"),
-        ({"call_timeout_s": 0}, "call_timeout_s must be > 0"),
+        ({"call_timeout_s": 0}, "engine_call_timeout_s must be > 0"),
         ({"weight_sync_timeout_s": -1}, "weight_sync_timeout_s must be > 0"),
-        ({"start_timeout_s": 0}, "start_timeout_s must be > 0"),
-        ({"max_restarts_per_call": -1}, "max_restarts_per_call must be >= 0"),
+        ({"start_timeout_s": 0}, "engine_start_timeout_s must be > 0"),
+        ({"max_restarts_per_call": -1}, "max_engine_restarts_per_call must be >= 0"),
         ({"lora_sync": "sometimes"}, "lora_sync must be one of"),
-        ({"kind": "vllm", "lora_sync": "adapter"}, "lora_sync='adapter' .* lora_rank=0"),
-        ({"kind": "hf", "lora_sync": "adapter", "lora": LoraSettings(rank=8)}, "needs vLLM engines .* 'hf'"),
-        ({"kind": "vllm", "lora_sync": "adapter", "lora": LoraSettings(rank=1024)}, "lora_rank=1024 is larger"),
     ],
 )
 def test_engine_config_rejects_bad_settings(overrides, message):
@@ -141,22 +136,34 @@ def test_engine_config_rejects_bad_settings(overrides, message):
         EngineSettings(**overrides)
 
 
+@pytest.mark.parametrize(
+    "engine, lora, message",
+    [
+        ({"kind": "vllm"}, LoraSettings(), "lora_sync='adapter' .* lora_rank=0"),
+        ({"kind": "hf"}, LoraSettings(rank=8), "needs vLLM engines .* 'hf'"),
+        ({"kind": "vllm"}, LoraSettings(rank=1024), "lora_rank=1024 is larger"),
+    ],
+)
+def test_adapter_sync_is_checked_against_the_policys_lora(engine, lora, message):
+    with pytest.raises(ValueError, match=message):
+        EngineSettings(**engine, lora_sync="adapter").check_lora_sync(lora)
+
+
 def test_lora_sync_auto_sends_the_adapter_to_gpu_vllm_engines_only():
     lora, gpu = LoraSettings(rank=4), {"num_gpus_per_engine": 1, "kv_cache_gb": None}
-    assert EngineSettings(kind="vllm", lora=lora, **gpu).serves_adapter
-    assert not EngineSettings(kind="vllm", lora=lora).serves_adapter  # CPU: merged
-    assert not EngineSettings(kind="hf", lora=lora, **gpu).serves_adapter
-    assert not EngineSettings(kind="vllm", lora=lora, lora_sync="merged", **gpu).serves_adapter
-    assert not EngineSettings(kind="vllm", **gpu).serves_adapter  # full fine-tuning
-    assert EngineSettings(kind="vllm", lora=lora, lora_sync="adapter").serves_adapter
+    assert EngineSettings(kind="vllm", **gpu).serves_adapter(lora)
+    assert not EngineSettings(kind="vllm").serves_adapter(lora)  # CPU: merged
+    assert not EngineSettings(kind="hf", **gpu).serves_adapter(lora)
+    assert not EngineSettings(kind="vllm", lora_sync="merged", **gpu).serves_adapter(lora)
+    assert not EngineSettings(kind="vllm", **gpu).serves_adapter(LoraSettings())  # full fine-tuning
+    assert EngineSettings(kind="vllm", lora_sync="adapter").serves_adapter(lora)
 
 
 def test_an_adapter_serving_engine_gets_vllms_lora_settings():
     for rank, max_rank in ((4, 8), (16, 16), (17, 32)):
-        config = EngineSettings(kind="vllm", lora=LoraSettings(rank=rank), lora_sync="adapter")
-        kwargs = llm_kwargs(config, "/m", 0)
+        kwargs = llm_kwargs(EngineSettings(kind="vllm", lora_sync="adapter"), "/m", 0, adapter=LoraSettings(rank=rank))
         assert (kwargs["enable_lora"], kwargs["max_lora_rank"], kwargs["max_loras"]) == (True, max_rank, 1)
-    assert "enable_lora" not in llm_kwargs(EngineSettings(kind="vllm", lora=LoraSettings(rank=4)), "/m", 0)
+    assert "enable_lora" not in llm_kwargs(EngineSettings(kind="vllm"), "/m", 0)
 
 
 def test_adapter_sync_without_lora_is_refused_when_the_config_is_validated():

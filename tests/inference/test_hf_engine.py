@@ -232,11 +232,11 @@ def test_left_pad_masks_the_padding():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"kind": "tpu"}, "kind must be one of"),
+        ({"kind": "tpu"}, "engine must be one of"),
         ({"dtype": "float64"}, "dtype must be one of"),
         ({"num_engines": 0}, "num_engines must be > 0"),
         ({"kv_cache_gb": 0}, "kv_cache_gb must be > 0"),
-        ({"num_threads": 0}, "num_threads must be > 0"),
+        ({"num_threads": 0}, "engine_threads must be > 0"),
         ({"num_gpus_per_engine": -1}, "must be >= 0"),
         ({"tensor_parallel_size": 2, "num_gpus_per_engine": 1}, "needs num_gpus_per_engine >= 2"),
     ],

@@ -15,7 +15,7 @@ from rllib_ragen.algorithm.starpo import StarPO, StarPOConfig
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.rllib_private import local_learner
 from rllib_ragen.run.checkpoints import latest_checkpoint, save_checkpoint
-from rllib_ragen.training.module import LLMRLModule
+from rllib_ragen.training.module import LLMModuleSettings, LLMRLModule, module_config
 
 SPACE = gym.spaces.Text(max_length=8)
 
@@ -23,7 +23,8 @@ SPACE = gym.spaces.Text(max_length=8)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_module_state_keeps_each_dtype_and_is_a_snapshot(tiny_model_path, dtype):
     def module():
-        config = {"model": str(tiny_model_path), "critic": "separate", "dtype": str(dtype).removeprefix("torch.")}
+        settings = LLMModuleSettings(model=str(tiny_model_path), critic="separate", dtype=str(dtype).removeprefix("torch."))
+        config = module_config(settings)
         return LLMRLModule(observation_space=SPACE, action_space=SPACE, model_config=config)
 
     source, target = module(), module()

@@ -273,7 +273,7 @@ def _probe_on_engine(algo) -> list[float]:
 def test_lora_adapter_sync_sends_the_adapter_only_and_vllm_serves_it_like_the_learner(adapter_algo):
     learner = local_learner(adapter_algo.learner_group)
     module = learner.module[DEFAULT_MODULE_ID].unwrapped()
-    assert adapter_algo.config.engine_settings.serves_adapter
+    assert adapter_algo.config.rollout_engine.serves_adapter(adapter_algo.config.lora)
     assert adapter_algo.weight_sync.check() < TOLERANCE  # B = 0 after the start sync: the base model
     base = _probe_on_engine(adapter_algo)
     perturb_adapters(learner)
@@ -363,9 +363,9 @@ def test_float32_weights_travel_in_the_engines_bf16_rounded_as_the_engine_rounds
     from rllib_ragen.inference.weight_sync import Payload, _policy_tensors, wire_dtype
     from rllib_ragen.inference.weights import unique_weights
 
-    assert wire_dtype(EngineSettings(kind="vllm", dtype="bfloat16")) == torch.bfloat16
-    assert wire_dtype(EngineSettings(kind="vllm", dtype="float32")) is None
-    assert wire_dtype(EngineSettings(kind="vllm", dtype="auto")) is None
+    assert wire_dtype(EngineSettings(kind="vllm", dtype="bfloat16"), adapter=False) == torch.bfloat16
+    assert wire_dtype(EngineSettings(kind="vllm", dtype="float32"), adapter=False) is None
+    assert wire_dtype(EngineSettings(kind="vllm", dtype="auto"), adapter=False) is None
     weight = torch.randn(64, 32, generator=torch.Generator().manual_seed(0)) * 0.02
     positions = torch.arange(7)
     learner = _Learner({"w": weight, "pos": positions, "tied_head": weight})

@@ -45,9 +45,10 @@ from rllib_ragen.run.flags import config_from_args
     ],
 )
 def test_bad_config_is_named_before_anything_is_built(tiny_model_path, change, message):
+    """At the builder call (a group's own check) or at validation (a check across groups or the env's)."""
     config = tiny_config(tiny_model_path)
-    change(config)
     with pytest.raises(ValueError, match=message):
+        change(config)
         config.validate_starpo()
 
 
@@ -101,11 +102,11 @@ def test_set_values_take_the_settings_types():
         "--set", "micro_batch_tokens=None", "--set", "autocast_dtype=None", "--set", "adam_betas=[0.8, 0.9]",
         "--set", "lora_target_modules=('q_proj', 'v_proj')", "--set", "advantage_hparams={}",
     ))
-    assert config.adam_betas == (0.8, 0.9) and config.lora_target_modules == ("q_proj", "v_proj")
-    assert config.advantage_hparams == {}
-    assert config.actor_lr == 1.0 and isinstance(config.actor_lr, float) and config.history_window == 2
-    assert (config.engine_dtype, config.kl_type, config.micro_batch_tokens) == ("bfloat16", "k1", None)
-    assert config.autocast_dtype is None
+    assert config.optim.adam_betas == (0.8, 0.9) and config.lora.target_modules == ("q_proj", "v_proj")
+    assert config.advantages.advantage_hparams == {}
+    assert config.optim.actor_lr == 1.0 and isinstance(config.optim.actor_lr, float) and config.protocol.history_window == 2
+    assert (config.rollout_engine.dtype, config.loss.kl_type, config.update.micro_batch_tokens) == ("bfloat16", "k1", None)
+    assert config.scoring.autocast_dtype is None
 
 
 def test_model_dir_without_tokenizer_or_chat_template(tiny_model_path, tmp_path):

@@ -42,9 +42,9 @@ def _args(*argv):
 def test_flags_reach_the_config():
     config = config_from_args(_args("--n-groups", "3", "--group-size", "2", "--estimator", "grpo", "--no-think",
                                     "--set", "actor_lr=2e-5", "--set", "history_window=1"))
-    assert (config.n_groups, config.group_size, config.advantage_estimator) == (3, 2, "grpo")
-    assert config.critic == "none" and not config.think and config.prefill
-    assert config.actor_lr == 2e-5 and config.history_window == 1
+    assert (config.rollout.n_groups, config.rollout.group_size, config.advantages.advantage_estimator) == (3, 2, "grpo")
+    assert config.llm_module.critic == "none" and not config.protocol.think and config.protocol.prefill
+    assert config.optim.actor_lr == 2e-5 and config.protocol.history_window == 1
 
 
 def test_unknown_setting_is_named():
@@ -58,7 +58,7 @@ def test_unknown_setting_is_named():
 def test_a_given_warm_started_model_replaces_the_warm_start(tiny_model_path):
     config = config_from_args(_args())
     choose_starting_model(config, _args("--warm-start-model", str(tiny_model_path)))
-    assert config.llm_model == str(tiny_model_path)
+    assert config.llm_module.model == str(tiny_model_path)
     with pytest.raises(ValueError, match="--warm-start-model and --no-warm-start"):
         choose_starting_model(config, _args("--warm-start-model", str(tiny_model_path), "--no-warm-start"))
     with pytest.raises(FileNotFoundError):
@@ -68,7 +68,7 @@ def test_a_given_warm_started_model_replaces_the_warm_start(tiny_model_path):
 def test_no_warm_start_keeps_the_base_model():
     config = config_from_args(_args("--model", "tiny-random"))
     choose_starting_model(config, _args("--no-warm-start"))
-    assert config.llm_model == "tiny-random"
+    assert config.llm_module.model == "tiny-random"
 
 
 def test_training_gets_what_the_job_budget_leaves_and_never_more_than_its_own(monkeypatch):

@@ -198,7 +198,14 @@ def test_credit_reaches_the_first_turn(warm_model, estimator):
     try:
         episodes, success, first = _success_and_left_opening(algo, seeds=range(100, 400))
         [before] = algo.learner_group.foreach_learner(lambda learner: _turn_one_logp(learner, episodes))
-        update_learners(algo.learner_group, episodes, algo.config, iteration=algo.iteration)
+        config = algo.config
+        update_learners(
+            algo.learner_group,
+            episodes,
+            config.update,
+            history_window=config.protocol.history_window,
+            iteration=algo.iteration + 1,
+        )
         [after] = algo.learner_group.foreach_learner(lambda learner: _turn_one_logp(learner, episodes))
     finally:
         algo.stop()

@@ -118,12 +118,11 @@ def test_bad_stream_is_refused_by_name(stream):
 
 
 def test_setting_is_checked_and_defaults_once():
-    assert StarPOConfig().group_randomness == DEFAULT_GROUP_RANDOMNESS == "independent"
+    assert StarPOConfig().rollout.group_randomness == DEFAULT_GROUP_RANDOMNESS == "independent"
     with pytest.raises(ValueError, match="group_randomness"):
         EnvGroup("bandit", group_size=2, budget=TurnBudgetSettings(), group_randomness="per_member")
-    config = StarPOConfig().environment("bandit").rollouts(group_randomness="per_member")
     with pytest.raises(ValueError, match="group_randomness"):
-        config.validate_starpo()
+        StarPOConfig().environment("bandit").rollouts(group_randomness="per_member")
 
 
 def test_the_rollout_runner_applies_the_setting(tiny_model_path, tiny_tokenizer):

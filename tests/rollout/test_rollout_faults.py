@@ -234,7 +234,7 @@ def test_prompt_outgrowing_max_model_len_truncates_the_trajectory(tiny_model_pat
     response_length = 16
     config = faulty_config(tiny_model_path, "none", response_length=response_length)
     config.inference(max_model_len=second - 1 + response_length)
-    assert first + response_length <= config.max_model_len
+    assert first + response_length <= config.rollout_engine.max_model_len
     runner = forced_runner(config, tiny_tokenizer)
     try:
         episodes = runner.sample(seeds=[FIRST_SEED + 1, FIRST_SEED + 3])

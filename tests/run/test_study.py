@@ -68,10 +68,10 @@ def test_each_trial_is_its_envs_preset_with_the_arm_read_as_set_reads_it():
     configs = trial_configs(_study(), overrides=["eval_size=16"])
     by_point = dict(zip(((p.env, p.seed, p.arm) for p in trial_points(_study())), configs))
     small, large = by_point[("sokoban", 1, "small")], by_point[("sokoban", 1, "large")]
-    assert small.actor_lr == 1e-5 and isinstance(small.actor_lr, float)  # the text "1e-5", as --set reads it
-    assert large.actor_lr == 1e-4 and large.rollout_filter_ratio == 0.5 and small.rollout_filter_ratio == 0.25
+    assert small.optim.actor_lr == 1e-5 and isinstance(small.optim.actor_lr, float)  # the text "1e-5", as --set reads it
+    assert large.optim.actor_lr == 1e-4 and large.group_filter.rollout_filter_ratio == 0.5 and small.group_filter.rollout_filter_ratio == 0.25
     assert small.seed == 1 and by_point[("sokoban", 0, "small")].seed == 0
-    assert small.eval_size == 16 and small.max_turns == 8 and by_point[("frozenlake", 1, "small")].max_turns == 5
+    assert small.starpo_eval.eval_size == 16 and small.turn_budget.max_turns == 8 and by_point[("frozenlake", 1, "small")].turn_budget.max_turns == 5
 
 
 @pytest.mark.parametrize(
@@ -112,7 +112,7 @@ def test_tunes_grid_gives_every_trial_its_own_config():
     for config in resolved:
         point, expected = config[TRIAL_ENTRY], configs[config[TRIAL_ENTRY]["index"]]
         assert (point["arm"], point["seed"], point["env"]) == (
-            "small" if expected.actor_lr == 1e-5 else "large",
+            "small" if expected.optim.actor_lr == 1e-5 else "large",
             expected.seed,
             expected.env,
         )
@@ -137,9 +137,9 @@ def test_the_six_findings_studies_are_valid_on_the_cpu_preset():
         configs = trial_configs(study)
         assert len(configs) == study.num_trials and len(set(study.seeds)) >= 2
     moves = trial_configs(FINDINGS["finding5-moves"])
-    assert sorted({c.max_actions_per_turn for c in moves}) == [1, 2, 3] and {c.env for c in moves} == {"sokoban"}
+    assert sorted({c.protocol.max_actions_per_turn for c in moves}) == [1, 2, 3] and {c.env for c in moves} == {"sokoban"}
     groups = trial_configs(FINDINGS["finding5-groups"])
-    assert {c.n_groups * c.group_size for c in groups} == {64}
+    assert {c.rollout.n_groups * c.rollout.group_size for c in groups} == {64}
 
 
 def test_an_arms_warm_start_flags_reach_only_that_arms_warm_start(monkeypatch):
@@ -153,7 +153,7 @@ def test_an_arms_warm_start_flags_reach_only_that_arms_warm_start(monkeypatch):
     configs = trial_configs(study)
     study_cli.start_from_warm_starts(study, configs, flags)
     assert [ws.world_model_epochs for ws in built] == [0, 1]  # one build per arm, the seeds share it
-    assert [c.llm_model for c in configs] == ["model-1", "model-2"] * len(study.seeds)
+    assert [c.llm_module.model for c in configs] == ["model-1", "model-2"] * len(study.seeds)
     with pytest.raises(ValueError, match="arm_warm_starts names arms it does not declare"):
         study.with_changes(arm_warm_starts={"no-such-arm": {}})
 
@@ -183,7 +183,7 @@ def test_the_readmes_study_is_valid_and_under_ten_lines(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     study = find_study("my_studies:LR")
     configs = trial_configs(study)
-    assert [c.actor_lr for c in configs] == [5e-5, 1e-4, 5e-5, 1e-4] and [c.seed for c in configs] == [0, 0, 1, 1]
+    assert [c.optim.actor_lr for c in configs] == [5e-5, 1e-4, 5e-5, 1e-4] and [c.seed for c in configs] == [0, 0, 1, 1]
 
 
 def test_a_failed_trials_run_is_closed_failed_and_a_finished_one_left_alone(tmp_path):

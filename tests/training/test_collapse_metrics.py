@@ -30,7 +30,7 @@ from rllib_ragen.training.collapse_metrics import (
     first_turn_samples,
     information_estimates,
 )
-from rllib_ragen.training.module import LLMRLModule
+from rllib_ragen.training.module import LLMModuleSettings, LLMRLModule, module_config
 
 LOG2 = math.log(2)
 # ln(1 + e^-10): what the other prompt adds to a diagonal-dominant row's mixture.
@@ -85,7 +85,7 @@ def test_settings_and_sampling():
 @pytest.fixture(scope="module")
 def module(tiny_model_path):
     space = gym.spaces.Text(max_length=8)
-    config = {"model": str(tiny_model_path), "critic": "none", "logit_temperature": 0.7}
+    config = module_config(LLMModuleSettings(model=str(tiny_model_path), critic="none"), logit_temperature=0.7)
     return LLMRLModule(observation_space=space, action_space=space, model_config=config)
 
 

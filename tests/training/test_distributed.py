@@ -25,6 +25,14 @@ from rllib_ragen.training.distributed import (
 )
 
 
+def _update(algo, groups):
+    """Step 4 of the first iteration on `groups`."""
+    config = algo.config
+    return update_learners(
+        algo.learner_group, groups, config.update, history_window=config.protocol.history_window, iteration=1
+    )
+
+
 def test_learner_minibatch_sizes_take_each_shards_share():
     # 6 + 2 rows, one step over everything: each learner its whole shard.
     assert learner_minibatch_sizes([6, 2], 8, 1) == ([6, 2], 1)
@@ -108,14 +116,14 @@ def test_two_ddp_learners_take_the_single_learners_update(tiny_model_path, ray_s
         groups = runner.sample(seeds=[1, 2], group_size=3) + runner.sample(seeds=[3], group_size=2)
         assert count_training_rows(groups, history_window=None) == 8
         initial_weights, _ = learner_state(local_learner(local_algo.learner_group))
-        local_loss = _total_loss(update_learners(local_algo.learner_group, groups, local_algo.config, iteration=0)[0])
+        local_loss = _total_loss(_update(local_algo, groups)[0])
         local_weights, local_grads = learner_state(local_learner(local_algo.learner_group))
     finally:
         local_algo.stop()
 
     ddp_algo = config(2).build_algo()
     try:
-        results = update_learners(ddp_algo.learner_group, groups, ddp_algo.config, iteration=0)
+        results = _update(ddp_algo, groups)
         states = ddp_algo.learner_group.foreach_learner(learner_state)
         states = [result.get() for result in states]
         # And a whole iteration (sample, 2-learner update, weight sync, evaluation) runs.

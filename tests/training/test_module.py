@@ -8,15 +8,14 @@ import torch
 from ray.rllib.core.columns import Columns
 
 from rllib_ragen.columns import ATTENTION_MASK, GENERATED_MASK, INPUT_IDS, TOKEN_ENTROPY, TOKEN_LOGP
-from rllib_ragen.training.module import LLMModuleSettings, LLMRLModule
+from rllib_ragen.training.module import LLMModuleSettings, LLMRLModule, module_config
 
 SPACE = gym.spaces.Text(max_length=8)
 
 
-def _module(model_path, **config):
-    return LLMRLModule(
-        observation_space=SPACE, action_space=SPACE, model_config={"model": str(model_path), **config}
-    )
+def _module(model_path, *, logit_temperature=1.0, **settings):
+    config = module_config(LLMModuleSettings(model=str(model_path), **settings), logit_temperature=logit_temperature)
+    return LLMRLModule(observation_space=SPACE, action_space=SPACE, model_config=config)
 
 
 def _batch():
@@ -71,5 +70,5 @@ def test_no_critic_raises_a_clear_error(tiny_model_path):
 def test_config_errors():
     with pytest.raises(ValueError, match="critic"):
         LLMModuleSettings(critic="big")
-    with pytest.raises(ValueError, match="logit_temperature"):
-        LLMModuleSettings(logit_temperature=0)
+    with pytest.raises(ValueError, match="dtype"):
+        LLMModuleSettings(dtype="int8")

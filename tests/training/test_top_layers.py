@@ -58,8 +58,8 @@ def test_an_update_moves_only_the_top_layer_the_norm_and_the_value_head(tiny_mod
 def test_top_layers_are_checked():
     with pytest.raises(ValueError, match="trained_top_layers must be >= 1"):
         LLMModuleSettings(trained_top_layers=0)
-    with pytest.raises(ValueError, match="lora_top_layers"):
-        LLMModuleSettings(trained_top_layers=2, lora={"rank": 8})
+    with pytest.raises(ValueError, match="lora_top_layers"):  # two groups: checked when the config is validated
+        StarPOConfig().environment("bandit").llm(trained_top_layers=2, lora_rank=8).validate_starpo()
 
 
 def test_as_many_top_layers_as_the_model_has_train_every_weight(tiny_model_path):

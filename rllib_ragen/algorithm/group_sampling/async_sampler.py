@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.env.env_runner_group import EnvRunnerGroup
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, TIMERS
@@ -19,7 +19,12 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 from rllib_ragen.algorithm.group_sampling.online_sampler import OnlineSampler
 from rllib_ragen.algorithm.group_sampling.remote_sampler import episodes_of, sample_shard
 from rllib_ragen.algorithm.group_sampling.runner_metrics import merge_runner_metrics
-from rllib_ragen.rollout.async_rollouts import RunAheadShards, policy_version_of, staleness_counts
+from rllib_ragen.rollout.async_rollouts import (
+    AsyncRolloutSettings,
+    RunAheadShards,
+    policy_version_of,
+    staleness_counts,
+)
 
 ASYNC_ROLLOUT_RESULTS = "async_rollouts"
 # The wait, after the update, for the shards still sampling before the weight sync.
@@ -35,42 +40,47 @@ class AsyncSampler(OnlineSampler):
     corrected, and shards sampled again after a runner failed.
 
     Args:
-        config: The algorithm's `StarPOConfig`.
         metrics: The algorithm's metrics logger.
         env_runner_group: The remote `LLMEnvRunner`s (num_env_runners >= 1).
         policy_version: The learner's current policy version (a group's staleness is
             this minus the version that sampled it).
+        settings: How far the rollouts run ahead (`max_staleness`).
+        correct_stale: The loss corrects stale groups (an off-policy correction is set): keep them.
+        shard_timeout_s: Seconds one runner may take to sample its shard.
+        **online: `OnlineSampler`'s arguments.
     """
 
     def __init__(
         self,
-        config: AlgorithmConfig,
         metrics: MetricsLogger,
         *,
         env_runner_group: EnvRunnerGroup,
         policy_version: Callable[[], int],
+        settings: AsyncRolloutSettings,
+        correct_stale: bool,
+        shard_timeout_s: float,
+        **online: Any,
     ) -> None:
-        super().__init__(config, metrics)
+        super().__init__(metrics, **online)
         self.policy_version = policy_version
+        self.max_staleness, self.correct_stale = settings.max_staleness, correct_stale
         self.shards = RunAheadShards(
             env_runner_group,
             sample_call=lambda seeds: functools.partial(sample_shard, seeds=seeds),
-            # A shard makes one engine call per turn.
-            shard_timeout_s=config.engine_call_timeout_s * config.max_turns,
+            shard_timeout_s=shard_timeout_s,
         )
 
     def sample_groups(self) -> list[MultiAgentEpisode]:
-        config = self.config
-        results = self.shards.next_batch(self.seeds.take, run_ahead=config.max_staleness)
+        results = self.shards.next_batch(self.seeds.take, run_ahead=self.max_staleness)
         episodes = episodes_of(results)
         self.metrics.aggregate(
             merge_runner_metrics([metrics for _, _, metrics in results], episodes), key=ENV_RUNNER_RESULTS
         )
         staleness = [self.policy_version() - policy_version_of(episode) for episode in episodes]
-        stale = [s > config.max_staleness for s in staleness]
-        correct = config.off_policy_correction != "none"
+        stale = [s > self.max_staleness for s in staleness]
+        correct = self.correct_stale
         stats = {
-            **staleness_counts(staleness, max_staleness=config.max_staleness),
+            **staleness_counts(staleness, max_staleness=self.max_staleness),
             "stale_groups_dropped": 0.0 if correct else float(sum(stale)),
             "stale_groups_corrected": float(sum(stale)) if correct else 0.0,
             "reissued_shards": float(self.shards.reissued_shards),
@@ -80,7 +90,7 @@ class AsyncSampler(OnlineSampler):
         kept = episodes if correct else [e for e, too_old in zip(episodes, stale) if not too_old]
         if not kept:
             raise RuntimeError(
-                f"every group of this iteration is more than max_staleness={config.max_staleness} policy versions "
+                f"every group of this iteration is more than max_staleness={self.max_staleness} policy versions "
                 f"old (staleness {staleness}): the env runners are not receiving the weights"
             )
         return kept

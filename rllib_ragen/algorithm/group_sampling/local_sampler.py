@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from typing import Any
+
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
@@ -14,8 +15,9 @@ from rllib_ragen.rollout.env_runner import LLMEnvRunner
 class LocalSampler(OnlineSampler):
     """Samples on the local runner, in this process; its metrics go to `env_runners/`."""
 
-    def __init__(self, config: AlgorithmConfig, metrics: MetricsLogger, *, env_runner: LLMEnvRunner) -> None:
-        super().__init__(config, metrics)
+    def __init__(self, metrics: MetricsLogger, *, env_runner: LLMEnvRunner, **online: Any) -> None:
+        """`online`: `OnlineSampler`'s arguments."""
+        super().__init__(metrics, **online)
         self.env_runner = env_runner
 
     def sample_groups(self) -> list[MultiAgentEpisode]:

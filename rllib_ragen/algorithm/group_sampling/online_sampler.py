@@ -9,29 +9,41 @@ Parquet when `rollout_parquet_dir` is set (`.rollout_recording()`).
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from typing import Any
 
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from rllib_ragen.algorithm.group_sampling.seed_cursor import TRAIN_SEED_CURSOR, TrainSeedCursor
-from rllib_ragen.data.parquet import write_rollouts
-from rllib_ragen.rollout.env_group import training_env_config
+from rllib_ragen.data.parquet import RecordingSettings, write_rollouts
+from rllib_ragen.rollout.env_group import RolloutSettings, training_env_config
 
 
 class OnlineSampler(abc.ABC):
     """A `GroupSampler` of fresh rollouts; subclasses say how one iteration's groups are sampled.
 
     Args:
-        config: The algorithm's `StarPOConfig`.
         metrics: The algorithm's metrics logger (the rollout metrics go to `env_runners/`).
+        rollout: The rollout settings (the training seeds, the training env's overrides).
+        recording: Where and how often the sampled groups are written to Parquet.
+        env: The env's name (recorded with the groups).
+        env_config: The env's config, before the training overrides.
     """
 
-    def __init__(self, config: AlgorithmConfig, metrics: MetricsLogger) -> None:
-        self.config = config
+    def __init__(
+        self,
+        metrics: MetricsLogger,
+        *,
+        rollout: RolloutSettings,
+        recording: RecordingSettings,
+        env: str,
+        env_config: Mapping[str, Any],
+    ) -> None:
         self.metrics = metrics
-        self.seeds = TrainSeedCursor(start=config.train_seed_start, n_groups=config.n_groups)
+        self.recording = recording
+        self.env, self.train_env_config = env, training_env_config(env_config, rollout)
+        self.seeds = TrainSeedCursor(start=rollout.train_seed_start, n_groups=rollout.n_groups)
 
     @abc.abstractmethod
     def sample_groups(self) -> list[MultiAgentEpisode]:
@@ -39,14 +51,14 @@ class OnlineSampler(abc.ABC):
 
     def sample(self, *, iteration: int) -> list[MultiAgentEpisode]:
         episodes = self.sample_groups()
-        config = self.config
-        if config.rollout_parquet_dir and iteration % config.write_rollouts_every == 0:
+        recording = self.recording
+        if recording.rollout_parquet_dir and iteration % recording.write_rollouts_every == 0:
             write_rollouts(
                 episodes,
-                config.rollout_parquet_dir,
+                recording.rollout_parquet_dir,
                 iteration=iteration,
-                env=config.env,
-                env_config=training_env_config(config.env_config, config.rollout_settings),
+                env=self.env,
+                env_config=self.train_env_config,
             )
         return episodes
 

@@ -6,7 +6,6 @@ import functools
 import logging
 from typing import Any
 
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.env.env_runner_group import EnvRunnerGroup
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS
@@ -70,8 +69,9 @@ class RemoteSampler(OnlineSampler):
     The runners' metrics, merged (`merge_runner_metrics`), go to `env_runners/`.
     """
 
-    def __init__(self, config: AlgorithmConfig, metrics: MetricsLogger, *, env_runner_group: EnvRunnerGroup) -> None:
-        super().__init__(config, metrics)
+    def __init__(self, metrics: MetricsLogger, *, env_runner_group: EnvRunnerGroup, **online: Any) -> None:
+        """`online`: `OnlineSampler`'s arguments."""
+        super().__init__(metrics, **online)
         self.env_runner_group = env_runner_group
 
     def sample_groups(self) -> list[MultiAgentEpisode]:

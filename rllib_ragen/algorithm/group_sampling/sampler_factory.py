@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.env.env_runner_group import EnvRunnerGroup
 from ray.rllib.offline.offline_data import OfflineData
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
@@ -16,9 +16,12 @@ from rllib_ragen.algorithm.group_sampling.offline_sampler import OfflineSampler
 from rllib_ragen.algorithm.group_sampling.remote_sampler import RemoteSampler
 from rllib_ragen.rollout.env_runner import LLMEnvRunner
 
+if TYPE_CHECKING:
+    from rllib_ragen.algorithm.starpo_settings import StarPOSettings
+
 
 def make_group_sampler(
-    config: AlgorithmConfig,
+    config: StarPOSettings,
     metrics: MetricsLogger,
     *,
     offline_data: OfflineData | None,
@@ -38,9 +41,19 @@ def make_group_sampler(
         policy_version: The learner's current policy version (for the staleness of async groups).
     """
     if offline_data is not None:
-        return OfflineSampler(offline_data, metrics, n_groups=config.n_groups)
+        return OfflineSampler(offline_data, metrics, n_groups=config.rollout.n_groups)
+    online = dict(rollout=config.rollout, recording=config.recording, env=config.env, env_config=config.env_config)
     if env_runner is not None:
-        return LocalSampler(config, metrics, env_runner=env_runner)
-    if config.async_rollouts:
-        return AsyncSampler(config, metrics, env_runner_group=env_runner_group, policy_version=policy_version)
-    return RemoteSampler(config, metrics, env_runner_group=env_runner_group)
+        return LocalSampler(metrics, env_runner=env_runner, **online)
+    if config.async_rollout.async_rollouts:
+        return AsyncSampler(
+            metrics,
+            env_runner_group=env_runner_group,
+            policy_version=policy_version,
+            settings=config.async_rollout,
+            correct_stale=config.off_policy.off_policy_correction != "none",
+            # A shard makes one engine call per turn.
+            shard_timeout_s=config.rollout_engine.call_timeout_s * config.turn_budget.max_turns,
+            **online,
+        )
+    return RemoteSampler(metrics, env_runner_group=env_runner_group, **online)

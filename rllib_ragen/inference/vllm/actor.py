@@ -30,6 +30,7 @@ from rllib_ragen.inference.kv_cache import kv_cache_bytes
 from rllib_ragen.inference.vllm.adapter import ServedAdapter, lora_engine_kwargs
 from rllib_ragen.inference.vllm.reload import reload_in_worker
 from rllib_ragen.inference.weights import PackedWeights, unpack_weights
+from rllib_ragen.lora import LoraSettings
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +47,11 @@ def actor_env_vars(config: EngineSettings) -> dict[str, str]:
     }
 
 
-def llm_kwargs(config: EngineSettings, model_path: str, rank: int) -> dict[str, Any]:
-    """Keyword arguments of `vllm.LLM` for engine number `rank` of a pool."""
+def llm_kwargs(
+    config: EngineSettings, model_path: str, rank: int, *, seed: int = 0, adapter: LoraSettings | None = None
+) -> dict[str, Any]:
+    """Keyword arguments of `vllm.LLM` for engine number `rank` of a pool whose engines sample from `seed` + rank
+    and serve `adapter` (None: no LoRA adapter)."""
     return {
         "model": model_path,
         "skip_tokenizer_init": True,
@@ -60,8 +64,8 @@ def llm_kwargs(config: EngineSettings, model_path: str, rank: int) -> dict[str, 
         # Log-probs after temperature and top-p: those of the distribution sampled from.
         "logprobs_mode": "processed_logprobs",
         "enforce_eager": config.enforce_eager,
-        "seed": config.seed + rank,
-        **(lora_engine_kwargs(config.lora) if config.serves_adapter else {}),
+        "seed": seed + rank,
+        **(lora_engine_kwargs(adapter) if adapter is not None else {}),
     }
 
 
@@ -140,9 +144,13 @@ class VLLMEngineActor:
         model_path: Local model directory.
         config: The pool's engine settings.
         rank: This engine's index in the pool (offsets its sampler seed).
+        seed: The pool's base sampler seed.
+        adapter: The policy's LoRA adapter, when the engines serve it; None: full weights.
     """
 
-    def __init__(self, model_path: str, config: EngineSettings, rank: int) -> None:
+    def __init__(
+        self, model_path: str, config: EngineSettings, rank: int, *, seed: int, adapter: LoraSettings | None
+    ) -> None:
         # Ray gives actors OMP_NUM_THREADS = their CPU reservation: set the thread count explicitly.
         torch.set_num_threads(config.threads_per_engine)
         # The legacy variable, if inherited, would override kv_cache_gb: the config is the one source.
@@ -150,8 +158,8 @@ class VLLMEngineActor:
         import vllm
 
         start = time.perf_counter()
-        self.llm = vllm.LLM(**llm_kwargs(config, model_path, rank))
-        self.adapter = ServedAdapter(config.lora) if config.serves_adapter else None
+        self.llm = vllm.LLM(**llm_kwargs(config, model_path, rank, seed=seed, adapter=adapter))
+        self.adapter = ServedAdapter(adapter) if adapter is not None else None
         # One token now: an unsupported model (e.g. a head size without a CPU attention
         # kernel) fails here, at start, and the first real call is not a slow one.
         self.generate([[0]], SamplingParams(max_new_tokens=1, temperature=0.0), [None])

@@ -43,6 +43,7 @@ from rllib_ragen.inference.weights import (
     hf_weight_shapes,
     pack_weights,
 )
+from rllib_ragen.lora import LoraSettings
 from rllib_ragen.sharding import split_contiguous
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,9 @@ class VLLMEnginePool(InferenceEngine):
     Args:
         model_path: Local model directory (every actor loads it).
         config: Engine settings (num_engines, kv cache, dtype, threads, GPUs, timeouts...).
+        seed: Base seed of the engines' samplers (engine i uses seed + i).
+        adapter: The policy's LoRA adapter, when the engines serve it (syncs then send it alone);
+            None: they hold full (merged) weights.
 
     Attributes:
         resync: Set by the weight sync when it can bring the whole pool up to date
@@ -66,14 +70,17 @@ class VLLMEnginePool(InferenceEngine):
 
     in_process = False
 
-    def __init__(self, model_path: str | Path, config: EngineSettings) -> None:
+    def __init__(
+        self, model_path: str | Path, config: EngineSettings, *, seed: int = 0, adapter: LoraSettings | None = None
+    ) -> None:
         from transformers import AutoConfig
 
         self.model_path = str(Path(model_path).resolve())
         self.config = config
+        self._actor_kwargs = {"seed": seed, "adapter": adapter}
         self.vocab_size: int = AutoConfig.from_pretrained(self.model_path, local_files_only=True).vocab_size
         # What a sync sends: the HF weights, or the LoRA adapter the engines serve.
-        self._weight_shapes = hf_weight_shapes(self.model_path, config.lora if config.serves_adapter else None)
+        self._weight_shapes = hf_weight_shapes(self.model_path, adapter)
         self._actor_class = ray.remote(VLLMEngineActor).options(
             num_cpus=config.num_cpus_per_engine,
             num_gpus=config.num_gpus_per_engine,
@@ -81,7 +88,10 @@ class VLLMEnginePool(InferenceEngine):
             runtime_env={"env_vars": actor_env_vars(config)},
         )
         logger.info("starting %d vLLM engine(s) on %s", config.num_engines, self.model_path)
-        self.actors = [self._actor_class.remote(self.model_path, config, rank) for rank in range(config.num_engines)]
+        self.actors = [
+            self._actor_class.remote(self.model_path, config, rank, **self._actor_kwargs)
+            for rank in range(config.num_engines)
+        ]
         try:
             for rank, actor in enumerate(self.actors):
                 self._wait_started(rank, actor)
@@ -293,7 +303,7 @@ class VLLMEnginePool(InferenceEngine):
             EngineTimeoutError: it did not start within `start_timeout_s` (it was stopped).
         """
         ray.kill(self.actors[rank])
-        self.actors[rank] = self._actor_class.remote(self.model_path, self.config, rank)
+        self.actors[rank] = self._actor_class.remote(self.model_path, self.config, rank, **self._actor_kwargs)
         self.restarts += 1
         deadline = time.monotonic() + self.config.start_timeout_s
         self._await(rank, self.actors[rank].info.remote(), "starting", "start_timeout_s", deadline)
