@@ -33,20 +33,7 @@ _ADAPTER_PARTS = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding
 class LoraSettings:
     """LoRA of the trained model (PEFT's `LoraConfig` fields; `StarPOConfig.llm()` sets them as `lora_<name>`).
 
-    Args:
-        rank: Adapter rank r; 0 trains every weight (full fine-tuning). With
-            r > 0 the base weights are frozen: the policy trains its adapters, a
-            "separate" critic its own adapters on the same frozen trunk, the
-            value head stays fully trained; engines get merged weights or the
-            adapter alone (`.inference(lora_sync=...)`).
-        alpha: Scale numerator: the adapter's update is (alpha / r) * B @ A.
-        target_modules: "all-linear" (every linear layer but the LM head) or
-            module-name suffixes, e.g. ["q_proj", "v_proj"].
-        dropout: Dropout on the adapters' inputs while training.
-        top_layers: Adapt only the last N transformer layers (PEFT's
-            `layers_to_transform`); 0 adapts every layer. Nothing below the
-            lowest adapted layer needs a gradient, so backward stops there: an
-            update costs one forward pass and the backward of N layers.
+    Each field is documented where `StarPOConfig.llm()` sets it (as `lora_<field>`).
     """
 
     rank: int = 0

@@ -307,8 +307,8 @@ class StarPOSettings(AlgorithmConfig):
             enable_prefix_caching: vLLM prefix caching (its cache is reset on every weight update).
             kv_block_size: Tokens per KV-cache block (vLLM's `block_size`). Prefix caching shares whole blocks
                 only: a common prefix shorter than a block is computed again for every prompt. None = 32 on CPU
-                (the smallest the CPU attention kernel takes; vLLM's own CPU default, 128, left FrozenLake's 76
-                shared prompt tokens uncached: docs/results/rollout_prefix_cache.md) and vLLM's default on GPU.
+                (the smallest the CPU attention kernel takes; vLLM's own CPU default, 128, is longer than the
+                prompt FrozenLake's groups share: docs/results/rollout_prefix_cache.md) and vLLM's default on GPU.
             num_gpus_per_engine: GPUs per vLLM actor (0 = CPU).
             tensor_parallel_size: Tensor-parallel degree inside one vLLM engine.
             engine_threads: CPU threads per engine; None = this machine's cores split evenly over the engines

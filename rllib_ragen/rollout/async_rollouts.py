@@ -44,15 +44,7 @@ _SAMPLE_TAG = "rllib_ragen_async_sample"
 class AsyncRolloutSettings:
     """Whether and how far rollouts run ahead of the learner (set with `StarPOConfig.rollouts()`).
 
-    Attributes:
-        async_rollouts: The remote env runners (num_env_runners >= 1) sample the
-            next groups while the learner updates, with the weights they last
-            received. False: sample, then update.
-        max_staleness: Async only: most policy versions a trained group may lag
-            the learner, >= 0; the rollouts run at most this many iterations ahead
-            (0 samples exactly what the synchronous loop does). A group older
-            than this is dropped with off_policy_correction="none" and trained
-            with the correction otherwise; counted either way (`async_rollouts/`).
+    Each field is documented where `StarPOConfig.rollouts()` sets it.
     """
 
     async_rollouts: bool = False

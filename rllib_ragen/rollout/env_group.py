@@ -48,10 +48,7 @@ logger = logging.getLogger(__name__)
 class TurnBudgetSettings:
     """Limits of one trajectory (set with `StarPOConfig.rollouts()`).
 
-    Args:
-        max_turns: Model turns per trajectory (RAGEN: 5).
-        max_actions_per_traj: Most env actions over a whole trajectory (RAGEN: 10).
-        format_penalty: Reward added to a turn with no valid action, <= 0 (RAGEN: -0.1).
+    Each field is documented where `StarPOConfig.rollouts()` sets it.
     """
 
     max_turns: int = 5
@@ -78,24 +75,7 @@ DEFAULT_GROUP_RANDOMNESS = "independent"
 class RolloutSettings:
     """How many trajectories an iteration samples, and how (set with `StarPOConfig.rollouts()`).
 
-    Attributes:
-        n_groups: Groups per iteration; each group shares one initial state (seed).
-        group_size: Trajectories per group (RAGEN: 8 groups x 16).
-        response_length: Most tokens generated per turn.
-        temperature: Rollout sampling temperature (> 0).
-        train_seed_start: First training seed; later groups take the next seeds.
-        env_step_timeout_s: Seconds one env reset or step may take; a call
-            that hangs longer is abandoned and ends its trajectory (logged,
-            counted in the `env_errors` metric). None = no limit.
-        group_randomness: What a group's members share beyond the initial
-            state: "independent" (each member draws its own transition and
-            payout randomness, reproducibly from (seed, member), as RAGEN-2)
-            or "shared" (every member replays the seed's draws: the Bandit's
-            payout is one draw per group, which biases GRPO; see README).
-        train_env_overrides: Entries replacing `env_config`'s in training
-            rollouts only, e.g. a curriculum of easier starts (Sokoban:
-            `{"search_depth": 5}`, rooms fewer pushes from solved); evaluation
-            always plays `env_config`. None = train on `env_config`.
+    Each field is documented where `StarPOConfig.rollouts()` sets it.
     """
 
     n_groups: int = 8

@@ -28,12 +28,7 @@ TABLE_HEADER = (
 class EvalSettings:
     """Periodic evaluation on fixed initial states, group size 1 (set with `StarPOConfig.starpo_evaluation()`).
 
-    Attributes:
-        eval_interval: Evaluate every this many iterations (0 = never).
-        eval_size: Evaluation instances (RAGEN: 256).
-        eval_temperature: Sampling temperature of evaluation (0 = greedy).
-        eval_seed: First evaluation seed; instances use seeds
-            eval_seed .. eval_seed + eval_size - 1.
+    Each field is documented where `StarPOConfig.starpo_evaluation()` sets it.
     """
 
     eval_interval: int = 10

@@ -41,16 +41,7 @@ TURN_METRICS = (TASK_REWARD, THINK_WORDS, THINK_LENGTH, THINK_NAMES_ACTION, SHAP
 class RewardShapingSettings:
     """Coefficients of the shaping terms (see the module docstring); 0 turns a term off.
 
-    Args:
-        think_length_coeff: Reward for a thought of `think_min_words` to
-            `think_max_words` words (the term is 1 inside the band, else 0).
-        think_min_words: Fewest words of a thought inside the band.
-        think_max_words: Most words of a thought inside the band.
-        think_names_action_coeff: Reward times the share of the turn's actions
-            its thought names.
-        advantage_length_weight: Exponent alpha >= 0: each trajectory's
-            advantages are divided by (its generated tokens / the batch mean)
-            ** alpha; 1 is RAGEN-2's `grpo_advantage_length_weight`.
+    Each field is documented where `StarPOConfig.reward_shaping()` sets it.
     """
 
     think_length_coeff: float = 0.0

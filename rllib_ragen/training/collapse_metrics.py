@@ -58,13 +58,7 @@ class CollapseMetricsSettings:
 
     Defaults are RAGEN-2's (`collapse_detection`: every 5 steps, 64 samples).
 
-    Attributes:
-        collapse_metrics_interval: Measure on the run's first iteration and
-            every this many (0 = never; RAGEN-2: 5). A measurement costs
-            M x N forward passes (N: the samples' groups) of a first prompt
-            plus a thought, no backward.
-        collapse_metrics_samples: First turns sampled per measurement, M
-            (RAGEN-2: 64); turns without a thought are not candidates.
+    Each field is documented where `StarPOConfig.diagnostics()` sets it.
     """
 
     collapse_metrics_interval: int = 5

@@ -56,10 +56,7 @@ COLLAPSE_SIGNALS: dict[str, tuple[str, str, str]] = {
 class EchoTrapSettings:
     """When a signal counts as collapsed (`StarPOConfig.diagnostics()` sets these as `echo_trap_<name>`).
 
-    Args:
-        baseline_iters: The monitor's first iterations whose measurements set each signal's early level.
-        patience: Low measurements in a row before a warning.
-        ratio: A measurement below this fraction of the early level is low.
+    Each field is documented where `StarPOConfig.diagnostics()` sets it (as `echo_trap_<field>`).
     """
 
     baseline_iters: int = 3

@@ -47,17 +47,7 @@ _ZERO_SPREAD = 1e-6
 class FilterSettings:
     """Which groups an update trains on (set with `StarPOConfig.training()`).
 
-    Args:
-        rollout_filter_strategy: Which groups an update trains on, ranked by
-            in-group reward spread: "top_k_ratio" (StarPO-S: a fixed fraction)
-            or "top_p" (RAGEN-2's SNR-adaptive filter: the largest-spread groups
-            holding a share of the summed spread; a batch without spread is
-            not trained on).
-        rollout_filter_ratio: top_k_ratio: fraction of groups kept, in (0, 1];
-            max(1, floor(ratio x n_groups)) groups (StarPO-S: 0.25); 1.0 keeps all.
-        rollout_filter_top_p: top_p: share of the summed spread kept, in
-            (0, 1] (RAGEN-2 recommends 0.9); 1.0 keeps every group with spread.
-        rollout_filter_metric: Spread measure: "std" or "range".
+    Each field is documented where `StarPOConfig.training()` sets it.
     """
 
     rollout_filter_strategy: str = TOP_K_RATIO

@@ -75,22 +75,7 @@ class UpdateSettings:
     """How one rollout batch is cut into optimiser steps (set with `StarPOConfig.training()`; the
     threads with `.inference()`).
 
-    Attributes:
-        rollout_frequency: Optimiser passes over each rollout batch before
-            the next rollout (1 = always fresh data, RAGEN's advice).
-        mini_batch_size: Rows per optimiser step (a row is a trajectory,
-            or one turn when a history window is set). None = every row the
-            StarPO-S filter kept, in one step per pass. An update never
-            repeats rows to fill a mini-batch: a larger size than the rows it
-            gets is cut to those rows.
-        micro_batch_size: Rows per forward/backward; gradients accumulate.
-        micro_batch_tokens: Budget of distinct token positions per
-            forward/backward instead of `micro_batch_size` rows: rows that
-            share a prompt go together and count its positions once, as the
-            trunk runs them (`rllib_ragen.training.token_tree`); bounds the
-            activations' memory, same gradient. None = `micro_batch_size` rows.
-        torch_threads: Threads of the learner and the in-process HF engine
-            (None = all cores; Ray would otherwise leave a trial actor one).
+    Each field is documented where `StarPOConfig.training()` sets it (`torch_threads`: `.inference()`).
     """
 
     rollout_frequency: int = 1
@@ -122,11 +107,7 @@ class UpdateSettings:
 class OptimizerSettings:
     """AdamW for the policy and the critic (set with `StarPOConfig.training()`).
 
-    Attributes:
-        actor_lr: Policy learning rate.
-        critic_lr: Critic learning rate.
-        adam_betas: AdamW betas.
-        weight_decay: AdamW weight decay.
+    Each field is documented where `StarPOConfig.training()` sets it.
     """
 
     actor_lr: float = 1e-6

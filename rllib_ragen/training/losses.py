@@ -28,24 +28,7 @@ KL_KINDS = ("k1", "k3", "abs", "mse")
 class LossSettings:
     """The terms of the StarPO loss and the tokens they cover (set with `StarPOConfig.training()`).
 
-    Attributes:
-        clip_ratio_low: PPO lower clip (ratio >= 1 - low).
-        clip_ratio_high: PPO upper clip (ratio <= 1 + high); decoupled from low.
-        clip_ratio_dual: Dual-clip bound for negative advantages (> 1), or None.
-        entropy_coeff: Weight of the entropy bonus.
-        kl_coeff: Weight of KL(policy || initial policy); 0 disables it and
-            no reference model is kept (StarPO-S).
-        kl_type: KL estimator: "k1", "k3", "abs" or "mse".
-        value_clip: Value-loss clip range, or None.
-        vf_loss_coeff: Weight of the value loss.
-        loss_agg_mode: "token-mean", "seq-mean-token-mean" or "seq-mean-token-sum".
-        loss_token_mask: Which generated tokens enter the policy loss (VAGEN's
-            M_loss), a token mask policy of `rllib_ragen.training.token_masks`: "all",
-            "think_and_answer" (no template tokens such as end-of-turn) or
-            "answer_only"; `register_token_mask` adds more.
-        advantage_token_mask: Which generated tokens get values and advantages (VAGEN's
-            M_adv), a token mask policy as above: GAE runs over them only, credit
-            passing over the others; other estimators' advantages are zeroed off them.
+    Each field is documented where `StarPOConfig.training()` sets it.
     """
 
     clip_ratio_low: float = 0.2

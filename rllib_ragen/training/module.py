@@ -91,16 +91,7 @@ def module_config(
 class ScoringSettings:
     """How `forward_train` computes log-probs, entropies and values (set by the learner).
 
-    Args:
-        autocast_dtype: None computes in the parameter dtype; "bfloat16" or
-            "float16" runs the learner's trunk forward/backward under
-            `torch.autocast` on the tensors' device. Parameters, gradients and
-            the optimiser stay in their own dtype, and the LM head and
-            log-softmax always run in float32, so only the trunk's activations
-            are rounded. bfloat16 is several times faster on CPUs with AMX and on GPUs.
-        logit_chunk_size: Generated positions whose [chunk, vocab] logits exist
-            at once; with autograd each chunk is recomputed in backward instead
-            of stored, so logits memory does not grow with the batch.
+    Each field is documented where `StarPOConfig.training()` sets it.
     """
 
     autocast_dtype: str | None = None

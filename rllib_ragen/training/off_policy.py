@@ -40,14 +40,7 @@ class OffPolicyCorrectionSettings:
     """How the policy gradient is corrected for the engine's sampling distribution (set with
     `StarPOConfig.training()`).
 
-    Attributes:
-        off_policy_correction: Correction of the policy gradient for the engine's
-            sampling distribution (its precision, or stale weights with async
-            rollouts): "none", "tis" (token-level truncated importance weights)
-            or "mis" (rows masked by their geometric-mean ratio).
-        tis_cap: "tis": upper bound of a token's weight exp(old_logp - sampling_logp), > 0.
-        mis_low: "mis": lowest geometric-mean ratio of a kept row, in (0, 1].
-        mis_high: "mis": highest geometric-mean ratio of a kept row, >= 1.
+    Each field is documented where `StarPOConfig.training()` sets it.
     """
 
     off_policy_correction: str = "none"

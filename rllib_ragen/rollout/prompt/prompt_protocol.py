@@ -25,12 +25,7 @@ from rllib_ragen.rollout.prompt.token_history import check_history_window
 class ProtocolSettings:
     """How prompts are written and answers read (set with `StarPOConfig.rollouts()`).
 
-    Args:
-        max_actions_per_turn: Most actions executed from one answer (RAGEN: 5).
-        think: Require `<think>...</think>` before `<answer>`; False = no-think mode.
-        prefill: Start the assistant turn with the first tag (`<think>` or, in
-            no-think mode, `<answer>`): small models follow the format far more often.
-        history_window: Past turns kept in each prompt; None = the full history.
+    Each field is documented where `StarPOConfig.rollouts()` sets it.
     """
 
     max_actions_per_turn: int = 5

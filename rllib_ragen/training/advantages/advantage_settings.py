@@ -23,20 +23,7 @@ class AdvantageSettings:
     ``eps``, bi_level_gae's ``high_level_lambda``, a registered estimator's own),
     whose defaults stay declared once, in the estimator's signature.
 
-    Attributes:
-        advantage_estimator: "gae" (PPO critic), "bi_level_gae" (turn-level
-            GAE feeding token-level GAE), "grpo" (normalise in group),
-            "brpo" (normalise over the batch), "arpo" (raw rewards) or a
-            registered estimator.
-        gamma: Token-level discount.
-        lambda_: Token-level GAE lambda.
-        high_level_gamma: Turn-level discount of bi-level GAE.
-        whiten_advantages: Whiten GAE advantages over the tokens that have them (M_adv).
-        grpo_norm_by_std: Divide grpo/brpo advantages by the std.
-        advantage_hparams: Any other hyper-parameter the estimator declares, by
-            name, e.g. {"eps": 1e-4} (grpo/brpo's std offset) or
-            {"high_level_lambda": 0.9} (bi_level_gae's turn-level lambda; None =
-            lambda_); unset ones keep the estimator's own default.
+    Each field is documented where `StarPOConfig.training()` sets it.
     """
 
     advantage_estimator: str = "gae"
