@@ -103,7 +103,7 @@ def play_episode(env_name: str, seed: int, episode: int, player: Player | None, 
 
 
 def players(env_name: str) -> dict[str, Player | None]:
-    per_turn = cpu_preset(env_name).max_actions_per_turn
+    per_turn = cpu_preset(env_name).protocol.max_actions_per_turn
     table: dict[str, Player | None] = {f"random, {k} a turn": random_player(k) for k in (1, 3, 5) if k <= per_turn}
     if per_turn > 1:
         table[f"random, 1..{per_turn} a turn (the format warm start's player)"] = random_player(None)
