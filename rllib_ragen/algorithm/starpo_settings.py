@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any, Self, TypedDict, TypeVar, Unpack, cast
+from typing import TYPE_CHECKING, Any, Self, TypedDict, TypeVar, Unpack, cast
 
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
@@ -32,7 +32,10 @@ from rllib_ragen.training.losses import LossSettings
 from rllib_ragen.training.module import LLMModuleSettings, ScoringSettings
 from rllib_ragen.training.off_policy import OffPolicyCorrectionSettings
 
-Group = TypeVar("Group")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+Group = TypeVar("Group", bound="DataclassInstance")
 Method = TypeVar("Method", bound=Callable[..., Any])
 
 
@@ -68,7 +71,7 @@ class RLlibTrainingKeywords(TypedDict, total=False):
 def _given(group: Group, **fields: Any) -> Group:
     """`group` with the fields given a value (`NotProvided` leaves one as it is), checked by the group."""
     given = {name: value for name, value in fields.items() if value is not NotProvided}
-    return dataclasses.replace(group, **given) if given else group  # type: ignore[type-var]
+    return dataclasses.replace(group, **given) if given else group
 
 
 class StarPOSettings(AlgorithmConfig):
@@ -662,12 +665,6 @@ class StarPOSettings(AlgorithmConfig):
         return self
 
     # ------------------------------------------------------------ settings by name
-    def set_settings(self, **settings: Any) -> Self:
-        """Sets StarPO settings by name (`rllib_ragen.algorithm.settings_groups`), as `--set` and studies
-        do: each group changed once, with all its settings given, and checked then."""
-        settings_groups.set_settings(self, settings)
-        return self
-
     @override(AlgorithmConfig)
     def to_dict(self) -> dict[str, Any]:
         """RLlib's dict of the config (Tune's param space, MLflow's params), each StarPO setting under
@@ -680,11 +677,16 @@ class StarPOSettings(AlgorithmConfig):
 
     @override(AlgorithmConfig)
     def update_from_dict(self, config_dict: Mapping[str, Any]) -> Self:
-        """RLlib's `update_from_dict`, which also takes each StarPO setting by name (as `to_dict` writes it)."""
-        named = settings_groups.settings_of(self)
-        ours = {("lambda_" if key == "lambda" else key): value for key, value in config_dict.items()}
-        ours = {name: value for name, value in ours.items() if name in named}
-        super().update_from_dict({k: v for k, v in config_dict.items() if k not in ours and k != "lambda"})
+        """RLlib's `update_from_dict`, which also takes each StarPO setting by name (as `to_dict` writes it:
+        Tune trials, `--set`, studies), each group's given settings set together (`settings_groups.set_settings`)."""
+        named, ours, rllibs = settings_groups.settings_of(self), {}, {}
+        for key, value in config_dict.items():
+            name = "lambda_" if key == "lambda" else key  # RLlib's key for a setting named after a Python keyword
+            if name in named:
+                ours[name] = value
+            else:
+                rllibs[key] = value
+        super().update_from_dict(rllibs)
         settings_groups.set_settings(self, ours)
         return self
 

@@ -67,7 +67,7 @@ def _check_no_setting_set_as_attribute(config: StarPOSettings) -> None:
     if stray:
         raise ValueError(
             f"{stray[0]!r} is set as an attribute of the config, where nothing reads it: StarPO settings live in "
-            f"their groups; set it with its builder or config.set_settings({stray[0]}=...)"
+            f"their groups; set it with its builder, or by name with config.update_from_dict({{{stray[0]!r}: ...}})"
         )
 
 

@@ -20,13 +20,12 @@ def train_top_layers_only(policy: PreTrainedModel, top_layers: int) -> None:
     (1 + 2 x top_layers / layers) / 3 of a full fine-tuning step
     (docs/results/warm_start_speed.md). A model of `top_layers` layers or
     fewer trains every weight, embeddings included: a preset's setting for
-    SmolLM2's 30 layers leaves a small test model whole.
+    SmolLM2's 30 layers leaves a small test model whole. `top_layers` >= 1: the setting that gives it
+    (`LLMModuleSettings`, `WarmStartSettings`) checks it.
     """
     layers = getattr(policy.get_decoder(), "layers", None)
     if not isinstance(layers, nn.ModuleList):
         raise ValueError(f"{type(policy).__name__} has no decoder `layers` list to train the top of")
-    if top_layers < 1:
-        raise ValueError(f"top_layers must be >= 1, got {top_layers}")
     if top_layers >= len(layers):
         return
     policy.requires_grad_(False)
