@@ -9,7 +9,7 @@ import inspect
 import re
 
 import pytest
-from ray.rllib.algorithms.algorithm_config import NotProvided
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 
 from rllib_ragen.algorithm.settings_groups import settings_of
 from rllib_ragen.algorithm.starpo import StarPOConfig
@@ -75,6 +75,13 @@ def test_every_field_of_every_group_has_a_setting_name_used_once():
     fields = {(a, f.name) for a, g in vars(config).items() if dataclasses.is_dataclass(g) for f in dataclasses.fields(g)}
     assert {(s.group, s.field) for s in SETTINGS.values()} == fields and len(SETTINGS) == len(fields)
     assert not SETTINGS.keys() & {name for name in vars(config) if not name.startswith("_")} - {"gamma"}
+
+
+def test_no_group_hides_a_method_or_an_rllib_setting_of_the_config():
+    """A group named like a builder (`config.rollouts`) would shadow it; like an RLlib setting, replace it."""
+    groups = {name for name, value in vars(StarPOConfig()).items() if dataclasses.is_dataclass(value)}
+    rllib_settings = set(vars(AlgorithmConfig()))
+    assert not groups & (set(dir(StarPOConfig)) | rllib_settings)
 
 
 def test_unknown_or_positional_arguments_are_a_type_error():
