@@ -267,7 +267,7 @@ class FastUpdater:
         return self.module.policy_state_dict(adapter=True)
 
     def update(self, batch: dict[str, torch.Tensor]) -> float:
-        _, losses, _ = self.learner._uncompiled_update({DEFAULT_MODULE_ID: batch})
+        _, losses, _ = self.learner.update_minibatch({DEFAULT_MODULE_ID: batch})
         return float(losses[DEFAULT_MODULE_ID])
 
 

@@ -42,8 +42,15 @@ def _untracked_and_ignored() -> set[str] | None:
     return {line for line in out.splitlines() if not any(part in line for part in _CACHE_PARTS)}
 
 
+def _xdist_worker(config: pytest.Config) -> bool:
+    """Under pytest-xdist (`-n 2`), whether this process is a worker: only the controller, which starts
+    before and ends after every worker, checks the checkout (a worker would see the others' files)."""
+    return hasattr(config, "workerinput")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
-    session.config.stash[_BEFORE] = _untracked_and_ignored()
+    if not _xdist_worker(session.config):
+        session.config.stash[_BEFORE] = _untracked_and_ignored()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
