@@ -20,8 +20,8 @@ from ray.rllib.utils.metrics import TIMERS
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from rllib_ragen.models import load_tokenizer, resolve_model
-from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
 from rllib_ragen.rollout.prompt.prompt_protocol import ProtocolSettings
+from rllib_ragen.rollout.prompt.token_history import ChatTemplate
 from rllib_ragen.training.collapse_metrics import (
     COLLAPSE_RESULTS,
     CONDITIONAL_ENTROPY,

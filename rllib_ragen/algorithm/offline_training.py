@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 from rllib_ragen.algorithm.starpo import StarPO, StarPOConfig
 from rllib_ragen.columns import GENERATED_MASK, TOKEN_ENTROPY, TOKEN_LOGP
 from rllib_ragen.data.parquet import iter_group_episodes, map_to_trajectories
-from rllib_ragen.masked import masked_mean
+from rllib_ragen.logits import masked_mean
 from rllib_ragen.rllib_private import set_learner_connector
 from rllib_ragen.training.learner import StarPOTorchLearner
 from rllib_ragen.training.learner_connector import TokenRows, micro_batches

@@ -26,7 +26,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 
-from rllib_ragen.rollout.prompt.answer_parser import ParsedAnswer
+from rllib_ragen.rollout.prompt.prompt_protocol import ParsedAnswer
 
 TASK_REWARD = "task_reward"
 THINK_WORDS = "think_words"

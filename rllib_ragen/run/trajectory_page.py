@@ -27,7 +27,7 @@ from envs.base import FAILURE_KINDS
 from envs.board import Board
 from rllib_ragen.rollout.episode_readers import succeeded, turn_validity
 from rllib_ragen.rollout.failure_kinds import failure_counts, failure_kind
-from rllib_ragen.rollout.prompt.answer_parser import parse_answer
+from rllib_ragen.rollout.prompt.prompt_protocol import parse_answer
 from rllib_ragen.rollout.trajectory_record import response_text, state_boards
 from rllib_ragen.run.board_drawing import drawing, legend
 

@@ -41,7 +41,7 @@ from rllib_ragen.columns import (
     TOKEN_ENTROPY,
     TOKEN_LOGP,
 )
-from rllib_ragen.masked import masked_mean
+from rllib_ragen.logits import masked_mean
 from rllib_ragen.rllib_private import (
     MiniBatchStepLearner,
     learner_optimizers,

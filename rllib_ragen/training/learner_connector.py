@@ -39,7 +39,7 @@ from rllib_ragen.columns import (
     SAMPLING_LOGP,
     TOKEN_LOGP,
 )
-from rllib_ragen.masked import masked_mean
+from rllib_ragen.logits import masked_mean
 from rllib_ragen.rollout.reward_shaping import RewardShapingSettings
 from rllib_ragen.training.advantages import AdvantageInputs, AdvantageSettings, estimate_advantages
 from rllib_ragen.training.token_batch import TokenBatch, token_batch_of_episodes

@@ -15,7 +15,7 @@ import dataclasses
 import torch
 
 from rllib_ragen.checks import check_choice
-from rllib_ragen.masked import masked_mean, masked_sum, masked_var, to_bool_mask
+from rllib_ragen.logits import masked_mean, masked_sum, masked_var, to_bool_mask
 from rllib_ragen.training.token_masks import ALL_TOKENS, TOKEN_MASKS
 
 Tensor = torch.Tensor

@@ -25,7 +25,7 @@ import dataclasses
 
 import torch
 
-from rllib_ragen.masked import masked_mean, masked_sum, to_bool_mask
+from rllib_ragen.logits import masked_mean, masked_sum, to_bool_mask
 
 Tensor = torch.Tensor
 

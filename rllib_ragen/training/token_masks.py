@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from rllib_ragen.masked import to_bool_mask
+from rllib_ragen.logits import to_bool_mask
 from rllib_ragen.rollout.prompt.prompt_protocol import (
     SPAN_ANSWER,
     SPAN_THINK,

@@ -17,7 +17,7 @@ from rllib_ragen.data.demonstrations import DemonstrationSettings, expert_demons
 from rllib_ragen.data.parquet import write_trajectories
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.rollout.env_group import TurnBudgetSettings
-from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
+from rllib_ragen.rollout.prompt.token_history import ChatTemplate
 from rllib_ragen.rollout.prompt.prompt_protocol import ProtocolSettings
 from rllib_ragen.rollout.trajectory_record import trajectory_start, turn_record
 from rllib_ragen.run.train_loop import run

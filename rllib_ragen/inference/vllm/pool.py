@@ -27,13 +27,14 @@ from ray.actor import ActorHandle
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from torch import Tensor
 
-from rllib_ragen.inference.batching import check_score_inputs, check_token_ids
 from rllib_ragen.inference.collective import GroupSpec, TensorLayout
 from rllib_ragen.inference.engine import (
     Completion,
     EngineTimeoutError,
     InferenceEngine,
     SamplingParams,
+    check_score_inputs,
+    check_token_ids,
 )
 from rllib_ragen.inference.engine_settings import EngineSettings
 from rllib_ragen.inference.vllm.actor import VLLMEngineActor, actor_env_vars

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from rllib_ragen.masked import masked_sum, to_bool_mask
+from rllib_ragen.logits import masked_sum, to_bool_mask
 from rllib_ragen.training.advantages.estimators import arpo, bi_level_gae, brpo, gae, grpo, restrict_to_advantage_mask
 from rllib_ragen.user_registries import add_to_registry
 

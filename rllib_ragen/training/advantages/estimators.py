@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from rllib_ragen.masked import to_bool_mask
+from rllib_ragen.logits import to_bool_mask
 from rllib_ragen.training.advantages.group_statistics import group_statistics
 
 Tensor = torch.Tensor

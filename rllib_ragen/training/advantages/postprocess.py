@@ -17,7 +17,7 @@ import dataclasses
 
 import torch
 
-from rllib_ragen.masked import masked_sum, masked_whiten, to_bool_mask
+from rllib_ragen.logits import masked_sum, masked_whiten, to_bool_mask
 from rllib_ragen.training.advantages.advantage_settings import AdvantageSettings
 from rllib_ragen.training.advantages.estimator_registry import AdvantageInputs, compute_advantages
 from rllib_ragen.training.distributed import all_reduce_sum, is_distributed
