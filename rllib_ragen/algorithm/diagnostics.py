@@ -2,7 +2,7 @@
 
 The diagnostics (`rllib_ragen.training.collapse_metrics`) score sampled first turns
 on a learner, before the filter and with the weights that sampled them; the monitor
-(`rllib_ragen.training.echo_trap`) watches the in-group reward spread and the
+(`rllib_ragen.training.collapse_metrics`) watches the in-group reward spread and the
 diagnostics, and warns when one stays far below its early level.
 """
 
@@ -26,12 +26,14 @@ from rllib_ragen.training.collapse_metrics import (
     COLLAPSE_RESULTS,
     CONDITIONAL_ENTROPY,
     MUTUAL_INFORMATION,
+    REWARD_VARIANCE,
     CollapseMetricsSettings,
+    EchoTrapMonitor,
+    EchoTrapSettings,
     collapse_metrics,
     draw_samples,
     first_turn_samples,
 )
-from rllib_ragen.training.echo_trap import REWARD_VARIANCE, EchoTrapMonitor, EchoTrapSettings
 
 if TYPE_CHECKING:
     from rllib_ragen.training.learner import StarPOTorchLearner

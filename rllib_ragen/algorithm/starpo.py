@@ -10,7 +10,7 @@ call into one module (the table in docs/rllib_integration.md maps each to its fi
        ratio, or RAGEN-2's top-p; `training/filtering.py`); a batch the filter empties is not
        trained on; the echo-trap monitor warns on reward-variance, entropy or template collapse
     4. advantages and update (`algorithm/update.py`): each learner's connector estimates, whitens and
-       length-weights the advantages (`training/advantages/postprocess.py`), then `rollout_frequency`
+       length-weights the advantages (`training/advantages/advantage_estimation.py`), then `rollout_frequency`
        passes in mini-batches (with num_learners >= 2, whole groups per DDP learner)
     5. sync the new policy weights into the rollout engine(s), in place (`inference/weight_sync.py`)
     6. every `eval_interval` iterations: evaluate on fixed seeds at eval temperature
@@ -48,11 +48,10 @@ from rllib_ragen.inference.weight_sync import PolicyWeightSync
 from rllib_ragen.models import load_tokenizer, resolve_model, resolves_locally
 from rllib_ragen.rollout.evaluation import evaluate_on_seeds
 from rllib_ragen.training.filtering import filter_groups
-from rllib_ragen.training.host_memory import phase_peak
-from rllib_ragen.training.learner import StarPOTorchLearner
+from rllib_ragen.training.learner import StarPOTorchLearner, phase_peak
 from rllib_ragen.training.learner_connector import GroupAdvantages, OldLogProbsAndValues, TokenRows
 from rllib_ragen.training.module import LLMRLModule, module_config
-from rllib_ragen.training.token_masks import ResponseSpanLabeller
+from rllib_ragen.training.token_batch import ResponseSpanLabeller
 
 logger = logging.getLogger(__name__)
 
@@ -224,7 +223,8 @@ class StarPO(Algorithm):
         self.diagnostics.watch_echo_trap(collapse, in_group_reward_std=filtered.in_group_reward_std)
         if filtered.kept:
             # 4. Advantages and update (algorithm/update.py): each learner's connector estimates, whitens and
-            #    length-weights the advantages (training/advantages/postprocess.py), then the loss trains on them.
+            #    length-weights the advantages (training/advantages/advantage_estimation.py), then the loss
+            #    trains on them.
             with self._phase(UPDATE_TIMER):
                 learner_results = update_learners(
                     self.learner_group,

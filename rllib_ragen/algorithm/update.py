@@ -2,7 +2,7 @@
 
 `learner_group.update` runs the learner connector on each learner (token rows ->
 old log-probs and values -> advantages, `rllib_ragen.training.learner_connector`
-and `rllib_ragen.training.advantages.postprocess`), then `rollout_frequency`
+and `rllib_ragen.training.advantages.advantage_estimation`), then `rollout_frequency`
 passes of the loss over mini-batches (`rllib_ragen.training.learner`).
 """
 

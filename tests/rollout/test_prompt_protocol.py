@@ -173,9 +173,6 @@ def test_a_single_choice_env_gets_a_format_example_that_names_no_action(tiny_tok
     assert format_line == "Always answer in the format <answer>your action</answer>"
 
 
-VOCAB = ("Up", "Down", "Left", "Right")
-
-
 def test_well_formed_answer_gives_actions_in_order():
     parsed = parse_answer(
         "<think>box is left</think><answer>Left || up</answer>", max_actions_per_turn=5, action_vocabulary=VOCAB
