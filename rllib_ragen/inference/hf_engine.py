@@ -21,18 +21,19 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from transformers import PretrainedConfig, PreTrainedModel
 from rllib_ragen.inference.engine import (
     Completion,
     InferenceEngine,
     SamplingParams,
     check_score_inputs,
     check_token_ids,
+    check_weights,
     left_pad,
 )
-from rllib_ragen.inference.weights import check_weights
 from rllib_ragen.logits import token_logprobs
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
 
 
 def mask_top_p(logits: Tensor, top_p: float) -> Tensor:

@@ -32,18 +32,16 @@ from rllib_ragen.inference.engine import (
     Completion,
     EngineTimeoutError,
     InferenceEngine,
+    PackedWeights,
     SamplingParams,
     check_score_inputs,
     check_token_ids,
-)
-from rllib_ragen.inference.engine_settings import EngineSettings
-from rllib_ragen.inference.vllm.actor import VLLMEngineActor, actor_env_vars
-from rllib_ragen.inference.weights import (
-    PackedWeights,
     check_weights,
     hf_weight_shapes,
     pack_weights,
 )
+from rllib_ragen.inference.engine_settings import EngineSettings
+from rllib_ragen.inference.vllm.actor import VLLMEngineActor, actor_env_vars
 from rllib_ragen.lora import LoraSettings
 from rllib_ragen.sharding import split_contiguous
 
