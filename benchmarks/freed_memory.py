@@ -45,7 +45,7 @@ def measure(side: str, steps: int) -> dict:
 
     from rllib_ragen.columns import GENERATED_MASK, TOKEN_LOGP
     from rllib_ragen.models import load_causal_lm, resolve_model
-    from rllib_ragen.training.host_memory import release_freed_memory
+    from rllib_ragen.training.learner import release_freed_memory
     from rllib_ragen.training.module import score_generated_tokens, trunk_hidden
 
     model = load_causal_lm(resolve_model("smollm2-135m-instruct"), dtype=torch.float32).train()

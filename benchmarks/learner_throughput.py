@@ -70,9 +70,9 @@ from rllib_ragen.columns import (  # noqa: E402
     SAMPLING_LOGP,
     TOKEN_LOGP,
 )
-from rllib_ragen.inference.weights import pack_weights  # noqa: E402
+from rllib_ragen.inference.engine import pack_weights  # noqa: E402
 from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
-from rllib_ragen.rollout.prompt.chat_template import ChatTemplate  # noqa: E402
+from rllib_ragen.rollout.prompt.token_history import ChatTemplate  # noqa: E402
 from rllib_ragen.rollout.prompt.prompt_protocol import PromptProtocol, ProtocolSettings  # noqa: E402
 from rllib_ragen.rollout.prompt.token_history import TokenHistory  # noqa: E402
 from rllib_ragen.rollout.trajectory_record import Trajectory  # noqa: E402

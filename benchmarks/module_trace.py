@@ -3,9 +3,12 @@
 Builds StarPO on the tiny random model (in-process HF engine, local learner, so
 that every step of an iteration runs in this process), trains one iteration to
 warm up, then records, with `sys.setprofile` on every thread, each function call
-of the next iteration whose code lives in `rllib_ragen/` or `envs/`. Prints the
-modules one iteration touches, one a line, and their count: how many rooms a
-reader has to walk through to follow one iteration.
+of the next `algo.training_step()` whose code lives in `rllib_ragen/` or `envs/`.
+Prints the package's modules one iteration touches, one a line, and their count
+(how many rooms a reader walks through to follow one iteration); then, apart, the
+env's own modules (`envs/`, like gymnasium's in a count of RLlib's PPO) and the
+modules the fixed-seed evaluation adds when it is due (`evaluate_fixed_seeds`,
+traced on its own), for information.
 
     python benchmarks/module_trace.py                 # Sokoban, the CPU preset's estimator
     python benchmarks/module_trace.py --env frozenlake --estimator gae
@@ -68,8 +71,9 @@ def traced_modules() -> Iterator[set[str]]:
         threading.setprofile(None)  # type: ignore[arg-type]  # None removes the hook
 
 
-def one_iteration_modules(*, env: str, estimator: str, cache_dir: Path) -> list[str]:
-    """The sorted project modules the second `algo.train()` of a tiny StarPO run executes."""
+def one_iteration_modules(*, env: str, estimator: str, cache_dir: Path) -> tuple[list[str], list[str]]:
+    """The sorted project modules one `training_step` of a tiny StarPO run executes (after a warm-up
+    iteration), and those one fixed-seed evaluation executes."""
     from rllib_ragen.algorithm.starpo import StarPOConfig
     from rllib_ragen.models import resolve_model
 
@@ -81,17 +85,25 @@ def one_iteration_modules(*, env: str, estimator: str, cache_dir: Path) -> list[
         .rollouts(n_groups=2, group_size=2, max_turns=2, response_length=12)
         .inference(engine="hf")
         .training(advantage_estimator=estimator, micro_batch_size=2, actor_lr=1e-3, critic_lr=1e-3)
-        .starpo_evaluation(eval_interval=1, eval_size=2)
+        .starpo_evaluation(eval_interval=0, eval_size=2)  # evaluation is traced apart, below
         .debugging(seed=0)
     )
     algo = config.build_algo()
     try:
         algo.train()  # first iteration: lazy imports and one-off set-up are not the iteration's data flow
-        with traced_modules() as seen:
-            algo.train()
+        algo.evaluate_fixed_seeds()  # the same for the evaluation's first call
+        with traced_modules() as iteration:
+            algo.training_step()
+        with traced_modules() as evaluation:
+            algo.evaluate_fixed_seeds()
     finally:
         algo.stop()
-    return sorted(seen)
+    return sorted(iteration), sorted(evaluation)
+
+
+def in_package(modules: list[str], package: str) -> list[str]:
+    """The modules of `package` (a top-level package of the project) among `modules`."""
+    return [name for name in modules if name == package or name.startswith(f"{package}.")]
 
 
 @front_door
@@ -108,11 +120,20 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         with tempfile.TemporaryDirectory(prefix="module_trace_") as scratch:
-            modules = one_iteration_modules(env=args.env, estimator=args.estimator, cache_dir=Path(scratch))
+            iteration, evaluation = one_iteration_modules(
+                env=args.env, estimator=args.estimator, cache_dir=Path(scratch)
+            )
     finally:
         ray.shutdown()
-    print("\n".join(modules))
-    print(f"{len(modules)} project modules executed by one training_step ({args.env}, {args.estimator})")
+    package = in_package(iteration, "rllib_ragen")
+    env_modules = in_package(iteration, "envs")
+    evaluation_extra = [name for name in evaluation if name not in iteration]
+    print("\n".join(package))
+    print(f"{len(package)} rllib_ragen modules executed by one training_step ({args.env}, {args.estimator})")
+    print("\n".join(env_modules))
+    print(f"{len(env_modules)} envs modules (the env's own code) executed by it")
+    print("\n".join(evaluation_extra))
+    print(f"{len(evaluation_extra)} more modules executed by a fixed-seed evaluation (when due; not counted above)")
     return 0
 
 

@@ -23,17 +23,20 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
-import ray  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import ray
+import torch
 
-from envs.user_errors import CLIParser, front_door  # noqa: E402
-from rllib_ragen.inference.batching import left_pad  # noqa: E402
-from rllib_ragen.inference.engine import InferenceEngine, SamplingParams  # noqa: E402
-from rllib_ragen.inference.engine_factory import make_engine  # noqa: E402
-from rllib_ragen.inference.engine_settings import EngineSettings  # noqa: E402
-from rllib_ragen.inference.hf_engine import HFEngine  # noqa: E402
-from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model  # noqa: E402
+from envs.user_errors import CLIParser, front_door
+from rllib_ragen.inference.engine import (
+    InferenceEngine,
+    SamplingParams,
+    left_pad,
+)
+from rllib_ragen.inference.engine_factory import make_engine
+from rllib_ragen.inference.engine_settings import EngineSettings
+from rllib_ragen.inference.hf_engine import HFEngine
+from rllib_ragen.models import load_causal_lm, load_tokenizer, resolve_model
 
 QUESTIONS = [
     "What is the capital of France?",

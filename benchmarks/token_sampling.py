@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from rllib_ragen.inference.token_sampling import draw_by_inverse_cdf
+from rllib_ragen.inference.hf_engine import draw_by_inverse_cdf
 
 
 def seconds_per_call(draws: dict, probs: torch.Tensor, repeats: int) -> dict[str, float]:

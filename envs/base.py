@@ -49,7 +49,7 @@ FAILURE_KINDS_INFO = "failure_kinds"
 # Step-info key: the env ended the episode (a trajectory's end may also be the caller's budget).
 TERMINATED_INFO = "terminated"
 
-# Failure kinds every env shares (`rllib_ragen.rollout.failure_kinds` tells them apart): kind -> what happened.
+# Failure kinds every env shares (`rllib_ragen.rollout.trajectory_record` tells them apart): kind -> what happened.
 INVALID_ANSWER = "invalid_answer"
 REPEATED_NO_OP = "repeated_no_op"
 ENDED_UNSOLVED = "ended_unsolved"

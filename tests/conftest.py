@@ -150,7 +150,7 @@ def tiny_tokenizer(tiny_model_path):
 
 @pytest.fixture(scope="session")
 def chat_template(tiny_tokenizer):
-    from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
+    from rllib_ragen.rollout.prompt.token_history import ChatTemplate
 
     return ChatTemplate.from_tokenizer(tiny_tokenizer)
 

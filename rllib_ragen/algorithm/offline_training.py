@@ -54,19 +54,19 @@ from ray.rllib.offline.offline_data import OfflineData
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.typing import ModuleID
 
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
-
 from rllib_ragen.algorithm.starpo import StarPO, StarPOConfig
 from rllib_ragen.columns import GENERATED_MASK, TOKEN_ENTROPY, TOKEN_LOGP
 from rllib_ragen.data.parquet import iter_group_episodes, map_to_trajectories
-from rllib_ragen.masked import masked_mean
+from rllib_ragen.logits import masked_mean
 from rllib_ragen.rllib_private import set_learner_connector
 from rllib_ragen.training.learner import StarPOTorchLearner
 from rllib_ragen.training.learner_connector import TokenRows, micro_batches
 from rllib_ragen.training.losses import aggregate_loss
 from rllib_ragen.training.module import score_generated_tokens, trunk_hidden
 from rllib_ragen.training.token_batch import token_batch_of_episodes
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 OBJECTIVES = ("bc", "starpo")
 

@@ -5,12 +5,12 @@ call into one module (the table in docs/rllib_integration.md maps each to its fi
     1. sample n_groups x group_size trajectories (`algorithm/group_sampling/`: offline data, the
        local runner, remote runners, or remote runners sampling ahead with async_rollouts)
     2. every few iterations: RAGEN-2's collapse diagnostics I(X;Z), H(Z|X) on sampled first
-       turns (`algorithm/diagnostics.py`)
+       turns (`training/collapse_metrics.py`)
     3. group filter: keep the groups with the largest in-group reward std (StarPO-S top-k
        ratio, or RAGEN-2's top-p; `training/filtering.py`); a batch the filter empties is not
        trained on; the echo-trap monitor warns on reward-variance, entropy or template collapse
-    4. advantages and update (`algorithm/update.py`): each learner's connector estimates, whitens and
-       length-weights the advantages (`training/advantages/postprocess.py`), then `rollout_frequency`
+    4. advantages and update (`update_learners`, below): each learner's connector estimates, whitens and
+       length-weights the advantages (`training/advantages/advantage_estimation.py`), then `rollout_frequency`
        passes in mini-batches (with num_learners >= 2, whole groups per DDP learner)
     5. sync the new policy weights into the rollout engine(s), in place (`inference/weight_sync.py`)
     6. every `eval_interval` iterations: evaluate on fixed seeds at eval temperature
@@ -27,32 +27,33 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import ray
 import torch
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.connectors.learner.learner_connector_pipeline import LearnerConnectorPipeline
 from ray.rllib.core import COMPONENT_LEARNER_GROUP
+from ray.rllib.core.learner.learner_group import LearnerGroup
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.annotations import override
-from ray.rllib.utils.metrics import EVALUATION_RESULTS, LEARNER_RESULTS, TIMERS
+from ray.rllib.utils.metrics import EVALUATION_RESULTS, LEARNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME, TIMERS
 
 from rllib_ragen.algorithm import export
-from rllib_ragen.algorithm.diagnostics import BatchDiagnostics
 from rllib_ragen.algorithm.group_sampling.remote_sampler import episodes_of, sample_on_remote_runners
 from rllib_ragen.algorithm.group_sampling.sampler_factory import make_group_sampler
 from rllib_ragen.algorithm.starpo_settings import StarPOSettings
-from rllib_ragen.algorithm.update import update_learners
 from rllib_ragen.algorithm.validation import check_starpo_config
 from rllib_ragen.inference.weight_sync import PolicyWeightSync
 from rllib_ragen.models import load_tokenizer, resolve_model, resolves_locally
 from rllib_ragen.rollout.evaluation import evaluate_on_seeds
+from rllib_ragen.training.collapse_metrics import BatchDiagnostics
+from rllib_ragen.training.distributed import count_training_rows, learner_minibatch_sizes, shard_groups
 from rllib_ragen.training.filtering import filter_groups
-from rllib_ragen.training.host_memory import phase_peak
-from rllib_ragen.training.learner import StarPOTorchLearner
+from rllib_ragen.training.learner import StarPOTorchLearner, UpdateSettings, phase_peak
 from rllib_ragen.training.learner_connector import GroupAdvantages, OldLogProbsAndValues, TokenRows
 from rllib_ragen.training.module import LLMRLModule, module_config
-from rllib_ragen.training.token_masks import ResponseSpanLabeller
+from rllib_ragen.training.token_batch import ResponseSpanLabeller
 
 logger = logging.getLogger(__name__)
 
@@ -217,14 +218,15 @@ class StarPO(Algorithm):
         with self._phase(ROLLOUT_TIMER):
             episodes = self.sampler.sample(iteration=iteration)
         self._check_replaced_engines()
-        # 2. Collapse diagnostics, before the filter, under the weights that sampled (algorithm/diagnostics.py).
+        # 2. Collapse diagnostics, before the filter, under the weights that sampled (training/collapse_metrics.py).
         collapse = self.diagnostics.measure_collapse(episodes, iteration=iteration, learner_group=self.learner_group)
         # 3. Filter: keep the groups whose rewards disagree most (training/filtering.py); watch for the echo trap.
         filtered = filter_groups(episodes, self.config.group_filter, self.metrics)
         self.diagnostics.watch_echo_trap(collapse, in_group_reward_std=filtered.in_group_reward_std)
         if filtered.kept:
-            # 4. Advantages and update (algorithm/update.py): each learner's connector estimates, whitens and
-            #    length-weights the advantages (training/advantages/postprocess.py), then the loss trains on them.
+            # 4. Advantages and update (update_learners, below): each learner's connector estimates, whitens and
+            #    length-weights the advantages (training/advantages/advantage_estimation.py), then the loss
+            #    trains on them.
             with self._phase(UPDATE_TIMER):
                 learner_results = update_learners(
                     self.learner_group,
@@ -367,3 +369,59 @@ class StarPO(Algorithm):
         return export.export_policy(
             self.learner_group, self.config.llm_module, self.config.lora, directory, adapter=adapter
         )
+
+
+def update_learners(
+    learner_group: LearnerGroup,
+    kept: list[MultiAgentEpisode],
+    settings: UpdateSettings,
+    *,
+    history_window: int | None,
+    iteration: int,
+) -> list[dict]:
+    """One `rollout_frequency`-epoch update on the kept groups; returns the learners' results.
+
+    With num_learners >= 2 each learner trains on whole groups (RLlib's own
+    sharding would slice group episodes) with the same number of optimiser
+    steps, each covering its share of the global mini-batch.
+
+    Args:
+        learner_group: The algorithm's `LearnerGroup`.
+        kept: The group episodes the filter kept.
+        settings: How the rows are cut into optimiser steps (`.training()`).
+        history_window: The prompts' history window (a row is one turn when it is set).
+        iteration: The iteration this update belongs to, from 1 (RLlib's sampled-steps counter for the learners).
+    """
+    common = dict(
+        timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: iteration},
+        num_epochs=settings.rollout_frequency,
+        shuffle_batch_per_epoch=True,
+    )
+    num_learners = len(learner_group)
+    step_rows = settings.rows_per_step(count_training_rows(kept, history_window=history_window))
+    if num_learners < 2:
+        return learner_group.update(episodes=kept, minibatch_size=step_rows, **common)
+    shards = shard_groups(kept, num_learners)
+    rows = [count_training_rows(shard, history_window=history_window) for shard in shards]
+    sizes, steps = learner_minibatch_sizes(rows, step_rows, settings.rollout_frequency)
+    results = learner_group.foreach_learner(
+        _update_on_own_shard,
+        shards=[ray.put(shard) for shard in shards],
+        minibatch_sizes=sizes,
+        num_total_minibatches=steps,
+        **common,
+    )
+    out = []
+    for result in results:
+        if not result.ok:
+            raise result.get()
+        out.append(result.get())
+    return out
+
+
+def _update_on_own_shard(
+    learner: StarPOTorchLearner, *, shards: list[ray.ObjectRef], minibatch_sizes: list[int], **update_kwargs: Any
+) -> dict:
+    """Runs on every learner of a DDP group: updates on the shard of its torch.distributed rank."""
+    rank = torch.distributed.get_rank()
+    return learner.update(episodes=ray.get(shards[rank]), minibatch_size=minibatch_sizes[rank], **update_kwargs)

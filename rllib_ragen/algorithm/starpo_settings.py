@@ -24,13 +24,11 @@ from rllib_ragen.rollout.prompt.prompt_protocol import ProtocolSettings
 from rllib_ragen.rollout.prompt.token_history import rows_per_trajectory
 from rllib_ragen.rollout.reward_shaping import RewardShapingSettings
 from rllib_ragen.training.advantages import AdvantageSettings
-from rllib_ragen.training.collapse_metrics import CollapseMetricsSettings
-from rllib_ragen.training.echo_trap import EchoTrapSettings
+from rllib_ragen.training.collapse_metrics import CollapseMetricsSettings, EchoTrapSettings
 from rllib_ragen.training.filtering import FilterSettings
 from rllib_ragen.training.learner import OptimizerSettings, UpdateSettings
-from rllib_ragen.training.losses import LossSettings
+from rllib_ragen.training.losses import LossSettings, OffPolicyCorrectionSettings
 from rllib_ragen.training.module import LLMModuleSettings, ScoringSettings
-from rllib_ragen.training.off_policy import OffPolicyCorrectionSettings
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -435,7 +433,7 @@ class StarPOSettings(AlgorithmConfig):
             vf_loss_coeff: Weight of the value loss.
             loss_agg_mode: "token-mean", "seq-mean-token-mean" or "seq-mean-token-sum".
             loss_token_mask: Which generated tokens enter the policy loss (VAGEN's M_loss), a token mask policy
-                of `rllib_ragen.training.token_masks`: "all", "think_and_answer" (no template tokens such as
+                of `rllib_ragen.training.token_batch`: "all", "think_and_answer" (no template tokens such as
                 end-of-turn) or "answer_only"; `register_token_mask` adds more.
             advantage_token_mask: Which generated tokens get values and advantages (VAGEN's M_adv), a token mask
                 policy as above: GAE runs over them only, credit passing over the others; other estimators'
@@ -584,7 +582,7 @@ class StarPOSettings(AlgorithmConfig):
         The diagnostics (`rllib_ragen.training.collapse_metrics`) score the reasoning of
         sampled first turns under every sampled prompt with the learner's model,
         logging I(X;Z) and H(Z|X) under `collapse/`; the monitor
-        (`rllib_ragen.training.echo_trap`) warns when the in-group reward std, H(Z|X) or
+        (`rllib_ragen.training.collapse_metrics`) warns when the in-group reward std, H(Z|X) or
         I(X;Z) stays far below its early level.
 
         Args:

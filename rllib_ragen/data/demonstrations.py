@@ -38,13 +38,13 @@ from envs.base import TextEnv
 from envs.sokoban_solver import DEFAULT_MAX_STATES
 from rllib_ragen.data.experts import Turn, TurnBudgetLeft, expert_for
 from rllib_ragen.rollout.env_group import EnvGroup, TurnBudgetSettings, agent_id
-from rllib_ragen.rollout.prompt.answer_parser import ACTION_SEPARATOR
-from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
 from rllib_ragen.rollout.prompt.prompt_protocol import (
+    ACTION_SEPARATOR,
     PromptProtocol,
     ProtocolSettings,
     feedback_for,
 )
+from rllib_ragen.rollout.prompt.token_history import ChatTemplate
 from rllib_ragen.rollout.trajectory_record import (
     TrajectoryStart,
     TurnRecord,

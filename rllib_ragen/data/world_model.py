@@ -16,8 +16,7 @@ from collections.abc import Sequence
 
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
-from rllib_ragen.rollout.prompt.answer_parser import ACTION_SEPARATOR
-from rllib_ragen.rollout.prompt.prompt_protocol import PromptProtocol
+from rllib_ragen.rollout.prompt.prompt_protocol import ACTION_SEPARATOR, PromptProtocol
 from rllib_ragen.rollout.prompt.token_history import TokenHistory
 from rllib_ragen.rollout.trajectory_record import Trajectory
 

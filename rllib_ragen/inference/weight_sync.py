@@ -46,9 +46,8 @@ from ray.rllib.env.env_runner_group import EnvRunnerGroup
 from torch import Tensor
 
 from rllib_ragen.inference.collective import GroupHost, GroupSpec, TensorLayout, send
-from rllib_ragen.inference.engine import EngineTimeoutError, InferenceEngine
+from rllib_ragen.inference.engine import EngineTimeoutError, InferenceEngine, pack_weights, unique_weights
 from rllib_ragen.inference.engine_settings import EngineSettings
-from rllib_ragen.inference.weights import pack_weights, unique_weights
 from rllib_ragen.logits import token_logprobs
 from rllib_ragen.lora import LoraSettings
 

@@ -46,15 +46,13 @@ from rllib_ragen.inference.engine_factory import make_engine
 from rllib_ragen.inference.engine_settings import EngineSettings
 from rllib_ragen.models import load_tokenizer, resolve_model
 from rllib_ragen.rollout.env_group import EnvGroup, RolloutSettings, TurnBudgetSettings, training_env_config
-from rllib_ragen.rollout.episode_readers import rollout_statistics
-from rllib_ragen.rollout.prompt.answer_parser import ParsedAnswer
-from rllib_ragen.rollout.prompt.chat_template import ChatTemplate
-from rllib_ragen.rollout.prompt.prompt_protocol import PromptProtocol, feedback_for
-from rllib_ragen.rollout.prompt.token_history import TokenHistory
+from rllib_ragen.rollout.prompt.prompt_protocol import ParsedAnswer, PromptProtocol, feedback_for
+from rllib_ragen.rollout.prompt.token_history import ChatTemplate, TokenHistory
 from rllib_ragen.rollout.reward_shaping import RewardShapingSettings
 from rllib_ragen.rollout.trajectory_record import (
     TrajectoryStart,
     TurnRecord,
+    rollout_statistics,
     start_info,
     turn_info,
     turn_model_outputs,

@@ -15,8 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from rllib_ragen.checks import check_at_least_one
 from rllib_ragen.intervals import format_rate, wilson_interval
-from rllib_ragen.rollout.episode_readers import rollout_statistics, succeeded
-from rllib_ragen.rollout.failure_kinds import FAILURES_PREFIX, failure_counts
+from rllib_ragen.rollout.trajectory_record import FAILURES_PREFIX, failure_counts, rollout_statistics, succeeded
 
 TABLE_HEADER = (
     "| env | episodes | success [95% interval] | mean return | valid answers | mean turns | mean response tokens |\n"

@@ -11,7 +11,7 @@ explaining the action. Each term below is off by default (coefficient 0):
   ``i`` is divided by ``(L_i / mean L) ** alpha``, ``L`` the trajectory's
   generated tokens (RAGEN-2's ``grpo_advantage_length_weight`` is ``alpha = 1``
   after GRPO), so a long trajectory's many tokens do not outweigh a short one's
-  (applied with the advantages, `rllib_ragen.training.advantages.postprocess`).
+  (applied with the advantages, `rllib_ragen.training.advantages.advantage_estimation`).
 
 A turn's reward is ``task reward + sum(coeff * term)``. The turn's info keeps
 the task reward (:data:`TASK_REWARD`), each term and the bonus, and
@@ -26,7 +26,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 
-from rllib_ragen.rollout.prompt.answer_parser import ParsedAnswer
+from rllib_ragen.rollout.prompt.prompt_protocol import ParsedAnswer
 
 TASK_REWARD = "task_reward"
 THINK_WORDS = "think_words"

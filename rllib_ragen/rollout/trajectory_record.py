@@ -18,6 +18,24 @@ runner, the Parquet converter and the demonstrations; readers
 (`trajectory_from_episode`, `trajectory_start`, `turn_record`, ...) serve the
 learner, the data tools, the metrics and the pages. A reader given an episode
 made some other way raises a ValueError naming the episode and the missing piece.
+
+Readers of finished group episodes sit here too: success, valid turns, thoughts and
+the rollout statistics (`succeeded`, `turn_validity`, `think_text`,
+`rollout_statistics`), for the env runner's metrics, evaluation, the collapse
+metrics and the trajectory page; and why a trajectory failed (`failure_kind`,
+counted by `failure_counts`). The env judges its own state: a board's `fault`
+(FrozenLake's hole, Sokoban's box stuck where it can never reach a target) is the
+kind when the last state shows one. Otherwise the kind follows from how the
+trajectory ended, the same way on every env (`envs.base.FAILURE_KINDS`), first
+match wins:
+
+1. `env_error`: the env failed (its error ended the trajectory);
+2. the last board's fault;
+3. `invalid_answer`: the last answer held no valid action;
+4. `repeated_no_op`: the last two or more moves changed nothing (into an edge, a wall, a stuck box);
+5. `prompt_too_long`: the next prompt would not have fit the model's context;
+6. `ended_unsolved`: the env ended the episode (e.g. a wrong final answer);
+7. `out_of_turns`: the turn or action budget, or the env's own step limit, ran out.
 """
 
 from __future__ import annotations
@@ -31,9 +49,21 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
-from envs.base import BOARD_INFO
-from envs.board import Board
+from envs.base import (
+    BOARD_INFO,
+    ENDED_UNSOLVED,
+    ENV_ERROR,
+    FAILURE_KINDS,
+    FAILURE_KINDS_INFO,
+    INVALID_ANSWER,
+    OUT_OF_TURNS,
+    PROMPT_TOO_LONG,
+    REPEATED_NO_OP,
+    TERMINATED_INFO,
+)
+from envs.board import Board, trailing_no_ops
 from rllib_ragen.rollout.prompt.token_history import TokenHistory
+from rllib_ragen.rollout.reward_shaping import TASK_REWARD, shaping_statistics
 
 # The keys are private: every writer and reader of an episode goes through this module.
 _SYSTEM_IDS = "system_ids"
@@ -217,3 +247,113 @@ def trajectories_from_episodes(
         agents = episode.agent_episodes.values() if isinstance(episode, MultiAgentEpisode) else [episode]
         out.extend(trajectory_from_episode(a, history_window=history_window) for a in agents if len(a) > 0)
     return out
+
+
+def think_text(response: str) -> str | None:
+    """The stripped text between `<think>` and `</think>` of a response, or None without one."""
+    start, end = response.find("<think>"), response.find("</think>")
+    if start < 0 or end < start:
+        return None
+    return response[start + len("<think>") : end].strip()
+
+
+def succeeded(trajectory: Any) -> bool:
+    """Whether a finished trajectory (one agent's `SingleAgentEpisode`) solved its task."""
+    return bool(trajectory.get_infos()[-1].get("success", False))
+
+
+def turn_validity(trajectory: Any) -> list[float]:
+    """Per turn of a trajectory: 1.0 if its answer held at least one valid action, else 0.0."""
+    return [float(i.get("num_valid_actions", 0) > 0) for i in trajectory.get_infos()[1:]]
+
+
+def rollout_statistics(episodes: list[MultiAgentEpisode]) -> dict[str, float]:
+    """Success, reward and in-group spread of a list of finished group episodes."""
+    returns: list[float] = []
+    successes: list[float] = []
+    in_group_std: list[float] = []
+    lengths: list[int] = []
+    turns: list[int] = []
+    valid_turns: list[float] = []
+    well_formed: list[float] = []
+    thoughts: list[str] = []
+    task_returns: list[float] = []
+    turn_infos: list[dict[str, Any]] = []
+    for episode in episodes:
+        group_returns = []
+        for agent_episode in episode.agent_episodes.values():
+            infos = agent_episode.get_infos()
+            group_returns.append(float(sum(agent_episode.get_rewards())))
+            successes.append(float(succeeded(agent_episode)))
+            lengths.extend(len(a) for a in agent_episode.get_actions())
+            turns.append(len(agent_episode))
+            valid_turns.extend(turn_validity(agent_episode))
+            well_formed.extend(float(bool(i.get("format_ok", False))) for i in infos[1:])
+            thoughts.extend(t for t in (think_text(response_text(i)) for i in infos[1:]) if t is not None)
+            # Episodes from before reward shaping (e.g. offline data) carry only task rewards.
+            task_returns.append(sum(i.get(TASK_REWARD, r) for i, r in zip(infos[1:], agent_episode.get_rewards())))
+            turn_infos.extend(infos[1:])
+        returns.extend(group_returns)
+        in_group_std.append(float(np.std(group_returns, ddof=1)) if len(group_returns) > 1 else 0.0)
+    return {
+        "episode_return_mean": float(np.mean(returns)),
+        "episode_return_std": float(np.std(returns)),
+        "success_rate": float(np.mean(successes)),
+        "in_group_reward_std": float(np.mean(in_group_std)),
+        "response_length_mean": float(np.mean(lengths)) if lengths else 0.0,
+        "num_turns_mean": float(np.mean(turns)),
+        "valid_action_ratio": float(np.mean(valid_turns)) if valid_turns else 0.0,
+        # Answers in the <think>/<answer> format, whether or not their actions were valid.
+        "well_formed_ratio": float(np.mean(well_formed)) if well_formed else 0.0,
+        # Distinct thoughts among all turns' thoughts: near 0 when reasoning collapsed to one template.
+        "distinct_thought_ratio": len(set(thoughts)) / len(thoughts) if thoughts else 0.0,
+        "num_trajectories": float(len(returns)),
+        # The env's reward alone; episode_return_mean includes the reasoning-aware shaping.
+        "task_return_mean": float(np.mean(task_returns)),
+        **shaping_statistics(turn_infos),
+    }
+
+
+# Metric name prefix of the counts (`evaluation/failures/<kind>` in MLflow).
+FAILURES_PREFIX = "failures/"
+# A single move into a wall can be a slip or a probe; two in a row at the end is being stuck.
+STUCK_NO_OPS = 2
+
+
+def failure_kind(trajectory: Any) -> str | None:
+    """The kind of failure of a finished trajectory (one agent's `SingleAgentEpisode`); None if it succeeded."""
+    if succeeded(trajectory):
+        return None
+    infos = trajectory.get_infos()
+    last, board = infos[-1], state_boards(trajectory)[-1]
+    if "env_error" in last:
+        return ENV_ERROR
+    if board is not None and board.fault is not None:
+        return board.fault
+    if len(infos) > 1 and last.get("num_valid_actions", 0) == 0:
+        return INVALID_ANSWER
+    if board is not None and trailing_no_ops(board.moves) >= STUCK_NO_OPS:
+        return REPEATED_NO_OP
+    if last.get("prompt_truncated", False):
+        return PROMPT_TOO_LONG
+    if last.get(TERMINATED_INFO, False):
+        return ENDED_UNSOLVED
+    return OUT_OF_TURNS
+
+
+def trajectories_of(episodes: Iterable[Any]) -> list[Any]:
+    """The agent trajectories of group episodes, in order."""
+    return [trajectory for episode in episodes for trajectory in episode.agent_episodes.values()]
+
+
+def failure_counts(episodes: Iterable[Any]) -> dict[str, int]:
+    """Failed trajectories per kind, over group episodes: every kind their env can name, zeros included
+    (so that evaluations compare kind by kind), the env's own kinds first."""
+    trajectories = trajectories_of(episodes)
+    own = [kind for t in trajectories for kind in t.get_infos()[0].get(FAILURE_KINDS_INFO, ())]
+    counts = dict.fromkeys([*own, *FAILURE_KINDS], 0)
+    for trajectory in trajectories:
+        kind = failure_kind(trajectory)
+        if kind is not None:
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts

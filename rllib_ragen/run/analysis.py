@@ -25,8 +25,6 @@ from rllib_ragen.training.collapse_metrics import (
     COLLAPSE_RESULTS,
     CONDITIONAL_ENTROPY,
     MUTUAL_INFORMATION,
-)
-from rllib_ragen.training.echo_trap import (
     REWARD_VARIANCE,
     EchoTrapMonitor,
     EchoTrapSettings,

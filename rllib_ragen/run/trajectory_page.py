@@ -2,7 +2,7 @@
 Jinja2 template `templates/trajectory_page.html.j2`.
 
 At the top the run's settings (the model row names the policy as the user gave it),
-the failures by kind (`rllib_ragen.rollout.failure_kinds`: a count and links per kind)
+the failures by kind (`rllib_ragen.rollout.trajectory_record`: a count and links per kind)
 and a summary table (success, failure kind, return, turns and valid-answer ratio per
 trajectory; click a heading to sort, or open the page as `page.html#sort=-return`
 for a sorted view; a checkbox shows failures only); below, each trajectory as a
@@ -25,10 +25,15 @@ import jinja2
 from envs import make_env
 from envs.base import FAILURE_KINDS
 from envs.board import Board
-from rllib_ragen.rollout.episode_readers import succeeded, turn_validity
-from rllib_ragen.rollout.failure_kinds import failure_counts, failure_kind
-from rllib_ragen.rollout.prompt.answer_parser import parse_answer
-from rllib_ragen.rollout.trajectory_record import response_text, state_boards
+from rllib_ragen.rollout.prompt.prompt_protocol import parse_answer
+from rllib_ragen.rollout.trajectory_record import (
+    failure_counts,
+    failure_kind,
+    response_text,
+    state_boards,
+    succeeded,
+    turn_validity,
+)
 from rllib_ragen.run.board_drawing import drawing, legend
 
 if TYPE_CHECKING:

@@ -62,7 +62,7 @@ from rllib_ragen.training.behaviour_cloning import (
     cloning_passes,
     supervised_step,
 )
-from rllib_ragen.training.host_memory import release_freed_memory
+from rllib_ragen.training.learner import release_freed_memory
 from rllib_ragen.training.top_layers import train_top_layers_only
 
 # Part of the cache key: a change to how the warm start trains, or to the text of the

@@ -8,7 +8,7 @@ shards, every quantity that is a mean over the batch is taken over ALL learners:
   GLOBAL token (or row) count (`global_share`), and the gradients are summed
   over the learners (`all_reduce_gradients`), so they add up to the gradient of
   the global token-mean / seq-mean;
-- the whitening of critic advantages (`rllib_ragen.training.advantages.postprocess`, on `all_reduce_sum`).
+- the whitening of critic advantages (`rllib_ragen.training.advantages.advantage_estimation`, on `all_reduce_sum`).
 
 Group-normalised advantages (GRPO) need no exchange: a group never spans two
 learners. Outside a process group every function is the single-learner one.

@@ -1,10 +1,10 @@
 """`StarPOTorchLearner`: the trajectory-level StarPO update on token rows.
 
 Loss per mini-batch (all [rows, L]; policy terms masked to M_loss (`Columns.LOSS_MASK`), the
-value loss to M_adv (`ADVANTAGE_MASK`), see `rllib_ragen.training.token_masks`; both default to
+value loss to M_adv (`ADVANTAGE_MASK`), see `rllib_ragen.training.token_batch`; both default to
 every generated token, `GENERATED_MASK`):
     policy  PPO with decoupled clip (low/high) and dual clip     losses.policy_loss
-            per token weighted by the off-policy correction      off_policy (TIS / MIS, or none)
+            per token weighted by the off-policy correction      losses (TIS / MIS, or none)
     value   clipped value loss (critic-based estimators only)    losses.value_loss
     entropy bonus  - entropy_coeff * mean entropy
     KL      kl_coeff * KL(policy || frozen reference), only when kl_coeff > 0
@@ -15,12 +15,21 @@ that share a prompt share its positions: `rllib_ragen.training.token_tree`).
 Each micro-batch's loss is weighted by its share of the mini-batch (of its
 M_loss tokens or rows), so the accumulated gradient is the whole mini-batch's
 whatever the split (for the value loss only approximately when M_adv differs).
+
+The learner's process hands freed host memory back between phases and measures each phase's peak
+(`release_freed_memory`, `phase_peak`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import ctypes
+import ctypes.util
 import dataclasses
+import functools
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,7 +50,7 @@ from rllib_ragen.columns import (
     TOKEN_ENTROPY,
     TOKEN_LOGP,
 )
-from rllib_ragen.masked import masked_mean
+from rllib_ragen.logits import masked_mean
 from rllib_ragen.rllib_private import (
     MiniBatchStepLearner,
     learner_optimizers,
@@ -54,16 +63,15 @@ from rllib_ragen.training.distributed import (
     all_reduce_sum,
     global_share,
 )
-from rllib_ragen.training.host_memory import release_freed_memory
 from rllib_ragen.training.losses import (
     LossSettings,
+    OffPolicyCorrectionSettings,
     aggregate_loss,
     kl_penalty,
     policy_loss,
     value_loss,
 )
 from rllib_ragen.training.module import computed_positions, host_copy
-from rllib_ragen.training.off_policy import OffPolicyCorrectionSettings
 from rllib_ragen.training.token_tree import tree_budget_groups
 
 POLICY_OPTIMIZER = "policy"
@@ -168,7 +176,7 @@ class StarPOTorchLearner(MiniBatchStepLearner):
     def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
         super().after_gradient_based_update(timesteps=timesteps)
         # The update's activations are freed but kept by the allocator; the rollout and
-        # evaluation that follow need none of them (`rllib_ragen.training.host_memory`).
+        # evaluation that follow need none of them (`rllib_ragen.training.learner`).
         release_freed_memory()
 
     @override(MiniBatchStepLearner)
@@ -316,3 +324,55 @@ def micro_batch_weights(
         )
         out.append((micro, weight))
     return out
+
+
+_PROC = Path("/proc/self")
+
+
+@functools.lru_cache(maxsize=1)
+def _glibc() -> Any:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    libc = ctypes.CDLL(name)
+    return libc if hasattr(libc, "malloc_trim") else None
+
+
+def release_freed_memory() -> bool:
+    """Returns the heap's free pages to the OS; True when some were released (False without glibc)."""
+    libc = _glibc()
+    return bool(libc is not None and libc.malloc_trim(0))
+
+
+def peak_resident_bytes() -> int | None:
+    """The process's resident-set high-water mark since start or the last reset (None off Linux)."""
+    try:
+        status = (_PROC / "status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024  # reported in kB
+    return None
+
+
+def reset_peak_resident() -> bool:
+    """Starts a new high-water mark at the current resident set; False where Linux does not allow it."""
+    try:
+        (_PROC / "clear_refs").write_text("5")  # 5: reset the peak resident set size (proc(5))
+    except OSError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def phase_peak() -> Iterator[dict[str, int]]:
+    """Measures the peak resident set of the block: `{"bytes": peak}` once it ends (empty off Linux)."""
+    out: dict[str, int] = {}
+    measurable = reset_peak_resident()
+    try:
+        yield out
+    finally:
+        peak = peak_resident_bytes() if measurable else None
+        if peak is not None:
+            out["bytes"] = peak

@@ -8,8 +8,8 @@ mini-batch; each piece is a `ConnectorV2`:
    old log-probs of the PPO ratio (unless the update is a single on-policy step)
    and, with a critic, the old values;
 3. `GroupAdvantages`: advantages and value targets per trajectory, estimated, whitened
-   and length-weighted in one sequence (`rllib_ragen.training.advantages.postprocess`), on
-   tokens of the advantage mask (`rllib_ragen.training.token_masks`), with the loss
+   and length-weighted in one sequence (`rllib_ragen.training.advantages.advantage_estimation`), on
+   tokens of the advantage mask (`rllib_ragen.training.token_batch`), with the loss
    mask and the advantage mask beside the generated-token mask.
 Behaviour cloning uses piece 1 only; offline StarPO the whole pipeline. The pieces
 share the `TokenBatch` (rows <-> trajectories) through RLlib's `shared_data`.
@@ -39,15 +39,16 @@ from rllib_ragen.columns import (
     SAMPLING_LOGP,
     TOKEN_LOGP,
 )
-from rllib_ragen.masked import masked_mean
+from rllib_ragen.logits import masked_mean
 from rllib_ragen.rollout.reward_shaping import RewardShapingSettings
 from rllib_ragen.training.advantages import AdvantageInputs, AdvantageSettings, estimate_advantages
-from rllib_ragen.training.token_batch import TokenBatch, token_batch_of_episodes
-from rllib_ragen.training.token_masks import (
+from rllib_ragen.training.token_batch import (
     ALL_TOKENS,
     ResponseSpanLabeller,
+    TokenBatch,
     TokenSpans,
     build_token_mask,
+    token_batch_of_episodes,
 )
 
 if TYPE_CHECKING:
@@ -184,7 +185,7 @@ class GroupAdvantages(ConnectorV2):
         span_labeller: Labels tokens with protocol spans; needed by every
             mask policy but "all".
         advantage_length_weight: Exponent of the length weighting of advantages
-            (`rllib_ragen.training.advantages.postprocess`); 0 = off.
+            (`rllib_ragen.training.advantages.advantage_estimation`); 0 = off.
     """
 
     def __init__(

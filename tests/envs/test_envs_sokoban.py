@@ -18,7 +18,7 @@ from envs.sokoban_room import (
 )
 from envs.sokoban_solver import solve
 from rllib_ragen.data.experts import TurnBudgetLeft, expert_for
-from rllib_ragen.rollout.prompt.answer_parser import parse_answer
+from rllib_ragen.rollout.prompt.prompt_protocol import parse_answer
 
 
 def _play(env: SokobanEnv, actions: list[str]) -> tuple[float, bool, bool, dict]:

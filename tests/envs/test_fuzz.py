@@ -35,7 +35,7 @@ from envs import list_envs, make_env
 from envs.base import match_action
 from rllib_ragen.algorithm.settings_groups import settings_of
 from rllib_ragen.algorithm.starpo import StarPOConfig
-from rllib_ragen.rollout.prompt.answer_parser import (
+from rllib_ragen.rollout.prompt.prompt_protocol import (
     ACTION_SEPARATOR,
     ParsedAnswer,
     parse_answer,

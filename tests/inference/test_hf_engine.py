@@ -9,12 +9,10 @@ import time
 import pytest
 import torch
 
-from rllib_ragen.inference.batching import left_pad
-from rllib_ragen.inference.engine import SamplingParams
+from rllib_ragen.inference.engine import SamplingParams, left_pad
 from rllib_ragen.inference.engine_factory import make_engine
 from rllib_ragen.inference.engine_settings import EngineSettings
-from rllib_ragen.inference.hf_engine import HFEngine
-from rllib_ragen.inference.token_sampling import draw_by_inverse_cdf, mask_top_p, processed_logprobs
+from rllib_ragen.inference.hf_engine import HFEngine, draw_by_inverse_cdf, mask_top_p, processed_logprobs
 from rllib_ragen.models import load_causal_lm
 
 PROMPTS = [[1, 17, 930, 4021, 77, 5], [1, 2048], [1, 600, 601, 602, 603, 604, 605, 606, 607, 9], [3, 44, 45]]

@@ -29,7 +29,7 @@ from rllib_ragen.run.analysis import (
 )
 from rllib_ragen.run.tracking import MLflowTracker
 from rllib_ragen.run.train_loop import run
-from rllib_ragen.training.echo_trap import EchoTrapSettings
+from rllib_ragen.training.collapse_metrics import EchoTrapSettings
 
 NOTEBOOK = ROOT / "notebooks" / "starpo_runs.ipynb"
 

@@ -25,3 +25,9 @@ def test_traced_modules_sees_the_calls_inside_the_block_and_none_after():
         wilson_interval(3, 4)
     parse_literal("1")  # after the block: not recorded
     assert seen == {"rllib_ragen.intervals"}
+
+
+def test_in_package_splits_the_package_from_the_envs():
+    modules = ["envs.base", "rllib_ragen", "rllib_ragen.logits", "rllib_ragen_extra.x", "envs_more.y"]
+    assert module_trace.in_package(modules, "rllib_ragen") == ["rllib_ragen", "rllib_ragen.logits"]
+    assert module_trace.in_package(modules, "envs") == ["envs.base"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rllib_ragen.rollout.prompt.answer_parser import ParsedAnswer
+from rllib_ragen.rollout.prompt.prompt_protocol import ParsedAnswer
 from rllib_ragen.rollout.reward_shaping import (
     RewardShapingSettings,
     shaping_statistics,

@@ -12,8 +12,8 @@ import torch.multiprocessing as mp
 from ray.rllib.core import DEFAULT_MODULE_ID
 from run_helpers import free_port, tiny_config
 
-from rllib_ragen.algorithm.update import update_learners
-from rllib_ragen.masked import masked_whiten
+from rllib_ragen.algorithm.starpo import update_learners
+from rllib_ragen.logits import masked_whiten
 from rllib_ragen.rllib_private import local_learner
 from rllib_ragen.rollout.env_runner import policy_weights
 from rllib_ragen.training.advantages import whiten_across_learners

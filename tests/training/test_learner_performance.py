@@ -6,16 +6,15 @@ recomputed log-probs at generated positions only; token-budget micro-batches of
 length-sorted rows; optional bf16 autocast) must give the same loss and gradient.
 """
 
+
 from __future__ import annotations
 
 import copy
-
 import gymnasium as gym
 import pytest
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
-
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.columns import (
     ATTENTION_MASK,
@@ -29,6 +28,8 @@ from rllib_ragen.columns import (
 from rllib_ragen.training.learner import micro_batch_weights
 from rllib_ragen.training.losses import aggregate_loss, policy_loss
 from rllib_ragen.training.module import ScoringSettings
+import ctypes
+from rllib_ragen.training.learner import _glibc, phase_peak, release_freed_memory
 
 SPACE = gym.spaces.Text(max_length=8)
 ENTROPY_COEFF = 0.01
@@ -160,3 +161,44 @@ def test_config_errors():
         StarPOConfig().training(micro_batch_tokens=0).validate_starpo()
     with pytest.raises(ValueError, match="autocast_dtype"):
         StarPOConfig().training(autocast_dtype="fp8").validate_starpo()
+
+
+BLOCK = 64 * 1024  # below glibc's mmap threshold: from the heap, kept there once freed
+BLOCKS = 4096  # 256 MiB
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096
+
+
+def test_released_heap_pages_leave_the_resident_set():
+    libc = _glibc()
+    assert libc is not None, "this test needs glibc (Linux)"
+    libc.malloc.restype = ctypes.c_void_p
+    blocks = [libc.malloc(BLOCK) for _ in range(BLOCKS)]
+    for block in blocks:
+        ctypes.memset(block, 1, BLOCK)  # touch every page
+    for block in blocks[:-1]:  # the last block pins the heap's top, so free() alone trims nothing
+        libc.free(ctypes.c_void_p(block))
+    held = _resident_bytes()
+    assert release_freed_memory()
+    released = _resident_bytes()
+    libc.free(ctypes.c_void_p(blocks[-1]))
+    assert held - released > 200 * 2**20, (held, released)
+
+
+def test_each_phase_reports_its_own_peak():
+    """A phase that touches 400 MiB peaks at least that far above the resident set it started from; the
+    next phase, which allocates nothing, peaks near its own start: a peak that were not reset per
+    phase would still show the first phase's."""
+    with phase_peak() as busy:
+        start = _resident_bytes()
+        block = torch.ones(100 * 2**20, dtype=torch.float32)  # 400 MiB, every page touched
+        del block
+    release_freed_memory()
+    with phase_peak() as idle:
+        idle_start = _resident_bytes()
+    assert busy["bytes"] - start > 380 * 2**20, (busy, start)
+    assert idle["bytes"] - idle_start < 50 * 2**20, (idle, idle_start)
+    assert busy["bytes"] - idle["bytes"] > 300 * 2**20, (busy, idle)

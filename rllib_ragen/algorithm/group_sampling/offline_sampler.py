@@ -8,7 +8,7 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.offline.offline_data import OfflineData
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
-from rllib_ragen.rollout.episode_readers import rollout_statistics
+from rllib_ragen.rollout.trajectory_record import rollout_statistics
 
 OFFLINE_DATA_RESULTS = "offline_data"
 

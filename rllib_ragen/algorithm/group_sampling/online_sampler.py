@@ -1,4 +1,5 @@
-"""`OnlineSampler`: what the samplers of fresh rollouts share (local, remote and async runners).
+"""`OnlineSampler`: what the samplers of fresh rollouts share (local, remote and async runners), and
+`LocalSampler`, the one that samples in this process.
 
 Each owns the run's training-seed cursor (`TrainSeedCursor`): its state goes into
 the algorithm's checkpoint, so a resumed run samples the seeds after the last ones
@@ -13,11 +14,35 @@ from collections.abc import Mapping
 from typing import Any
 
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
+from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
-from rllib_ragen.algorithm.group_sampling.seed_cursor import TRAIN_SEED_CURSOR, TrainSeedCursor
 from rllib_ragen.data.parquet import RecordingSettings, write_rollouts
 from rllib_ragen.rollout.env_group import RolloutSettings, training_env_config
+from rllib_ragen.rollout.env_runner import LLMEnvRunner
+
+# The cursor's entry in the algorithm's state (and so in every checkpoint's `state.pkl`).
+TRAIN_SEED_CURSOR = "next_train_seed"
+
+
+class TrainSeedCursor:
+    """Hands out training seeds in order, `n_groups` per iteration, so no initial state repeats: the
+    one place the run keeps its next training seed.
+
+    Args:
+        start: The first training seed (`train_seed_start`).
+        n_groups: Seeds per iteration, one per group.
+    """
+
+    def __init__(self, *, start: int, n_groups: int) -> None:
+        self.next_seed = start
+        self.n_groups = n_groups
+
+    def take(self) -> list[int]:
+        """The next iteration's seeds; the cursor moves past them."""
+        seeds = list(range(self.next_seed, self.next_seed + self.n_groups))
+        self.next_seed += self.n_groups
+        return seeds
 
 
 class OnlineSampler(abc.ABC):
@@ -73,3 +98,18 @@ class OnlineSampler(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 (a no-op by default: the runners belong to the algorithm)
         """The runners belong to the algorithm, which stops them."""
+
+
+class LocalSampler(OnlineSampler):
+    """Samples on the algorithm's local `LLMEnvRunner`, in this process (num_env_runners=0); its metrics
+    go to `env_runners/`."""
+
+    def __init__(self, metrics: MetricsLogger, *, env_runner: LLMEnvRunner, **online: Any) -> None:
+        """`online`: `OnlineSampler`'s arguments."""
+        super().__init__(metrics, **online)
+        self.env_runner = env_runner
+
+    def sample_groups(self) -> list[MultiAgentEpisode]:
+        episodes = self.env_runner.sample(seeds=self.seeds.take())
+        self.metrics.aggregate([self.env_runner.get_metrics()], key=ENV_RUNNER_RESULTS)
+        return episodes

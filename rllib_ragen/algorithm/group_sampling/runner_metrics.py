@@ -5,7 +5,7 @@ from __future__ import annotations
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
-from rllib_ragen.rollout.episode_readers import rollout_statistics
+from rllib_ragen.rollout.trajectory_record import rollout_statistics
 
 # Per-runner metrics that add up over parallel runners, and the one that is a wall time.
 _SUMMED_RUNNER_METRICS = ("env_errors", "truncated_prompt_trajectories", "rollout_tokens_per_s")

@@ -11,8 +11,8 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from rllib_ragen.algorithm.group_sampling.async_sampler import AsyncSampler
 from rllib_ragen.algorithm.group_sampling.group_sampler import GroupSampler
-from rllib_ragen.algorithm.group_sampling.local_sampler import LocalSampler
 from rllib_ragen.algorithm.group_sampling.offline_sampler import OfflineSampler
+from rllib_ragen.algorithm.group_sampling.online_sampler import LocalSampler
 from rllib_ragen.algorithm.group_sampling.remote_sampler import RemoteSampler
 from rllib_ragen.rollout.env_runner import LLMEnvRunner
 

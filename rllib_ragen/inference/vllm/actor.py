@@ -18,19 +18,18 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-if TYPE_CHECKING:
-    from vllm import SamplingParams as VLLMSamplingParams
-    from vllm.lora.request import LoRARequest
-    from vllm.outputs import CompletionOutput, RequestOutput
-
 from rllib_ragen.inference.collective import GroupSpec, TensorLayout, receive
-from rllib_ragen.inference.engine import Completion, SamplingParams
+from rllib_ragen.inference.engine import Completion, PackedWeights, SamplingParams, unpack_weights
 from rllib_ragen.inference.engine_settings import CPU_KV_BLOCK_TOKENS, EngineSettings
 from rllib_ragen.inference.kv_cache import kv_cache_bytes
 from rllib_ragen.inference.vllm.adapter import ServedAdapter, lora_engine_kwargs
 from rllib_ragen.inference.vllm.reload import reload_in_worker
-from rllib_ragen.inference.weights import PackedWeights, unpack_weights
 from rllib_ragen.lora import LoraSettings
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams as VLLMSamplingParams
+    from vllm.lora.request import LoRARequest
+    from vllm.outputs import CompletionOutput, RequestOutput
 
 logger = logging.getLogger(__name__)
 

@@ -27,22 +27,21 @@ from ray.actor import ActorHandle
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from torch import Tensor
 
-from rllib_ragen.inference.batching import check_score_inputs, check_token_ids
 from rllib_ragen.inference.collective import GroupSpec, TensorLayout
 from rllib_ragen.inference.engine import (
     Completion,
     EngineTimeoutError,
     InferenceEngine,
-    SamplingParams,
-)
-from rllib_ragen.inference.engine_settings import EngineSettings
-from rllib_ragen.inference.vllm.actor import VLLMEngineActor, actor_env_vars
-from rllib_ragen.inference.weights import (
     PackedWeights,
+    SamplingParams,
+    check_score_inputs,
+    check_token_ids,
     check_weights,
     hf_weight_shapes,
     pack_weights,
 )
+from rllib_ragen.inference.engine_settings import EngineSettings
+from rllib_ragen.inference.vllm.actor import VLLMEngineActor, actor_env_vars
 from rllib_ragen.lora import LoraSettings
 from rllib_ragen.sharding import split_contiguous
 

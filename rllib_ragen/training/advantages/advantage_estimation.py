@@ -1,10 +1,21 @@
-"""The advantage-estimator registry: one calling convention for every estimator, built-in or registered.
+"""Advantage estimation as step 4 of an iteration runs it (on each learner): the estimator registry,
+the settings group, and the post-processing sequence around the pure estimators of `estimators.py`.
 
-Pack the tensors into an :class:`AdvantageInputs` and call
-``compute_advantages(name, inputs, **hparams)``; :data:`ADVANTAGE_ESTIMATORS`
-maps each name to an adapter ``fn(inputs, **hparams)`` over the pure functions
-of `estimators.py`. The registry is per process: register in a module every
-learner process imports.
+The registry gives every estimator, built-in or registered, one calling convention: pack the
+tensors into an :class:`AdvantageInputs` and call ``compute_advantages(name, inputs, **hparams)``;
+:data:`ADVANTAGE_ESTIMATORS` maps each name to an adapter ``fn(inputs, **hparams)`` over the pure
+functions. The registry is per process: register in a module every learner process imports.
+
+`AdvantageSettings` is the settings group (set with `StarPOConfig.training()`).
+
+`estimate_advantages` runs, in this order:
+1. the configured estimator (`compute_advantages`) -> advantages and returns [B, T];
+2. whitening of critic advantages over the tokens that have them (M_adv), with
+   the mean and variance over every learner's tokens when several learners
+   train (`whiten_across_learners`);
+3. length weighting (RAGEN-2's `grpo_advantage_length_weight`): each trajectory's
+   advantages divided by its relative length to the power alpha
+   (`length_weighted_advantages`).
 """
 
 from __future__ import annotations
@@ -12,11 +23,14 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
-from rllib_ragen.masked import masked_sum, to_bool_mask
+from rllib_ragen.checks import check_choice
+from rllib_ragen.logits import masked_sum, masked_whiten, to_bool_mask
 from rllib_ragen.training.advantages.estimators import arpo, bi_level_gae, brpo, gae, grpo, restrict_to_advantage_mask
+from rllib_ragen.training.distributed import all_reduce_sum, is_distributed
 from rllib_ragen.user_registries import add_to_registry
 
 Tensor = torch.Tensor
@@ -226,3 +240,132 @@ def _check_hparams(name: str, estimator: Estimator, hparams: Mapping[str, object
             f"advantage estimator {name!r}: unknown hparams {unknown}, missing hparams {missing}; "
             f"it takes {sorted(allowed)} (required: {sorted(required)})"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageSettings:
+    """How advantages are estimated (set with `StarPOConfig.training()`).
+
+    The named settings are the hyper-parameters of the built-in estimators;
+    `advantage_hparams` sets any other keyword an estimator declares (grpo's
+    ``eps``, bi_level_gae's ``high_level_lambda``, a registered estimator's own),
+    whose defaults stay declared once, in the estimator's signature.
+
+    Each field is documented where `StarPOConfig.training()` sets it.
+    """
+
+    advantage_estimator: str = "gae"
+    gamma: float = 1.0
+    lambda_: float = 1.0
+    high_level_gamma: float = 0.95
+    whiten_advantages: bool = True
+    grpo_norm_by_std: bool = True
+    advantage_hparams: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_choice("advantage_estimator", self.advantage_estimator, sorted(ADVANTAGE_ESTIMATORS))
+        declared = estimator_hparam_names(self.advantage_estimator)
+        unknown = sorted(set(self.advantage_hparams) - set(declared))
+        if unknown:
+            raise ValueError(
+                f"advantage_hparams {unknown} are not hyper-parameters of advantage estimator "
+                f"{self.advantage_estimator!r}; it declares {list(declared)}"
+            )
+
+    def hparams(self) -> dict[str, Any]:
+        """The configured value of every hyper-parameter the estimator declares and the config sets."""
+        # The estimators' parameters carry the settings' own names, so a setting is passed as itself.
+        named = ("gamma", "lambda_", "high_level_gamma", "grpo_norm_by_std")
+        declared = estimator_hparam_names(self.advantage_estimator)
+        return {name: getattr(self, name) for name in declared if name in named} | dict(self.advantage_hparams)
+
+    @property
+    def needs_critic(self) -> bool:
+        return needs_critic(self.advantage_estimator)
+
+
+@dataclasses.dataclass(frozen=True)
+class EstimatedAdvantages:
+    """What `estimate_advantages` returns.
+
+    Attributes:
+        advantages: [B, T], 0 outside the advantage mask.
+        returns: [B, T] the critic's targets (the estimator's, before whitening).
+        length_weights: [B] each trajectory's length weight; None when length weighting is off.
+    """
+
+    advantages: Tensor
+    returns: Tensor
+    length_weights: Tensor | None = None
+
+
+def estimate_advantages(
+    inputs: AdvantageInputs, settings: AdvantageSettings, *, length_weight: float
+) -> EstimatedAdvantages:
+    """Estimates, whitens and length-weights the advantages of one batch (see the module docstring).
+
+    Args:
+        inputs: The batch's tensors ([B, T] each, one row per trajectory).
+        settings: The estimator, its hyper-parameters and whether to whiten.
+        length_weight: The exponent alpha of length weighting (`advantage_length_weight`); 0 = off.
+    """
+    advantages, returns = compute_advantages(settings.advantage_estimator, inputs, **settings.hparams())
+    if settings.whiten_advantages and settings.needs_critic and _can_whiten(inputs.advantage_tokens):
+        advantages = whiten_across_learners(advantages, inputs.advantage_tokens)
+    if length_weight <= 0:
+        return EstimatedAdvantages(advantages, returns)
+    advantages, weights = length_weighted_advantages(advantages, inputs.generated_mask, alpha=length_weight)
+    return EstimatedAdvantages(advantages, returns, weights)
+
+
+def _can_whiten(advantage_tokens: Tensor) -> bool:
+    """A selective M_adv (say "answer_only" before the model writes well-formed answers) may
+    leave fewer than 2 tokens, whose zero advantages stay as they are. Several learners
+    always whiten together (each takes part in the all-reduce; too few tokens overall is an error)."""
+    return is_distributed() or int(advantage_tokens.sum()) >= 2
+
+
+def whiten_across_learners(x: Tensor, mask: Tensor, *, eps: float = 1e-8) -> Tensor:
+    """`masked_whiten` with the mean and unbiased variance over every learner's masked values.
+
+    Args:
+        x: [B, T] values.
+        mask: [B, T] 0/1.
+
+    Returns:
+        [B, T] whitened values, 0 on padding.
+    """
+    if not is_distributed():
+        return masked_whiten(x, mask, eps=eps)
+    mask = to_bool_mask(mask, shape=x.shape)
+    x = x.float()
+    count = all_reduce_sum(mask.sum().float())
+    if count < 2:
+        raise ValueError(f"whitening needs >= 2 advantage tokens over all learners, got {int(count)}")
+    mean = all_reduce_sum(masked_sum(x, mask)) / count
+    var = all_reduce_sum(masked_sum((x - mean).square(), mask)) / (count - 1)
+    whitened = (x - mean) * torch.rsqrt(var + eps)
+    return torch.where(mask, whitened, torch.zeros_like(whitened))
+
+
+def length_weighted_advantages(advantages: Tensor, mask: Tensor, *, alpha: float) -> tuple[Tensor, Tensor]:
+    """Divides each trajectory's advantages by its relative length to the power ``alpha``.
+
+    ``w_i = (L_i / mean_j L_j) ** -alpha`` with ``L_i`` the masked tokens of
+    row ``i``, over the rows that have any.
+
+    Args:
+        advantages: [B, T].
+        mask: [B, T] 0/1, the generated tokens.
+        alpha: Exponent >= 0; 0 leaves the advantages as they are.
+
+    Returns:
+        advantages * w [B, T] (0 on padding), and the weights w [B] (1 for empty rows).
+    """
+    mask = to_bool_mask(mask, shape=advantages.shape)
+    lengths = mask.sum(dim=1).float()
+    present = lengths > 0
+    mean_length = lengths[present].mean() if present.any() else lengths.new_ones(())
+    weights = torch.where(present, (lengths / mean_length).pow(-alpha), torch.ones_like(lengths))
+    weighted = torch.where(mask, advantages * weights[:, None], torch.zeros_like(advantages))
+    return weighted, weights

@@ -1,4 +1,4 @@
-"""Masked-tensor helpers, against values computed by hand."""
+"""Token-level tensor math (`rllib_ragen/logits.py`): the masked helpers, against values computed by hand."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rllib_ragen.masked import masked_mean, masked_var, masked_whiten
+from rllib_ragen.logits import masked_mean, masked_var, masked_whiten
 
 
 def t(*rows: list[float]) -> torch.Tensor:
