@@ -63,6 +63,7 @@ from rllib_ragen.training.behaviour_cloning import (
     supervised_step,
 )
 from rllib_ragen.training.learner import release_freed_memory
+from rllib_ragen.training.token_tree import use_tree_attention
 from rllib_ragen.training.top_layers import train_top_layers_only
 
 # Part of the cache key: a change to how the warm start trains, or to the text of the
@@ -230,6 +231,7 @@ def _train(base_path: Path, config: WarmStartSettings, out_dir: Path, report: Ca
         raise RuntimeError(f"the {config.player} player made no demonstration of {config.env} within the budget")
     trajectories = trajectories_from_episodes(episodes, history_window=config.protocol.history_window)
     policy = load_causal_lm(base_path, dtype=torch.float32)
+    use_tree_attention(policy)
     policy.train()
     if config.trained_top_layers is not None:
         train_top_layers_only(policy, config.trained_top_layers)

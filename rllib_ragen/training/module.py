@@ -44,7 +44,7 @@ from rllib_ragen.lora import (
 )
 from rllib_ragen.models import load_causal_lm, resolve_model
 from rllib_ragen.training.advantages import critic_free_estimators
-from rllib_ragen.training.token_tree import TokenTree, token_tree, tree_hidden, worth_a_tree
+from rllib_ragen.training.token_tree import TokenTree, token_tree, tree_hidden, use_tree_attention, worth_a_tree
 from rllib_ragen.training.top_layers import train_top_layers_only
 
 CRITIC_KINDS = ("none", "head", "separate")
@@ -123,6 +123,7 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
         model_path = resolve_model(self.llm_config.model)
         self.scoring = ScoringSettings()
         self.policy = load_causal_lm(model_path, dtype=dtype)
+        use_tree_attention(self.policy)
         lora = self.lora
         if self.llm_config.critic == "separate" and not self.inference_only:
             # Under LoRA one frozen trunk serves both: the critic's adapters wrap the policy's base tensors.
@@ -132,6 +133,7 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
                 if lora.enabled
                 else load_causal_lm(model_path, dtype=dtype).base_model
             )
+            use_tree_attention(self.critic_trunk)
         if lora.enabled:
             add_adapters(self.policy, lora)
         if self.llm_config.trained_top_layers is not None:

@@ -202,6 +202,18 @@ def _attention_implementation(trunk: nn.Module) -> str | None:
     return getattr(getattr(trunk, "config", None), "_attn_implementation", None)
 
 
+def use_tree_attention(model: nn.Module) -> None:
+    """Switches a Hugging Face model that attends with sdpa to the tree implementation, once, where it is
+    loaded for training (transformers' public `set_attn_implementation`).
+
+    A pass without `tree_blocks` (no tree, or generation) runs sdpa's own attention under it, so only tree
+    passes change. It must hold for the whole life of the model, not for one pass: a recompute under
+    gradient checkpointing runs the attention of the pass it recomputes.
+    """
+    if _attention_implementation(model) == "sdpa":
+        model.set_attn_implementation(TREE_ATTENTION)  # type: ignore[operator]  # a PreTrainedModel method
+
+
 def worth_a_tree(trunk: nn.Module, tree: TokenTree, real_tokens: int) -> bool:
     """Whether `tree` runs through `trunk`: its rows share positions, it is not too large, and the
     trunk's attention honours a custom 4D mask."""
@@ -267,11 +279,7 @@ def tree_hidden(trunk: nn.Module, tree: TokenTree, *, query_block: int = QUERY_B
     """
     mask = tree.attention_mask()
     blocks = {}
-    if _attention_implementation(trunk) in ("sdpa", TREE_ATTENTION):
-        # For good, not for this pass only: a recompute under gradient checkpointing must run the attention
-        # of the pass it recomputes, and without blocks the tree implementation is sdpa's own.
-        config: Any = trunk.config  # a transformers config (nn.Module types attributes as Tensor | Module)
-        config._attn_implementation = TREE_ATTENTION
+    if _attention_implementation(trunk) == TREE_ATTENTION:  # `use_tree_attention` switched it at load
         blocks["tree_blocks"] = attention_blocks(mask, query_block)
     elif _attention_implementation(trunk) == "eager":
         # Eager attention adds its mask to the scores: 0 where a node is seen, the lowest float elsewhere.

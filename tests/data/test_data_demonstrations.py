@@ -19,8 +19,8 @@ from rllib_ragen.data.demonstrations import (
     expert_demonstrations,
 )
 from rllib_ragen.rollout.env_group import TurnBudgetSettings
-from rllib_ragen.rollout.prompt.token_history import ChatTemplate
 from rllib_ragen.rollout.prompt.prompt_protocol import PromptProtocol, ProtocolSettings
+from rllib_ragen.rollout.prompt.token_history import ChatTemplate
 from rllib_ragen.rollout.trajectory_record import trajectory_start, turn_record
 
 SEEDS = tuple(range(8))

@@ -38,9 +38,10 @@ from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.rollout.prompt.prompt_protocol import (
     ACTION_SEPARATOR,
     ParsedAnswer,
+    PromptProtocol,
+    ProtocolSettings,
     parse_answer,
 )
-from rllib_ragen.rollout.prompt.prompt_protocol import PromptProtocol, ProtocolSettings
 from rllib_ragen.run.settings_flag import apply_setting
 
 # Cases per fuzz target (env: per env; each env case is a reset and up to 8 steps).

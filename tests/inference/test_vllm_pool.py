@@ -16,12 +16,11 @@ import torch
 import transformers
 
 from rllib_ragen.inference import engine_settings
-from rllib_ragen.inference.engine import SamplingParams
+from rllib_ragen.inference.engine import SamplingParams, pack_weights, unpack_weights
 from rllib_ragen.inference.engine_factory import make_engine
 from rllib_ragen.inference.engine_settings import EngineSettings, resolve_kind
 from rllib_ragen.inference.hf_engine import HFEngine
 from rllib_ragen.inference.vllm.pool import LOAD_STEP, VLLMEnginePool
-from rllib_ragen.inference.engine import pack_weights, unpack_weights
 from rllib_ragen.models import load_causal_lm, tiny_random_config
 
 TOLERANCE = 1e-3  # max abs log-prob difference, vLLM fp32 vs HF fp32

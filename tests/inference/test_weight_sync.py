@@ -17,8 +17,8 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.inference.collective import GroupHost, TensorLayout, receive, send
-from rllib_ragen.inference.vllm.adapter import VLLM_MAX_LORA_RANKS
 from rllib_ragen.inference.engine import pack_weights
+from rllib_ragen.inference.vllm.adapter import VLLM_MAX_LORA_RANKS
 from rllib_ragen.lora import adapter_state_dict
 from rllib_ragen.rllib_private import local_learner
 
@@ -359,9 +359,9 @@ class _Learner:
 def test_float32_weights_travel_in_the_engines_bf16_rounded_as_the_engine_rounds_them():
     """An fp32 learner and bf16 engines: the weights go at 2 bytes a value, and each equals what the
     engine's own load (copy_ into its bf16 parameter) makes of the fp32 value; integer buffers stay."""
+    from rllib_ragen.inference.engine import unique_weights
     from rllib_ragen.inference.engine_settings import EngineSettings
     from rllib_ragen.inference.weight_sync import Payload, _policy_tensors, wire_dtype
-    from rllib_ragen.inference.engine import unique_weights
 
     assert wire_dtype(EngineSettings(kind="vllm", dtype="bfloat16"), adapter=False) == torch.bfloat16
     assert wire_dtype(EngineSettings(kind="vllm", dtype="float32"), adapter=False) is None

@@ -15,8 +15,7 @@ import pytest
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
-from rllib_ragen.algorithm.starpo import StarPOConfig
-from rllib_ragen.algorithm.starpo import update_learners
+from rllib_ragen.algorithm.starpo import StarPOConfig, update_learners
 from rllib_ragen.rollout.env_group import TurnBudgetSettings
 from rllib_ragen.rollout.prompt.prompt_protocol import ProtocolSettings
 from rllib_ragen.rollout.trajectory_record import trajectories_from_episodes

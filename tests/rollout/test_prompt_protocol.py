@@ -1,7 +1,6 @@
 """Prompt building by appending tokens, the generated-token mask, and answer parsing with a real tokenizer."""
 
 
-
 import pytest
 
 from rllib_ragen.rollout.prompt.prompt_protocol import (

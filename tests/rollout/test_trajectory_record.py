@@ -10,11 +10,18 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+from scripted_episodes import AGENT, BROKEN_LAKE_ENV, LAKE_ENV, ROOM_ENV, scripted_episode
+
+from envs import make_env
+from envs.base import FAILURE_KINDS
+from rllib_ragen.rollout.evaluation import evaluate_on_seeds, failures_table
 from rllib_ragen.rollout.prompt.token_history import TokenHistory
 from rllib_ragen.rollout.trajectory_record import (
     TrajectoryStart,
     TurnRecord,
     episode_model_outputs,
+    failure_counts,
+    failure_kind,
     policy_version,
     response_text,
     start_info,
@@ -25,11 +32,6 @@ from rllib_ragen.rollout.trajectory_record import (
     turn_model_outputs,
     turn_record,
 )
-from scripted_episodes import AGENT, BROKEN_LAKE_ENV, LAKE_ENV, ROOM_ENV, scripted_episode
-from envs import make_env
-from envs.base import FAILURE_KINDS
-from rllib_ragen.rollout.evaluation import evaluate_on_seeds, failures_table
-from rllib_ragen.rollout.trajectory_record import failure_counts, failure_kind
 
 START = TrajectoryStart(system_ids=[1, 2, 3], group_id=7, policy_version=4)
 # Log-probs exactly representable in float32, so the round trip compares with ==.

@@ -12,8 +12,8 @@ from rllib_ragen.algorithm.offline_training import response_token_nll
 from rllib_ragen.models import load_causal_lm, load_tokenizer
 from rllib_ragen.rollout.env_group import RolloutSettings, TurnBudgetSettings
 from rllib_ragen.rollout.evaluation import EvalSettings
-from rllib_ragen.rollout.prompt.token_history import ChatTemplate
 from rllib_ragen.rollout.prompt.prompt_protocol import PromptProtocol, ProtocolSettings
+from rllib_ragen.rollout.prompt.token_history import ChatTemplate
 from rllib_ragen.rollout.trajectory_record import trajectory_start, turn_record
 from rllib_ragen.run.warm_start import WarmStartSettings, demonstration_seeds, demonstrations, warm_start
 

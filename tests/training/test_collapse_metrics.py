@@ -5,23 +5,27 @@ against the model's own logits, the (X, Z) pairs of real episodes, and the metri
 from __future__ import annotations
 
 import math
+
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
 from run_helpers import driver_args, tiny_config
+
 from rllib_ragen.algorithm.offline_training import OfflineSettings, offline_config
 from rllib_ragen.data.demonstrations import DemonstrationSettings, expert_demonstrations
 from rllib_ragen.data.parquet import write_trajectories
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.rollout.env_group import TurnBudgetSettings
-from rllib_ragen.rollout.prompt.token_history import ChatTemplate
 from rllib_ragen.rollout.prompt.prompt_protocol import ProtocolSettings
+from rllib_ragen.rollout.prompt.token_history import ChatTemplate
 from rllib_ragen.rollout.trajectory_record import trajectory_start, turn_record
 from rllib_ragen.run.train_loop import run
 from rllib_ragen.training.collapse_metrics import (
     CollapseMetricsSettings,
+    EchoTrapMonitor,
+    EchoTrapSettings,
     ReasoningSample,
     collapse_metrics,
     cross_log_probs,
@@ -30,7 +34,6 @@ from rllib_ragen.training.collapse_metrics import (
     information_estimates,
 )
 from rllib_ragen.training.module import LLMModuleSettings, LLMRLModule, module_config
-from rllib_ragen.training.collapse_metrics import EchoTrapMonitor, EchoTrapSettings
 
 LOG2 = math.log(2)
 # ln(1 + e^-10): what the other prompt adds to a diagonal-dominant row's mixture.

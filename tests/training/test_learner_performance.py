@@ -10,11 +10,14 @@ length-sorted rows; optional bf16 autocast) must give the same loss and gradient
 from __future__ import annotations
 
 import copy
+import ctypes
+
 import gymnasium as gym
 import pytest
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
+
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.columns import (
     ATTENTION_MASK,
@@ -25,11 +28,9 @@ from rllib_ragen.columns import (
     TOKEN_ENTROPY,
     TOKEN_LOGP,
 )
-from rllib_ragen.training.learner import micro_batch_weights
+from rllib_ragen.training.learner import _glibc, micro_batch_weights, phase_peak, release_freed_memory
 from rllib_ragen.training.losses import aggregate_loss, policy_loss
 from rllib_ragen.training.module import ScoringSettings
-import ctypes
-from rllib_ragen.training.learner import _glibc, phase_peak, release_freed_memory
 
 SPACE = gym.spaces.Text(max_length=8)
 ENTROPY_COEFF = 0.01

@@ -4,15 +4,19 @@
 from __future__ import annotations
 
 import math
+
 import pytest
 import torch
+
 from rllib_ragen.logits import entropy_from_logits, token_logprobs
-from rllib_ragen.training.losses import aggregate_loss, kl_penalty, policy_loss, value_loss
-from rllib_ragen.training.losses import policy_loss
 from rllib_ragen.training.losses import (
     OffPolicyCorrectionSettings,
+    aggregate_loss,
+    kl_penalty,
     masked_importance_weights,
+    policy_loss,
     truncated_importance_weights,
+    value_loss,
 )
 
 # One row of 7 tokens: ratios 1.1 (inside the clip range), 1.5 (above 1 + 0.28),

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rllib_ragen.rollout.prompt.token_history import TokenHistory
-from rllib_ragen.rollout.trajectory_record import Trajectory
-from rllib_ragen.training.token_batch import build_token_batch
 from ray.rllib.core.columns import Columns
+
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.columns import ATTENTION_MASK, GENERATED_MASK
 from rllib_ragen.rollout.prompt.prompt_protocol import ProtocolSettings, response_token_spans
+from rllib_ragen.rollout.prompt.token_history import TokenHistory
+from rllib_ragen.rollout.trajectory_record import Trajectory
 from rllib_ragen.training.advantages import (
     AdvantageInputs,
     compute_advantages,
@@ -23,6 +23,7 @@ from rllib_ragen.training.token_batch import (
     TOKEN_MASKS,
     ResponseSpanLabeller,
     TokenSpans,
+    build_token_batch,
     build_token_mask,
     register_token_mask,
     unregister_token_mask,

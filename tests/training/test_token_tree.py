@@ -2,19 +2,27 @@
 hidden states, loss and every gradient (with negative controls that would catch a misplaced node)."""
 
 
-
 import dataclasses
+
 import pytest
 import torch
 from trunk_passes import assert_bf16_trunk_hidden_is_per_row, assert_equals_per_row_pass, per_row_hidden
+
 from rllib_ragen.columns import ATTENTION_MASK, GENERATED_MASK, INPUT_IDS
 from rllib_ragen.models import load_causal_lm
 from rllib_ragen.training.learner import micro_batch_weights
 from rllib_ragen.training.module import computed_positions, tree_plan
-from rllib_ragen.training.token_tree import MAX_TREE_NODES, token_tree, tree_budget_groups, tree_hidden, worth_a_tree
-from trunk_passes import assert_equals_per_row_pass, per_row_hidden
-from rllib_ragen.training.token_tree import token_tree, tree_hidden
-from rllib_ragen.training.token_tree import TREE_ATTENTION, AttentionBlock, attention_blocks
+from rllib_ragen.training.token_tree import (
+    MAX_TREE_NODES,
+    TREE_ATTENTION,
+    AttentionBlock,
+    attention_blocks,
+    token_tree,
+    tree_budget_groups,
+    tree_hidden,
+    use_tree_attention,
+    worth_a_tree,
+)
 
 
 def _row(prompt: list[int], answer: list[int], length: int) -> tuple[list[int], list[int], list[int]]:
@@ -182,6 +190,8 @@ def test_each_block_attends_to_the_nodes_its_queries_see():
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_the_tree_in_blocks_gives_the_per_row_hidden_states_loss_and_gradients(tiny_model_path, checkpointing):
     model = load_causal_lm(tiny_model_path, dtype=torch.float32).train()
+    use_tree_attention(model)
+    assert model.config._attn_implementation == TREE_ATTENTION
     if checkpointing:
         model.gradient_checkpointing_enable()
     batch = _batch(ROWS)
@@ -192,7 +202,6 @@ def test_the_tree_in_blocks_gives_the_per_row_hidden_states_loss_and_gradients(t
     assert_equals_per_row_pass(
         model, batch, lambda trunk, b: tree_hidden(trunk, tree, query_block=8), position_weighted=True
     )
-    assert model.config._attn_implementation == TREE_ATTENTION
 
 
 def test_a_block_missing_a_key_would_show(tiny_model_path, monkeypatch):
@@ -206,6 +215,7 @@ def test_a_block_missing_a_key_would_show(tiny_model_path, monkeypatch):
         ]
 
     model = load_causal_lm(tiny_model_path, dtype=torch.float32).eval()
+    use_tree_attention(model)
     batch = _batch(ROWS)
     tree = token_tree(batch[INPUT_IDS], batch[ATTENTION_MASK])
     answer = batch[GENERATED_MASK].bool()
