@@ -47,6 +47,7 @@ from rllib_ragen.algorithm.validation import check_starpo_config
 from rllib_ragen.inference.weight_sync import PolicyWeightSync
 from rllib_ragen.models import load_tokenizer, resolve_model, resolves_locally
 from rllib_ragen.rollout.evaluation import evaluate_on_seeds
+from rllib_ragen.rollout.self_play_runner import SelfPlayEnvRunner
 from rllib_ragen.training.collapse_metrics import BatchDiagnostics
 from rllib_ragen.training.distributed import count_training_rows, learner_minibatch_sizes, shard_groups
 from rllib_ragen.training.filtering import filter_groups
@@ -311,11 +312,14 @@ class StarPO(Algorithm):
         seeds = list(settings.seeds)
         with self._phase(EVAL_TIMER):
             evaluation = evaluate_on_seeds(self._sample_evaluation, seeds=seeds, temperature=settings.eval_temperature)
-        for key, value in evaluation.stats.items():
+            stats = dict(evaluation.stats)
+            if isinstance(self.env_runner, SelfPlayEnvRunner):  # two-player games: rates against fixed opponents
+                stats |= self.env_runner.game_evaluation(first_seed=seeds[0], temperature=settings.eval_temperature)
+        for key, value in stats.items():
             self.metrics.log_value((EVALUATION_RESULTS, key), value, window=1)
         self._evaluation_episodes = evaluation.episodes
         self.last_evaluation_successes = evaluation.successes
-        return evaluation.stats
+        return stats
 
     def _sample_evaluation(self, **sample_kwargs: Any) -> list[MultiAgentEpisode]:
         """Evaluation groups on the local runner, or on the remote runners (their metrics not reported)."""

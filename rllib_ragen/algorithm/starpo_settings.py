@@ -23,6 +23,8 @@ from rllib_ragen.rollout.evaluation import EvalSettings
 from rllib_ragen.rollout.prompt.prompt_protocol import ProtocolSettings
 from rllib_ragen.rollout.prompt.token_history import rows_per_trajectory
 from rllib_ragen.rollout.reward_shaping import RewardShapingSettings
+from rllib_ragen.rollout.self_play_runner import SelfPlayEnvRunner
+from rllib_ragen.rollout.self_play_settings import SelfPlaySettings
 from rllib_ragen.training.advantages import AdvantageSettings
 from rllib_ragen.training.collapse_metrics import CollapseMetricsSettings, EchoTrapSettings
 from rllib_ragen.training.filtering import FilterSettings
@@ -118,6 +120,7 @@ class StarPOSettings(AlgorithmConfig):
         self.echo_trap = EchoTrapSettings()
         self.starpo_eval = EvalSettings()
         self.recording = RecordingSettings()
+        self.two_player = SelfPlaySettings()
 
     # ------------------------------------------------------------------ builders
     def llm(
@@ -412,8 +415,9 @@ class StarPOSettings(AlgorithmConfig):
 
         Args:
             advantage_estimator: "gae" (PPO critic), "bi_level_gae" (turn-level GAE feeding token-level GAE),
-                "grpo" (normalise in group), "brpo" (normalise over the batch), "arpo" (raw rewards) or a
-                registered estimator.
+                "grpo" (normalise in group), "brpo" (normalise over the batch), "arpo" (raw rewards), "rae"
+                (two-player self-play: each seat's reward less its role's moving-average baseline, SPIRAL's RAE;
+                `advantage_hparams={"rae_decay": 0.95}`) or a registered estimator.
             gamma: Token-level discount.
             lambda_: Token-level GAE lambda.
             high_level_gamma: Turn-level discount of bi-level GAE.
@@ -629,6 +633,52 @@ class StarPOSettings(AlgorithmConfig):
             eval_temperature=eval_temperature,
             eval_seed=eval_seed,
         )
+        return self
+
+    def self_play(
+        self,
+        *,
+        self_play_game: str | None = NotProvided,
+        self_play_opponent: str = NotProvided,
+        invalid_move_ends_game: bool = NotProvided,
+        invalid_move_reward: float = NotProvided,
+        opponent_invalid_reward: float = NotProvided,
+        max_game_turns: int = NotProvided,
+        game_eval_opponents: tuple[str, ...] = NotProvided,
+        game_eval_games: int = NotProvided,
+    ) -> Self:
+        """Two-player self-play through RLlib's multi-agent API (group `two_player`; `docs/self_play.md`).
+
+        Setting a game makes rollouts two-player games (`rllib_ragen.rollout.self_play_runner`): each seat
+        (`player_0`, `player_1`) is its own agent with its own rows and rewards. Pair it with
+        `.training(advantage_estimator="rae")` (SPIRAL's per-role baselines).
+
+        Args:
+            self_play_game: A two-player TextArena game id, e.g. "TicTacToe-v0" or "KuhnPoker-v0"; None = off.
+            self_play_opponent: Who the trained policy meets in training: "self" (itself on both seats, shared
+                weights, the role in each seat's prompt), "frozen" (the policy the run started from, served by
+                a second engine: no gradient, no learner memory), "random" or "minimax" (TicTacToe's exact
+                expert); seats alternate game by game.
+            invalid_move_ends_game: SPIRAL's rule: an invalid move (an unparsable answer too) ends the game.
+            invalid_move_reward: The offender's reward then (SPIRAL: -1.5).
+            opponent_invalid_reward: The other seat's reward then (SPIRAL: +0.5).
+            max_game_turns: Moves of both seats after which the game is a draw.
+            game_eval_opponents: The fixed opponents of game evaluation ("frozen", "random", "minimax").
+            game_eval_games: Games per opponent in game evaluation, seats alternating (the issue asks >= 128).
+        """
+        self.two_player = _given(
+            self.two_player,
+            self_play_game=self_play_game,
+            self_play_opponent=self_play_opponent,
+            invalid_move_ends_game=invalid_move_ends_game,
+            invalid_move_reward=invalid_move_reward,
+            opponent_invalid_reward=opponent_invalid_reward,
+            max_game_turns=max_game_turns,
+            game_eval_opponents=game_eval_opponents,
+            game_eval_games=game_eval_games,
+        )
+        if self_play_game is not NotProvided:
+            self.env_runner_cls = LLMEnvRunner if self_play_game is None else SelfPlayEnvRunner
         return self
 
     def rollout_recording(

@@ -18,7 +18,9 @@ from rllib_ragen.algorithm.ignored_rllib_settings import check_no_ignored_rllib_
 from rllib_ragen.algorithm.settings_groups import settings_of
 from rllib_ragen.inference.engine_settings import resolve_kind
 from rllib_ragen.rollout.env_group import training_env_config
+from rllib_ragen.rollout.self_play_runner import SelfPlayEnvRunner
 from rllib_ragen.training.advantages import critic_free_estimators
+from rllib_ragen.training.advantages.estimators import RAE
 from rllib_ragen.training.filtering import TOP_P
 
 if TYPE_CHECKING:
@@ -50,6 +52,7 @@ def check_starpo_config(config: StarPOSettings) -> None:
             f"response_length={config.rollout.response_length} tokens"
         )
     _check_lora(config)
+    _check_self_play(config)
     _check_scale_out(config)
     _check_precision(config)
     if config.is_offline and config.offline_data_class is None:
@@ -58,6 +61,22 @@ def check_starpo_config(config: StarPOSettings) -> None:
             "rllib_ragen.algorithm.offline_training.offline_config(config, OfflineSettings(...))"
         )
     _warn_when_mini_batches_repeat_rows(config)
+
+
+def _check_self_play(config: StarPOSettings) -> None:
+    """Self-play's runner comes with `.self_play()`, and RAE needs the roles only self-play rollouts name."""
+    enabled = config.two_player.enabled
+    runner = config.env_runner_cls
+    if enabled and not (isinstance(runner, type) and issubclass(runner, SelfPlayEnvRunner)):
+        raise ValueError(
+            f"self_play_game={config.two_player.self_play_game!r} needs the self-play env runner: set the game "
+            "with StarPOConfig.self_play(self_play_game=...), which sets it"
+        )
+    if config.advantages.advantage_estimator == RAE and not enabled:
+        raise ValueError(
+            "advantage_estimator='rae' needs two-player self-play rollouts, whose seats name their roles: "
+            "set .self_play(self_play_game=...)"
+        )
 
 
 def _check_no_setting_set_as_attribute(config: StarPOSettings) -> None:

@@ -69,6 +69,7 @@ from rllib_ragen.rollout.reward_shaping import TASK_REWARD, shaping_statistics
 _SYSTEM_IDS = "system_ids"
 _GROUP_ID = "group_id"
 _POLICY_VERSION = "policy_version"
+_ROLE = "role"
 _USER_IDS = "user_ids"
 _CLOSE_IDS = "close_ids"
 _RESPONSE_TEXT = "response_text"
@@ -84,11 +85,13 @@ class TrajectoryStart:
         group_id: StarPO group: trajectories of one group start from one initial state.
         policy_version: Version of the weights that sampled it; None for data
             nobody sampled live (demonstrations, stored rows).
+        role: A two-player game's role key, "<game>/<seat>" (RAE's baseline key); None elsewhere.
     """
 
     system_ids: Sequence[int]
     group_id: int
     policy_version: int | None = None
+    role: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,11 +119,13 @@ class Trajectory:
         history: The exact token pieces it was sampled with.
         turn_rewards: Each answered turn's reward.
         group_id: Its StarPO group.
+        role: Its role key in a two-player game (`TrajectoryStart.role`), None elsewhere.
     """
 
     history: TokenHistory
     turn_rewards: list[float]
     group_id: int
+    role: str | None = None
 
 
 # ------------------------------------------------------------------ writers
@@ -129,6 +134,8 @@ def start_info(start: TrajectoryStart) -> dict[str, Any]:
     info: dict[str, Any] = {_SYSTEM_IDS: list(start.system_ids), _GROUP_ID: int(start.group_id)}
     if start.policy_version is not None:
         info[_POLICY_VERSION] = int(start.policy_version)
+    if start.role is not None:
+        info[_ROLE] = start.role
     return info
 
 
@@ -169,9 +176,12 @@ def trajectory_start(episode: SingleAgentEpisode) -> TrajectoryStart:
     for key in (_SYSTEM_IDS, _GROUP_ID):
         if key not in info:
             raise _missing(episode, key, "its reset info")
-    version = info.get(_POLICY_VERSION)
+    version, role = info.get(_POLICY_VERSION), info.get(_ROLE)
     return TrajectoryStart(
-        [int(i) for i in info[_SYSTEM_IDS]], int(info[_GROUP_ID]), None if version is None else int(version)
+        [int(i) for i in info[_SYSTEM_IDS]],
+        int(info[_GROUP_ID]),
+        None if version is None else int(version),
+        None if role is None else str(role),
     )
 
 
@@ -235,7 +245,7 @@ def trajectory_from_episode(episode: SingleAgentEpisode, *, history_window: int 
         user_ids, close_ids, sampling_logp = _turn_tokens(episode, t)
         history.add_user(user_ids)
         history.add_response([int(i) for i in episode.get_actions(t)], sampling_logp, close_ids)
-    return Trajectory(history, [float(r) for r in episode.get_rewards()], start.group_id)
+    return Trajectory(history, [float(r) for r in episode.get_rewards()], start.group_id, start.role)
 
 
 def trajectories_from_episodes(

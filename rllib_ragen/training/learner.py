@@ -53,6 +53,7 @@ from rllib_ragen.columns import (
 from rllib_ragen.logits import masked_mean
 from rllib_ragen.rllib_private import (
     MiniBatchStepLearner,
+    learner_connector,
     learner_optimizers,
     learner_parameters,
     named_optimizers,
@@ -76,6 +77,8 @@ from rllib_ragen.training.token_tree import tree_budget_groups
 
 POLICY_OPTIMIZER = "policy"
 CRITIC_OPTIMIZER = "critic"
+# The learner-state key of the learner connector's own state (advantage baselines), saved with checkpoints.
+CONNECTOR_STATE = "learner_connector"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +181,22 @@ class StarPOTorchLearner(MiniBatchStepLearner):
         # The update's activations are freed but kept by the allocator; the rollout and
         # evaluation that follow need none of them (`rllib_ragen.training.learner`).
         release_freed_memory()
+
+    @override(MiniBatchStepLearner)
+    def get_state(self, components: Any = None, *, not_components: Any = None, **kwargs: Any) -> dict[str, Any]:
+        """RLlib's learner state and, unless left out by name, its connector's (RAE's role baselines)."""
+        state = super().get_state(components, not_components=not_components, **kwargs)
+        connector = learner_connector(self)
+        if connector is not None and _selected(CONNECTOR_STATE, components, not_components):
+            state[CONNECTOR_STATE] = connector.get_state()
+        return state
+
+    @override(MiniBatchStepLearner)
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        connector = learner_connector(self)
+        if connector is not None and CONNECTOR_STATE in state:
+            connector.set_state(state[CONNECTOR_STATE])
 
     @override(MiniBatchStepLearner)
     def optimizer_state(self) -> dict:
@@ -284,6 +303,15 @@ class StarPOTorchLearner(MiniBatchStepLearner):
         """Log-probs of the generated tokens under the frozen reference policy, [rows, L]."""
         module = self.module[DEFAULT_MODULE_ID].unwrapped()
         return module.score_with(self._reference, batch, with_entropy=False)[TOKEN_LOGP]
+
+
+def _selected(name: str, components: Any, not_components: Any) -> bool:
+    """Whether a `get_state` call with these (RLlib's) `components` and `not_components` asks for `name`."""
+
+    def names(given: Any) -> set[str]:
+        return set() if given is None else {given} if isinstance(given, str) else set(given)
+
+    return (components is None or name in names(components)) and name not in names(not_components)
 
 
 def mask_or_generated(batch: dict[str, torch.Tensor], column: str) -> torch.Tensor:

@@ -42,6 +42,7 @@ from rllib_ragen.columns import (
 from rllib_ragen.logits import masked_mean
 from rllib_ragen.rollout.reward_shaping import RewardShapingSettings
 from rllib_ragen.training.advantages import AdvantageInputs, AdvantageSettings, estimate_advantages
+from rllib_ragen.training.advantages.estimators import RAE, RoleBaselines, zero_advantage_trajectories
 from rllib_ragen.training.token_batch import (
     ALL_TOKENS,
     ResponseSpanLabeller,
@@ -186,6 +187,8 @@ class GroupAdvantages(ConnectorV2):
             mask policy but "all".
         advantage_length_weight: Exponent of the length weighting of advantages
             (`rllib_ragen.training.advantages.advantage_estimation`); 0 = off.
+
+    State (its checkpoint, within the learner's): RAE's role baselines (`estimators.py`).
     """
 
     def __init__(
@@ -206,6 +209,15 @@ class GroupAdvantages(ConnectorV2):
         self.advantage_token_mask = advantage_token_mask
         self.span_labeller = span_labeller
         self.advantage_length_weight = advantage_length_weight
+        self.role_baselines = RoleBaselines()
+
+    @override(ConnectorV2)
+    def get_state(self, components: Any = None, *, not_components: Any = None, **kwargs: Any) -> dict[str, Any]:
+        return {"role_baselines": self.role_baselines.get_state()}
+
+    @override(ConnectorV2)
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.role_baselines.set_state(state.get("role_baselines", {}))
 
     @override(ConnectorV2)
     def __call__(
@@ -229,11 +241,16 @@ class GroupAdvantages(ConnectorV2):
             turn_ends=layout.turn_ends,
             group_ids=layout.group_ids,
             advantage_mask=None if advantage_mask == ALL_TOKENS else build_token_mask(advantage_mask, spans),
+            roles=layout.roles,
+            role_baselines=self.role_baselines,
         )
         estimated = estimate_advantages(inputs, self.advantages, length_weight=self.advantage_length_weight)
         advantages, returns = estimated.advantages, estimated.returns
+        loss_mask = build_token_mask(self.loss_token_mask, spans)
+        if self.advantages.advantage_estimator == RAE:  # SPIRAL drops the samples RAE gives no advantage
+            loss_mask = loss_mask & ~zero_advantage_trajectories(advantages, layout.generated_mask)[:, None]
         columns = {
-            Columns.LOSS_MASK: _row_mask(tokens, build_token_mask(self.loss_token_mask, spans)),
+            Columns.LOSS_MASK: _row_mask(tokens, loss_mask),
             Columns.ADVANTAGES: tokens.to_rows(advantages),
         }
         if old_values is not None:

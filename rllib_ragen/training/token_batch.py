@@ -44,12 +44,14 @@ class TrajectoryLayout:
         turn_rewards: [B, T] each turn's reward on its last generated token.
         turn_ends: [B, T] True on the last generated token of each turn.
         group_ids: [B].
+        roles: [B] each trajectory's role key in a two-player game (RAE's); None unless every one has one.
     """
 
     generated_mask: torch.Tensor
     turn_rewards: torch.Tensor
     turn_ends: torch.Tensor
     group_ids: torch.Tensor
+    roles: tuple[str, ...] | None = None
 
 
 @dataclasses.dataclass
@@ -163,7 +165,14 @@ def _trajectory_layout(trajectories: Sequence[Trajectory]) -> TrajectoryLayout:
             ends[b, end - 1] = True
         mask[b, :end] = True
     group_ids = torch.tensor([t.group_id for t in trajectories], dtype=torch.long)
-    return TrajectoryLayout(generated_mask=mask, turn_rewards=rewards, turn_ends=ends, group_ids=group_ids)
+    roles = tuple(t.role for t in trajectories if t.role is not None)
+    return TrajectoryLayout(
+        generated_mask=mask,
+        turn_rewards=rewards,
+        turn_ends=ends,
+        group_ids=group_ids,
+        roles=roles if len(roles) == len(trajectories) else None,
+    )
 
 
 Tensor = torch.Tensor

@@ -23,6 +23,7 @@ BUILDERS = (
     "diagnostics",
     "starpo_evaluation",
     "rollout_recording",
+    "self_play",
 )
 SETTINGS = settings_of(StarPOConfig())
 

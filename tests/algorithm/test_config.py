@@ -137,7 +137,7 @@ def test_a_registered_estimator_declares_its_critic_and_hparams():
         assert config.advantages.needs_critic
         assert config.advantages.hparams() == {"scale": 3.0}
         config.llm(critic="none")
-        with pytest.raises(ValueError, match=r"'scaled_values' needs a critic.*\['arpo', 'brpo', 'grpo'\]"):
+        with pytest.raises(ValueError, match=r"'scaled_values' needs a critic.*\['arpo', 'brpo', 'grpo', 'rae'\]"):
             config.validate_starpo()
     finally:
         unregister_advantage_estimator("scaled_values")

@@ -225,7 +225,7 @@ def test_group_statistics_rejects_bad_ids():
 
 
 def test_registry_names_and_unknown_name():
-    assert set(ADVANTAGE_ESTIMATORS) == {"gae", "bi_level_gae", "grpo", "brpo", "arpo"}
+    assert set(ADVANTAGE_ESTIMATORS) == {"gae", "bi_level_gae", "grpo", "brpo", "arpo", "rae"}
     with pytest.raises(KeyError, match="choose one of .*arpo.*bi_level_gae"):
         get_advantage_estimator("ppo")
 

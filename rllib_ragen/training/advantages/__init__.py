@@ -1,7 +1,7 @@
 """Advantages: the pure estimators, their registry, their settings group and the post-processing sequence.
 
-- `estimators.py`: GAE, bi-level GAE, GRPO, BRPO, ARPO as pure functions (shapes in each docstring), and
-  per-group score statistics (GRPO, the StarPO-S filter);
+- `estimators.py`: GAE, bi-level GAE, GRPO, BRPO, ARPO as pure functions (shapes in each docstring),
+  per-group score statistics (GRPO, the StarPO-S filter), and RAE (per-role baselines, two-player self-play);
 - `advantage_estimation.py`: `AdvantageInputs`, the name -> estimator registry, `compute_advantages`;
   `AdvantageSettings`, set with `StarPOConfig.training()`; and `estimate_advantages`: estimate, whiten,
   length-weight, in one sequence.

@@ -29,7 +29,18 @@ import torch
 
 from rllib_ragen.checks import check_choice
 from rllib_ragen.logits import masked_sum, masked_whiten, to_bool_mask
-from rllib_ragen.training.advantages.estimators import arpo, bi_level_gae, brpo, gae, grpo, restrict_to_advantage_mask
+from rllib_ragen.training.advantages.estimators import (
+    DEFAULT_DECAY,
+    RAE,
+    RoleBaselines,
+    arpo,
+    bi_level_gae,
+    brpo,
+    gae,
+    grpo,
+    restrict_to_advantage_mask,
+    role_conditioned_advantages,
+)
 from rllib_ragen.training.distributed import all_reduce_sum, is_distributed
 from rllib_ragen.user_registries import add_to_registry
 
@@ -42,7 +53,8 @@ class AdvantageInputs:
     """The tensors any estimator may need (layout: `estimators.py`).
 
     ``values`` are required by the critic-based estimators, ``turn_ends`` by
-    ``bi_level_gae`` and ``group_ids`` by ``grpo``. ``advantage_mask`` [B, T] 0/1
+    ``bi_level_gae``, ``group_ids`` by ``grpo``, ``roles`` [B] (each trajectory's
+    role key) and ``role_baselines`` (the learner's, updated in place) by ``rae``. ``advantage_mask`` [B, T] 0/1
     selects the tokens that get advantages (VAGEN's M_adv; None = every
     generated token): GAE estimators run on :meth:`restricted_to_advantage_mask`,
     and :func:`compute_advantages` zeroes every estimator's output elsewhere.
@@ -54,6 +66,8 @@ class AdvantageInputs:
     turn_ends: Tensor | None = None
     group_ids: Tensor | None = None
     advantage_mask: Tensor | None = None
+    roles: tuple[str, ...] | None = None
+    role_baselines: RoleBaselines | None = None
 
     def __post_init__(self) -> None:
         if self.rewards.dim() != 2:
@@ -65,6 +79,8 @@ class AdvantageInputs:
                 raise ValueError(f"{name} must have shape {tuple(self.rewards.shape)}, got {tuple(tensor.shape)}")
         if self.group_ids is not None and self.group_ids.shape != self.rewards.shape[:1]:
             raise ValueError(f"group_ids must have shape [{self.rewards.shape[0]}], got {tuple(self.group_ids.shape)}")
+        if self.roles is not None and len(self.roles) != self.rewards.shape[0]:
+            raise ValueError(f"roles must name {self.rewards.shape[0]} trajectories' roles, got {len(self.roles)}")
 
     @property
     def scores(self) -> Tensor:
@@ -142,12 +158,25 @@ def _arpo_estimator(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
     return arpo(inputs.scores, inputs.generated_mask)
 
 
+def _rae_estimator(inputs: AdvantageInputs, *, rae_decay: float = DEFAULT_DECAY) -> tuple[Tensor, Tensor]:
+    """RAE: reads ``inputs.roles`` and updates ``inputs.role_baselines`` (the learner's) in place."""
+    roles, state = inputs.roles, inputs.role_baselines
+    if roles is None or state is None:
+        raise ValueError(
+            "advantage estimator 'rae' needs AdvantageInputs.roles and .role_baselines: it runs on two-player "
+            "self-play rollouts (`StarPOConfig.self_play()`), whose trajectories name their role"
+        )
+    per_trajectory, state.values = role_conditioned_advantages(inputs.scores, roles, state.values, decay=rae_decay)
+    return arpo(per_trajectory, inputs.generated_mask)  # ARPO broadcasts a trajectory's value over its tokens
+
+
 ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {
     "gae": _gae_estimator,
     "bi_level_gae": _bi_level_gae_estimator,
     "grpo": _grpo_estimator,
     "brpo": _brpo_estimator,
     "arpo": _arpo_estimator,
+    RAE: _rae_estimator,
 }
 
 

@@ -1,5 +1,6 @@
 """Advantage estimators as pure functions: GAE, bi-level GAE, GRPO, BRPO, ARPO, VAGEN's M_adv restriction,
-and the per-group statistics of trajectory scores (what GRPO normalises by and the StarPO-S filter ranks by).
+the per-group statistics of trajectory scores (what GRPO normalises by and the StarPO-S filter ranks by),
+and RAE (SPIRAL's role-conditioned advantages for two-player self-play) with its baselines' state.
 
 Data layout (one row per trajectory): the response tokens of all turns of a
 trajectory are concatenated in order and right-padded to ``T``.
@@ -22,6 +23,7 @@ The registry (`user_registries.py`) calls them by name.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -306,3 +308,74 @@ def _check_scores_and_groups(scores: Tensor, group_ids: Tensor) -> None:
         raise ValueError(f"group_ids must be an integer tensor, got {group_ids.dtype}")
     if scores.numel() == 0:
         raise ValueError("scores is empty: need at least one trajectory")
+
+
+# ---------------------------------------------------------------- RAE (SPIRAL's role-conditioned advantages)
+# Self-play on a zero-sum game gives a game's two seats opposite rewards, and the seats are not alike
+# (TicTacToe's first mover wins more often): a baseline shared by both, or GRPO's mean over the two, would
+# mostly measure who moved first. RAE keeps one exponential moving average per role key ("<game>/<seat>").
+# Per batch, each role's baseline first moves towards the batch's mean reward of that role,
+# b <- decay * b + (1 - decay) * mean_batch(R), then each of its trajectories gets A = R - b with the
+# updated b: SPIRAL's Algorithm 1 order, which keeps the first batch from being measured against a baseline
+# of 0 that knows nothing of the game. A role absent from a batch keeps its baseline. The baselines are
+# learner state: the learner connector piece that estimates advantages holds them, and the learner's
+# checkpoint saves them.
+RAE = "rae"
+DEFAULT_DECAY = 0.95
+
+
+@dataclasses.dataclass
+class RoleBaselines:
+    """The moving-average baseline of each role key (a role never seen has baseline 0).
+
+    Attributes:
+        values: Role key -> its baseline.
+    """
+
+    values: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def get_state(self) -> dict[str, float]:
+        return dict(self.values)
+
+    def set_state(self, state: Mapping[str, float]) -> None:
+        self.values = {str(role): float(value) for role, value in state.items()}
+
+
+def role_conditioned_advantages(
+    scores: Tensor, roles: Sequence[str], baselines: Mapping[str, float], *, decay: float = DEFAULT_DECAY
+) -> tuple[Tensor, dict[str, float]]:
+    """RAE on one batch: the baselines updated by the batch, then each trajectory's score less its role's.
+
+    Args:
+        scores: [B] each trajectory's reward (the sum of its turns' rewards).
+        roles: [B] each trajectory's role key, e.g. "TicTacToe-v0/player_0".
+        baselines: Role key -> baseline before this batch (an absent key starts at 0).
+        decay: The moving average's decay in [0, 1): the weight of the old baseline.
+
+    Returns:
+        advantages [B] (float32), and the updated baselines (every key of `baselines` and of `roles`).
+    """
+    if scores.dim() != 1 or len(roles) != scores.shape[0]:
+        raise ValueError(f"need scores [B] and B role keys, got shape {tuple(scores.shape)} and {len(roles)} roles")
+    if not 0.0 <= decay < 1.0:
+        raise ValueError(f"RAE's decay must be in [0, 1), got {decay}")
+    scores = scores.float()
+    updated = dict(baselines)
+    baseline_of = torch.zeros_like(scores)
+    for role in dict.fromkeys(roles):  # each role once, in order of appearance
+        rows = torch.tensor([r == role for r in roles])
+        batch_mean = float(scores[rows].mean())
+        updated[role] = decay * updated.get(role, 0.0) + (1.0 - decay) * batch_mean
+        baseline_of[rows] = updated[role]
+    return scores - baseline_of, updated
+
+
+def zero_advantage_trajectories(advantages: Tensor, generated_mask: Tensor) -> Tensor:
+    """[B] bool: the trajectories whose every generated token has advantage 0 (SPIRAL drops them from the loss).
+
+    Args:
+        advantages: [B, T].
+        generated_mask: [B, T] 0/1.
+    """
+    nonzero = (advantages != 0) & generated_mask.bool()
+    return ~nonzero.any(dim=1)

@@ -1,0 +1,93 @@
+"""`SelfPlaySettings` (set with `StarPOConfig.self_play()`) and the policy mappings it names.
+
+A policy mapping follows RLlib's `policy_mapping_fn(agent_id, episode, **kwargs) -> module id`; the
+self-play rollout (`game_rollout.play_games`) passes `game_index` among the kwargs, so seats alternate
+game by game: in game i the mapped policy sits on seat i % 2 (`player_0` moves first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+from envs.textarena_two_player import SCRIPTED_POLICIES, TwoPlayerConfig, seat_of
+from rllib_ragen.checks import check_at_least_one, check_choice
+from rllib_ragen.rollout.game_rollout import FROZEN_MODULE, TRAINED_MODULE, PolicyMappingFn
+
+SELF = "self"
+FROZEN = "frozen"
+OPPONENTS = (SELF, FROZEN, *SCRIPTED_POLICIES)
+
+
+@dataclasses.dataclass(frozen=True)
+class SelfPlaySettings:
+    """Two-player self-play (set with `StarPOConfig.self_play()`).
+
+    Each field is documented where `StarPOConfig.self_play()` sets it.
+    """
+
+    self_play_game: str | None = None
+    self_play_opponent: str = SELF
+    invalid_move_ends_game: bool = True
+    invalid_move_reward: float = -1.5
+    opponent_invalid_reward: float = 0.5
+    max_game_turns: int = 30
+    game_eval_opponents: tuple[str, ...] = ("random",)
+    game_eval_games: int = 128
+
+    def __post_init__(self) -> None:
+        check_choice("self_play_opponent", self.self_play_opponent, OPPONENTS)
+        for opponent in self.game_eval_opponents:
+            check_choice("game_eval_opponents", opponent, (FROZEN, *SCRIPTED_POLICIES))
+        check_at_least_one(self, "game_eval_games", "max_game_turns")
+        if self.self_play_game is not None and not (isinstance(self.self_play_game, str) and self.self_play_game):
+            raise ValueError(f"self_play_game must be a TextArena game id or None, got {self.self_play_game!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.self_play_game is not None
+
+    @property
+    def frozen_opponent(self) -> bool:
+        """Whether training or evaluation meets the frozen snapshot (its engine is then built)."""
+        return FROZEN in (self.self_play_opponent, *self.game_eval_opponents)
+
+    def game_config(self) -> TwoPlayerConfig:
+        """The two-player env's config of these settings."""
+        if self.self_play_game is None:
+            raise ValueError("self-play is off: no game is set (`StarPOConfig.self_play(self_play_game=...)`)")
+        return TwoPlayerConfig(
+            game=self.self_play_game,
+            invalid_move_ends_game=self.invalid_move_ends_game,
+            invalid_move_reward=self.invalid_move_reward,
+            opponent_invalid_reward=self.opponent_invalid_reward,
+            max_game_turns=self.max_game_turns,
+        )
+
+
+def module_of_opponent(opponent: str) -> str:
+    """The module id that plays `opponent` ("frozen": the frozen snapshot's; a scripted one: its name)."""
+    check_choice("opponent", opponent, (FROZEN, *SCRIPTED_POLICIES))
+    return FROZEN_MODULE if opponent == FROZEN else opponent
+
+
+def shared_policy(agent_id: str, episode: Any, **kwargs: Any) -> str:
+    """Self-play: the trained policy on both seats (shared weights; the role is in each seat's prompt)."""
+    return TRAINED_MODULE
+
+
+def _alternating(agent_id: str, episode: Any, *, evaluated: str, opponent: str, game_index: int, **kwargs: Any) -> str:
+    return evaluated if seat_of(agent_id) == game_index % 2 else opponent
+
+
+def alternating_seats(opponent: str, *, evaluated: str = TRAINED_MODULE) -> PolicyMappingFn:
+    """`evaluated` on seat `game_index % 2`, the module `opponent` on the other (seats alternate game by game)."""
+    return functools.partial(_alternating, evaluated=evaluated, opponent=opponent)
+
+
+def training_mapping(settings: SelfPlaySettings) -> PolicyMappingFn:
+    """Who plays each seat in training: the trained policy on both seats, or against the opponent."""
+    if settings.self_play_opponent == SELF:
+        return shared_policy
+    return alternating_seats(module_of_opponent(settings.self_play_opponent))

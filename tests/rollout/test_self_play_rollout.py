@@ -1,0 +1,138 @@
+"""Self-play rollouts through RLlib's multi-agent API: each seat's tokens, rewards and advantages land in
+that seat's rows and nowhere else, both games' prompts go to the engine in one call per step, and a frozen
+opponent (a second engine) keeps bit-identical weights through a training iteration."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+from conftest import require_extra
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.columns import Columns
+
+from rllib_ragen.algorithm.starpo import StarPOConfig
+from rllib_ragen.inference.engine import Completion, InferenceEngine, SamplingParams
+from rllib_ragen.rllib_private import learner_connector
+from rllib_ragen.rollout.env_runner import LLMEnvRunner
+from rllib_ragen.rollout.game_rollout import FROZEN_MODULE
+from rllib_ragen.training.token_batch import token_batch_of_episodes
+
+require_extra("textarena", "cpu,test,textarena")
+
+from rllib_ragen.rollout.self_play_runner import SelfPlayEnvRunner  # noqa: E402
+
+# player_0 ("O") takes the top row; player_1 ("X") plays 3 and 4 in between: player_0 wins on its third move.
+MOVES = {"Player 0": ["0", "1", "2"], "Player 1": ["3", "4"]}
+
+
+class ScriptedMovesEngine(InferenceEngine):
+    """Answers each seat's next move from `MOVES` (the seat read from the system prompt, the move's index
+    from the answers already in the prompt), with the log-probs a real engine gives those tokens."""
+
+    def __init__(self, engine: InferenceEngine, tokenizer) -> None:
+        self.engine, self.tokenizer = engine, tokenizer
+        self.calls: list[int] = []
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        self.calls.append(len(prompts))
+        answers = [self._answer(self.tokenizer.decode(prompt)) for prompt in prompts]
+        logprobs = self.engine.score(prompts, answers)
+        return [Completion(answer, list(lp), "stop") for answer, lp in zip(answers, logprobs)]
+
+    def _answer(self, prompt: str) -> list[int]:
+        seat = "Player 0" if "as Player 0" in prompt else "Player 1"
+        turn = prompt.count("<|im_start|>assistant") - 1
+        text = f"<answer>[{MOVES[seat][turn]}]</answer><|im_end|>"
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def score(self, prompts, continuations):
+        return self.engine.score(prompts, continuations)
+
+    def update_weights(self, state_dict) -> None:
+        self.engine.update_weights(state_dict)
+
+    def health(self) -> dict:
+        return self.engine.health()
+
+
+def _config(model_path, **self_play) -> StarPOConfig:
+    return (
+        StarPOConfig()
+        .llm(model=str(model_path), critic="none")
+        .rollouts(n_groups=2, response_length=16, think=False, prefill=False, max_actions_per_turn=1)
+        .inference(engine="hf", max_model_len=2048)
+        .training(advantage_estimator="rae", rollout_filter_ratio=1.0, actor_lr=1e-2, micro_batch_size=2)
+        .self_play(self_play_game="TicTacToe-v0", **self_play)
+        .starpo_evaluation(eval_interval=0)
+        .debugging(seed=0)
+    )
+
+
+def test_each_seat_tokens_rewards_and_advantages_land_in_its_own_rows(tiny_model_path, tiny_tokenizer) -> None:
+    config = _config(tiny_model_path)
+    runner = SelfPlayEnvRunner(config=config)
+    engine = runner.engine = ScriptedMovesEngine(runner.engine, tiny_tokenizer)
+    episodes = runner.sample(seeds=[1, 2])
+    assert engine.calls == [2, 2, 2, 2, 2]  # five moves; each step's prompts of both games in one call
+    assert [r.rewards for r in runner.last_game_results] == [{"player_0": 1.0, "player_1": -1.0}] * 2
+    learner = config.build_learner(spaces=runner.get_spaces())
+    batch = learner_connector(learner)(
+        rl_module=learner.module, batch={}, episodes=episodes, shared_data={}, metrics=None
+    )[DEFAULT_MODULE_ID]
+    tokens = token_batch_of_episodes(episodes, history_window=None)
+    layout = tokens.trajectories
+    assert layout.roles == ("TicTacToe-v0/player_0", "TicTacToe-v0/player_1") * 2
+    # RAE from baselines 0: b = 0.05 * (the role's mean reward) -> A = +-(1 - 0.05) = +-0.95.
+    expected = {"TicTacToe-v0/player_0": (1.0, 0.95, 3), "TicTacToe-v0/player_1": (-1.0, -0.95, 2)}
+    row_of_trajectory = tokens.traj_of.new_full((tokens.input_ids.shape[0],), -1)
+    row_of_trajectory[tokens.row_of] = tokens.traj_of
+    for b, role in enumerate(layout.roles):
+        reward, advantage, turns = expected[role]
+        seat = role.split("/")[1]
+        agent = episodes[b // 2].agent_episodes[seat]
+        assert layout.turn_rewards[b].sum() == reward and int(layout.turn_ends[b].sum()) == turns == len(agent)
+        rows = (row_of_trajectory == b).nonzero().squeeze(1)
+        generated = batch[Columns.LOSS_MASK][rows].bool()
+        # The seat's own sampled ids, every turn in order, and nothing else, are what its rows train on.
+        assert tokens.input_ids[rows][generated].tolist() == [int(t) for a in agent.get_actions() for t in a]
+        assert torch.allclose(batch[Columns.ADVANTAGES][rows][generated], torch.tensor(advantage))
+        assert not batch[Columns.ADVANTAGES][rows][~generated].any()
+
+
+def test_self_play_is_switched_by_its_builder_and_rae_needs_it() -> None:
+    config = StarPOConfig().self_play(self_play_game="TicTacToe-v0")
+    assert config.env_runner_cls is SelfPlayEnvRunner
+    config.env_runner_cls = LLMEnvRunner
+    with pytest.raises(ValueError, match="needs the self-play env runner"):
+        config.validate_starpo()
+    assert StarPOConfig().self_play(self_play_game="KuhnPoker-v0").self_play(self_play_game=None).env_runner_cls is (
+        LLMEnvRunner
+    )
+    with pytest.raises(ValueError, match="'rae' needs two-player self-play"):
+        StarPOConfig().training(advantage_estimator="rae").validate_starpo()
+    with pytest.raises(ValueError, match="self_play_opponent"):
+        StarPOConfig().self_play(self_play_opponent="expert")
+
+
+@pytest.mark.slow
+def test_one_iteration_trains_against_a_frozen_opponent_whose_weights_stay_bit_identical(tiny_model_path) -> None:
+    config = _config(tiny_model_path, self_play_opponent="frozen", game_eval_opponents=("random", "frozen"))
+    algo = config.starpo_evaluation(eval_interval=1, eval_size=2).self_play(game_eval_games=2).build_algo()
+    try:
+        runner = algo.env_runner
+        assert isinstance(runner, SelfPlayEnvRunner) and runner.frozen_engine is not runner.engine
+        frozen = {k: v.clone() for k, v in runner.frozen_engine.model.state_dict().items()}
+        trained_before = {k: v.clone() for k, v in runner.engine.model.state_dict().items()}
+        result = algo.train()
+        trained_after = runner.engine.model.state_dict()
+        assert any(not torch.equal(trained_before[k], trained_after[k]) for k in trained_before)  # it trained
+        assert all(torch.equal(frozen[k], v) for k, v in runner.frozen_engine.model.state_dict().items())
+        assert {r.modules[s] for r in runner.last_game_results for s in r.modules} == {DEFAULT_MODULE_ID, FROZEN_MODULE}
+        evaluation = result["evaluation"]
+        for opponent in ("random", "frozen"):
+            rates = [evaluation[f"vs_{opponent}/{o}_rate"] for o in ("win", "draw", "loss")]
+            assert sum(rates) == pytest.approx(1.0) and evaluation[f"vs_{opponent}/games"] == 2
+    finally:
+        algo.stop()
