@@ -151,7 +151,7 @@ def our_config(args: argparse.Namespace, model: Path) -> Any:
     from rllib_ragen.algorithm.presets import cpu_preset
 
     config = cpu_preset(ENV)
-    config.llm(model=str(model), critic="none", trained_top_layers=None, dtype="float32")
+    config.llm(model=str(model), critic="none", trained_top_layers=None, dtype="float32", gradient_checkpointing=False)
     config.rollouts(
         n_groups=COMPLETIONS // args.group_size,
         group_size=args.group_size,

@@ -81,7 +81,8 @@ def env_reward(spec: dict[str, Any], tokenizer: Any, lengths: list[float], rewar
 
 
 def grpo_config(spec: dict[str, Any], output_dir: str, *, use_vllm: bool) -> Any:
-    """GRPOConfig for the work: one optimiser step a step on all its completions, no KL, bf16 autocast."""
+    """GRPOConfig for the work: one optimiser step a step on all its completions, no KL, bf16 autocast,
+    no activation recomputation (as our learner)."""
     from trl import GRPOConfig
 
     return GRPOConfig(
@@ -100,6 +101,9 @@ def grpo_config(spec: dict[str, Any], output_dir: str, *, use_vllm: bool) -> Any
         lr_scheduler_type="constant",
         beta=0.0,
         num_iterations=1,
+        # TRL's default recomputes activations in backward; this project's learner does not (nor needs to
+        # for a 135M model), so both sides do the same work.
+        gradient_checkpointing=False,
         max_steps=spec["steps"],
         shuffle_dataset=False,  # the prompts in seed order, as this project's seed cursor hands them out
         seed=spec["seed"],
