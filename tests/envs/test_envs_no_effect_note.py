@@ -158,7 +158,7 @@ NOTED = {
 def test_the_demonstration_players_play_with_the_note(env, tiny_tokenizer):
     """The warm start's players: the expert still solves every state it takes on, and random play,
     which walks into walls and edges, shows the line on the states its no-ops leave."""
-    seeds = tuple(range(6))
+    seeds = tuple(range(8))
     expert = expert_demonstrations(
         tiny_tokenizer, DemonstrationSettings(seeds=seeds, env=env, env_config=NOTED[env], protocol=PROTOCOL, budget=BUDGET)
     )
