@@ -22,6 +22,7 @@ from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake
 from envs.base import REPEATED_NO_OP, TextEnv, build_config, check_cell_separator, match_action
 from envs.board import Board, Move
 from envs.frozenlake_words import DIRECTIONS, describe
+from envs.no_effect_note import check_note_no_effect, last_no_op, with_note
 
 # gymnasium's action indices: 0 Left, 1 Down, 2 Right, 3 Up.
 ACTIONS: tuple[str, ...] = ("Left", "Down", "Right", "Up")
@@ -32,6 +33,8 @@ _SYMBOLS = {"S": ("_", "P"), "F": ("_", "P"), "H": ("O", "X"), "G": ("G", "√")
 # gymnasium map letter -> `envs.board.TERRAIN` letter.
 _TERRAIN = {"S": ".", "F": ".", "H": "H", "G": "G"}
 HOLE = "hole"
+# A move's direction -> its action name.
+_ACTION_OF = {(d_row, d_col): name for name, d_row, d_col in DIRECTIONS}
 
 # How the state is shown: RAGEN's symbol grid, or sentences relative to the player (`envs.frozenlake_words`).
 RENDERS = ("grid", "words")
@@ -59,6 +62,9 @@ class FrozenLakeConfig:
             `envs.base.CELL_SEPARATORS`: "" (RAGEN's render) or " " (one token a cell).
         render: "grid" (RAGEN's symbols) or "words" (the goal, the neighbouring
             cells and the holes in steps from the player; `envs.frozenlake_words`).
+        note_no_effect: after a move that changed nothing, the state ends in a line
+            saying so and why (`envs.no_effect_note`), e.g. "Your last move, Down,
+            changed nothing: the edge of the lake is there."
     """
 
     size: int = 4
@@ -67,6 +73,7 @@ class FrozenLakeConfig:
     max_steps: int = 100
     cell_separator: str = ""
     render: str = "grid"
+    note_no_effect: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.size, numbers.Integral) or self.size < 2:
@@ -78,6 +85,7 @@ class FrozenLakeConfig:
         check_cell_separator(self.cell_separator)
         if self.render not in RENDERS:
             raise ValueError(f"render must be one of {RENDERS}, got {self.render!r}")
+        check_note_no_effect(self.note_no_effect)
 
 
 class FrozenLakeEnv(TextEnv):
@@ -159,11 +167,24 @@ class FrozenLakeEnv(TextEnv):
         desc = self.lake.desc.astype(str)
         player = divmod(int(self.lake.s), self.lake.ncol)
         if self.config.render == "words":
-            return describe(desc, player)
-        rows = []
-        for r, row in enumerate(desc):
-            rows.append(self.config.cell_separator.join(_SYMBOLS[ch][(r, c) == player] for c, ch in enumerate(row)))
-        return "\n".join(rows)
+            state = describe(desc, player)
+        else:
+            rows = []
+            for r, row in enumerate(desc):
+                rows.append(self.config.cell_separator.join(_SYMBOLS[ch][(r, c) == player] for c, ch in enumerate(row)))
+            state = "\n".join(rows)
+        no_op = last_no_op(self.moves) if self.config.note_no_effect else None
+        if no_op is None:
+            return state
+        return with_note(state, _ACTION_OF[no_op.d_row, no_op.d_col], _edge_reason(no_op, desc.shape))
+
+
+def _edge_reason(move: Move, shape: tuple[int, ...]) -> str:
+    """Why `move` changed nothing: the lake has no walls, so the player met its edge, straight ahead or
+    (on slippery ice) after sliding to a side."""
+    row, col = move.row + move.d_row, move.col + move.d_col
+    ahead_inside = 0 <= row < shape[0] and 0 <= col < shape[1]
+    return "you slid into the edge of the lake" if ahead_inside else "the edge of the lake is there"
 
 
 def generate_map(rng: np.random.Generator, *, size: int, p_frozen: float) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ import numpy as np
 
 from envs.base import REPEATED_NO_OP, TextEnv, build_config, check_cell_separator, match_action
 from envs.board import Board, Move
+from envs.no_effect_note import check_note_no_effect, last_no_op, with_note
 from envs.sokoban_generator import generate_room
 from envs.sokoban_room import (
     ACTIONS,
@@ -36,6 +37,9 @@ BOX_ON_TARGET_REWARD = 1.0
 BOX_OFF_TARGET_PENALTY = -1.0
 SOLVED_REWARD = 10.0
 DEAD_BOX = "dead_box"
+
+# A move's direction -> its action name.
+_ACTION_OF = {direction: name for name, direction in DIRECTIONS.items()}
 
 # How the state is shown: RAGEN's symbol grid, or sentences relative to the player (`envs.sokoban_words`).
 RENDERS = ("grid", "words")
@@ -63,6 +67,9 @@ class SokobanConfig:
             `envs.base.CELL_SEPARATORS`: "" (RAGEN's render) or " " (one token a cell).
         render: "grid" (RAGEN's symbols) or "words" (boxes, targets and the
             player's neighbours in steps from the player; `envs.sokoban_words`).
+        note_no_effect: after a move that changed nothing, the state ends in a line
+            saying so and why (`envs.no_effect_note`), e.g. "Your last move, Left,
+            changed nothing: the box there is against a wall."
     """
 
     dim_room: tuple[int, int] = (6, 6)
@@ -72,6 +79,7 @@ class SokobanConfig:
     grid_vocabulary: str = "standard"
     cell_separator: str = ""
     render: str = "grid"
+    note_no_effect: bool = False
 
     def __post_init__(self) -> None:
         dims = tuple(self.dim_room)
@@ -95,6 +103,7 @@ class SokobanConfig:
         check_cell_separator(self.cell_separator)
         if self.render not in RENDERS:
             raise ValueError(f"render must be one of {RENDERS}, got {self.render!r}")
+        check_note_no_effect(self.note_no_effect)
 
     @property
     def symbols(self) -> GridSymbols:
@@ -194,8 +203,26 @@ class SokobanEnv(TextEnv):
         if self.room is None:
             raise RuntimeError("SokobanEnv has no room yet: call reset() first")
         if self.config.render == "words":
-            return describe(self.room)
-        return render_room(self.room, self.config.symbols, separator=self.config.cell_separator)
+            state = describe(self.room)
+        else:
+            state = render_room(self.room, self.config.symbols, separator=self.config.cell_separator)
+        no_op = last_no_op(self.moves) if self.config.note_no_effect else None
+        if no_op is None:
+            return state
+        action = _ACTION_OF[no_op.d_row, no_op.d_col]
+        return with_note(state, action, _blocker(self.room, ACTIONS.index(action)))
+
+
+def _blocker(room: Room, direction: int) -> str:
+    """Why a move in `direction` (an index into ACTIONS) changed nothing: a wall ahead, or a box ahead
+    that a wall or another box holds (`apply_move`'s two ways to refuse a move)."""
+    neighbors = room.layout.neighbors
+    ahead = neighbors[room.player][direction]
+    if ahead < 0:  # a wall, or outside a room without outer walls
+        return "a wall is there"
+    assert ahead in room.boxes, "a move onto free floor changes the state"
+    holder = "a wall" if neighbors[ahead][direction] < 0 else "another box"
+    return f"the box there is against {holder}"
 
 
 def _box_reward(room: Room, box_from: int, box_to: int) -> float:

@@ -147,8 +147,22 @@ WORLD_MODEL = Study(
     arm_warm_starts={"world-model-then-warm-start": {"warm_start_world_model_epochs": 1}},
 )
 
+# Issue 54: most of the tuned examples' failures repeat a move that changed nothing, since with a Markov
+# prompt the state after it reads as the one before. The note arm's state says so (the env option
+# `note_no_effect`, envs/no_effect_note.py) in training and evaluation alike; the rooms and rules are the
+# same. Its env_config differs, so it warm-starts on demonstrations played with the note (a warm start of its own).
+NOOP_NOTE = Study(
+    name="noop-note",
+    question="Does a state that says the last move changed nothing cut the repeated no-op failures and raise success?",
+    envs=GRID_ENVS,
+    arms={"note-off": {}, "note-on": {"env_config": {"note_no_effect": True}}},
+    seeds=SEEDS,
+    budget_min=BOTH_ENVS_BUDGET,
+)
+
 FINDINGS: dict[str, Study] = {
-    study.name: study for study in (CRITIC, FILTER, EARLY_WARNING, GROUPS, MOVES, FRESHNESS, REASONING, WORLD_MODEL)
+    study.name: study
+    for study in (CRITIC, FILTER, EARLY_WARNING, GROUPS, MOVES, FRESHNESS, REASONING, WORLD_MODEL, NOOP_NOTE)
 }
 
 

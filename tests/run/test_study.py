@@ -4,6 +4,7 @@ the six findings' studies valid on the CPU preset."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -131,7 +132,7 @@ def test_a_trial_ends_at_an_evaluation_after_its_budget():
 
 def test_the_six_findings_studies_are_valid_on_the_cpu_preset():
     assert {name.split("-")[0] for name in FINDINGS} == {
-        "finding1", "finding2", "finding3", "finding5", "finding6", "world"  # 2 and 4 share one study
+        "finding1", "finding2", "finding3", "finding5", "finding6", "world", "noop"  # 2 and 4 share one study
     }
     for study in FINDINGS.values():
         configs = trial_configs(study)
@@ -156,6 +157,36 @@ def test_an_arms_warm_start_flags_reach_only_that_arms_warm_start(monkeypatch):
     assert [c.llm_module.model for c in configs] == ["model-1", "model-2"] * len(study.seeds)
     with pytest.raises(ValueError, match="arm_warm_starts names arms it does not declare"):
         study.with_changes(arm_warm_starts={"no-such-arm": {}})
+
+
+def test_the_noop_note_arm_plays_and_warm_starts_on_the_notes_render(monkeypatch):
+    """The noop-note study: its note-on arm is the preset's env with the note (training and evaluation
+    play `env_config`), and its warm start, built from that env_config, is its own and shows the note;
+    the note-off arm is the preset as it is, with the preset's warm start."""
+    from envs import make_env
+    from rllib_ragen.algorithm.presets import preset
+    from rllib_ragen.run import study_cli, warm_start
+
+    study = FINDINGS["noop-note"]
+    built = []
+    monkeypatch.setattr(warm_start, "warm_start", lambda model, ws, **_: built.append(ws) or f"model-{len(built)}")
+    configs = trial_configs(study)
+    study_cli.start_from_warm_starts(study, configs, study_cli.build_parser("study").parse_args([study.name]))
+    assert [(ws.env, ws.env_config.get("note_no_effect")) for ws in built] == [
+        ("frozenlake", None), ("frozenlake", True), ("sokoban", None), ("sokoban", True)
+    ]
+    for env, (off, on) in zip(("frozenlake", "sokoban"), (built[:2], built[2:])):
+        tuned = preset("cpu", env)
+        assert off == warm_start.warm_start_config(tuned)  # the tuned settings' own warm start
+        assert on == dataclasses.replace(off, env_config={**tuned.env_config, "note_no_effect": True})
+        assert on.fingerprint("m") != off.fingerprint("m")
+        played = make_env(on.env, **on.env_config)
+        played.reset(seed=on.first_seed)
+        for move in ("Up", "Up", "Up", "Up"):  # four moves one way: the last ones meet an edge or a wall
+            obs, *_ = played.step(move)
+        assert "Your last move, Up, changed nothing" in obs
+    for point, config in zip(trial_points(study), configs):
+        assert config.env_config == {**preset("cpu", point.env).env_config, **study.arms[point.arm].get("env_config", {})}
 
 
 def test_envs_flag_runs_a_subset_of_the_studys_envs_and_refuses_others():
