@@ -59,7 +59,12 @@ def setting_value(config: StarPOConfig, key: str, raw: str, *, flag: str) -> Any
         name = name.replace("typing.", "")
     else:  # RLlib's own attribute
         current = getattr(config, key)
-        kind, name = (Any, "any literal") if current is None else (type(current) | None, type(current).__name__)
+        if current is None:
+            kind, name = Any, "any literal"
+        elif isinstance(current, dict):  # RLlib merges a dict setting (env_config, ...) into its current dict
+            kind, name = type(current), type(current).__name__
+        else:
+            kind, name = type(current) | None, type(current).__name__
     accepted, value = converted(raw, kind)
     if not accepted:
         raise ValueError(f"{flag} {key}={raw}: {key} takes {name} ({description(kind)}), got {raw!r}")

@@ -252,6 +252,16 @@ def _fuzz_settings(model_path, cases: int) -> int:
     return count
 
 
+def test_a_dict_setting_of_rllib_refuses_none(tiny_model_path):
+    """Found by the slow tier's fuzzing: `--set env_config=None` once reached RLlib's dict merge and crashed
+    there with an AttributeError; a dict setting takes a dict only."""
+    config = tiny_config(tiny_model_path)
+    with pytest.raises(ValueError, match="env_config takes dict"):
+        apply_setting(config, "env_config=None")
+    apply_setting(config, "env_config={'distance': 2}")
+    assert config.env_config["distance"] == 2
+
+
 def test_set_values_are_taken_or_refused_by_name(record_property, tiny_model_path):
     cases = FAST["set"]
     _report(record_property, "set", _fuzzed("set", lambda n: _fuzz_settings(tiny_model_path, n), cases), cases)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 from conftest import require_extra
+from run_helpers import ForcedAnswerEngine
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 
@@ -27,12 +28,13 @@ from rllib_ragen.rollout.self_play_runner import SelfPlayEnvRunner  # noqa: E402
 MOVES = {"Player 0": ["0", "1", "2"], "Player 1": ["3", "4"]}
 
 
-class ScriptedMovesEngine(InferenceEngine):
+class ScriptedMovesEngine(ForcedAnswerEngine):
     """Answers each seat's next move from `MOVES` (the seat read from the system prompt, the move's index
     from the answers already in the prompt), with the log-probs a real engine gives those tokens."""
 
     def __init__(self, engine: InferenceEngine, tokenizer) -> None:
-        self.engine, self.tokenizer = engine, tokenizer
+        super().__init__(engine, answer_ids=[])
+        self.tokenizer = tokenizer
         self.calls: list[int] = []
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
@@ -46,15 +48,6 @@ class ScriptedMovesEngine(InferenceEngine):
         turn = prompt.count("<|im_start|>assistant") - 1
         text = f"<answer>[{MOVES[seat][turn]}]</answer><|im_end|>"
         return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def score(self, prompts, continuations):
-        return self.engine.score(prompts, continuations)
-
-    def update_weights(self, state_dict) -> None:
-        self.engine.update_weights(state_dict)
-
-    def health(self) -> dict:
-        return self.engine.health()
 
 
 def _config(model_path, **self_play) -> StarPOConfig:
