@@ -153,10 +153,18 @@ def actor_table() -> list[dict[str, Any]]:
     return list(state.actors().values())
 
 
-def config_dict_value(config_dict: Mapping[str, Any], attribute: str) -> Any:
-    """The value of config attribute `attribute` in an `AlgorithmConfig.to_dict()` dict (e.g. a Tune
+def config_dict_key(config_dict: Mapping[str, Any], attribute: str) -> str:
+    """The key of config attribute `attribute` in an `AlgorithmConfig.to_dict()` dict (e.g. a Tune
     trial's config), whose keys RLlib renames for some attributes ("lambda" for `lambda_`)."""
     for key in (attribute.rstrip("_"), attribute):
         if key in config_dict and AlgorithmConfig._translate_special_keys(key, warn_deprecated=False) == attribute:
-            return config_dict[key]
-    return None
+            return key
+    raise KeyError(f"the config's dict has no key for attribute {attribute!r}")
+
+
+def config_dict_value(config_dict: Mapping[str, Any], attribute: str) -> Any:
+    """The value of config attribute `attribute` in an `AlgorithmConfig.to_dict()` dict; None if it has none."""
+    try:
+        return config_dict[config_dict_key(config_dict, attribute)]
+    except KeyError:
+        return None

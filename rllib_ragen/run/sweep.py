@@ -43,7 +43,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 from envs import check_env
 from envs.user_errors import CLIParser, front_door, input_checks
 from rllib_ragen.algorithm.starpo import StarPOConfig
-from rllib_ragen.rllib_private import config_dict_value
+from rllib_ragen.rllib_private import config_dict_key, config_dict_value
 from rllib_ragen.run.callbacks import MLflowSettings, with_mlflow
 from rllib_ragen.run.console import quiet_console, trial_failed_line
 from rllib_ragen.run.experiment import open_tracking_store
@@ -192,11 +192,17 @@ def check_trials_fit(config: StarPOConfig, grid: Mapping[str, Sequence[Any]], *,
     ]
 
 
-def param_space(config: StarPOConfig, grid: Mapping[str, Sequence[Any]], settings: MLflowSettings) -> StarPOConfig:
-    """The config with MLflow tracking and one `tune.grid_search` per swept key."""
-    space = with_mlflow(config.copy(copy_frozen=False), settings)
+def param_space(config: StarPOConfig, grid: Mapping[str, Sequence[Any]], settings: MLflowSettings) -> dict[str, Any]:
+    """The config's dict (as Tune would take it from the config) with MLflow tracking and one
+    `tune.grid_search` per swept key.
+
+    The grid goes into the dict, not onto the config: a StarPO setting lives in its typed group, and
+    `to_dict` writes each group's values under their names, so an attribute set on the config would be
+    overwritten by the group's own value and every trial would run the same config.
+    """
+    space = with_mlflow(config.copy(copy_frozen=False), settings).to_dict()
     for key, values in grid.items():
-        setattr(space, key, tune.grid_search(list(values)))
+        space[config_dict_key(space, key)] = tune.grid_search(list(values))
     return space
 
 

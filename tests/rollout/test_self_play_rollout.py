@@ -110,7 +110,9 @@ def test_self_play_is_switched_by_its_builder_and_rae_needs_it() -> None:
 
 
 @pytest.mark.slow
-def test_one_iteration_trains_against_a_frozen_opponent_whose_weights_stay_bit_identical(tiny_model_path) -> None:
+def test_one_iteration_trains_against_a_frozen_opponent_whose_weights_stay_bit_identical(
+    ray_session, tiny_model_path
+) -> None:
     config = _config(tiny_model_path, self_play_opponent="frozen", game_eval_opponents=("random", "frozen"))
     algo = config.starpo_evaluation(eval_interval=1, eval_size=2).self_play(game_eval_games=2).build_algo()
     try:

@@ -14,16 +14,20 @@ from pathlib import Path
 import pytest
 import ray
 from mlflow.tracking import MlflowClient
+from ray.tune.search.variant_generator import generate_variants
 from run_helpers import ROOT, load_script, tiny_config, write_readme_env
 
 from envs import BanditEnv, register_env, registry
 from rllib_ragen.algorithm.presets import PRESETS, preset
+from rllib_ragen.algorithm.starpo import StarPOConfig
+from rllib_ragen.run.callbacks import MLflowSettings
 from rllib_ragen.run.sweep import (
     DEFAULT_GRID,
     INTERRUPTED_TAG,
     STOPPED_EARLY_TAG,
     SweepSettings,
     check_grid,
+    param_space,
     parse_grid,
 )
 from rllib_ragen.run.tracking import TRIAL_TAG
@@ -89,6 +93,19 @@ def test_default_grid_is_valid_for_every_preset():
     for name in PRESETS:
         check_grid(preset(name, "sokoban"), DEFAULT_GRID)
     assert set(DEFAULT_GRID) == {"rollout_frequency", "group_size", "max_turns"}
+
+
+def test_every_trial_tune_makes_of_the_param_space_carries_its_grid_point(tiny_model_path):
+    # Tune resolves the param space into one dict per trial and the algorithm rebuilds its config
+    # from that dict: each trial's config must hold its own point, in the groups that store the settings.
+    config = tiny_config(tiny_model_path)
+    grid = {"group_size": [2, 3], "max_turns": [1, 2], "lambda_": [0.5, 0.9]}
+    space = param_space(config, grid, MLflowSettings(tracking_uri="sqlite:////nonexistent/mlflow.db"))
+    trials = {
+        (c.rollout.group_size, c.turn_budget.max_turns, c.advantages.lambda_)
+        for c in (StarPOConfig().update_from_dict(spec) for _, spec in generate_variants(space))
+    }
+    assert trials == {(g, t, lam) for g in (2, 3) for t in (1, 2) for lam in (0.5, 0.9)}
 
 
 def test_num_trials_is_the_grid_product():
