@@ -47,6 +47,7 @@ from rllib_ragen.algorithm.validation import check_starpo_config
 from rllib_ragen.inference.weight_sync import PolicyWeightSync
 from rllib_ragen.models import load_tokenizer, resolve_model, resolves_locally
 from rllib_ragen.rollout.evaluation import evaluate_on_seeds
+from rllib_ragen.rollout.game_evaluation import GameScore
 from rllib_ragen.rollout.self_play_runner import SelfPlayEnvRunner
 from rllib_ragen.training.collapse_metrics import BatchDiagnostics
 from rllib_ragen.training.distributed import count_training_rows, learner_minibatch_sizes, shard_groups
@@ -181,6 +182,8 @@ class StarPO(Algorithm):
         self.final_iteration: int | None = None
         # 0/1 success per trajectory of the latest evaluation, in seed order (for paired intervals).
         self.last_evaluation_successes: list[float] = []
+        # Two-player games: the latest evaluation's outcomes against each fixed opponent, game by game.
+        self.last_game_scores: dict[str, GameScore] = {}
         self._evaluation_episodes: list = []
         # The version of the learner's weights; each sync into the engines makes a new one.
         self.policy_version = 0
@@ -314,7 +317,11 @@ class StarPO(Algorithm):
             evaluation = evaluate_on_seeds(self._sample_evaluation, seeds=seeds, temperature=settings.eval_temperature)
             stats = dict(evaluation.stats)
             if isinstance(self.env_runner, SelfPlayEnvRunner):  # two-player games: rates against fixed opponents
-                stats |= self.env_runner.game_evaluation(first_seed=seeds[0], temperature=settings.eval_temperature)
+                self.last_game_scores = self.env_runner.game_scores(
+                    first_seed=seeds[0], temperature=settings.eval_temperature
+                )
+                for opponent, score in self.last_game_scores.items():
+                    stats |= score.metrics(f"vs_{opponent}/")
         for key, value in stats.items():
             self.metrics.log_value((EVALUATION_RESULTS, key), value, window=1)
         self._evaluation_episodes = evaluation.episodes

@@ -761,6 +761,13 @@ class StarPOSettings(AlgorithmConfig):
 
     @property
     def rollout_summary(self) -> str:
+        games = self.two_player
+        if games.self_play_game is not None:  # a game is its own group, of its trained seats
+            return (
+                f"{games.self_play_game} self-play: {self.rollout.n_groups} games an iteration against "
+                f"{games.self_play_opponent!r}, at most {games.max_game_turns} moves, model {self.llm_module.model}, "
+                f"estimator {self.advantages.advantage_estimator}"
+            )
         return (
             f"{self.env}: {self.rollout.n_groups} groups x {self.rollout.group_size} trajectories, "
             f"{self.turn_budget.max_turns} turns, model {self.llm_module.model}, "

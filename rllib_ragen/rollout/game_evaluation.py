@@ -24,18 +24,30 @@ class GameScore:
     """An evaluated module's outcomes against one opponent.
 
     Attributes:
-        games: Games played.
-        counts: Games won, drawn and lost (keys of `OUTCOMES`).
+        outcomes: The module's outcome of each game ("win", "draw" or "loss"), in game order: the same
+            seeds in two evaluations give paired outcomes.
         seats: The seat the evaluated module played in each game, in game order.
         chips_per_hand: Kuhn Poker: the module's mean net chips per hand; None for other games.
         equilibrium_chips_per_hand: Kuhn Poker: what the equilibrium would win per hand on the same seats.
     """
 
-    games: int
-    counts: dict[str, int]
+    outcomes: tuple[str, ...]
     seats: tuple[str, ...]
     chips_per_hand: float | None = None
     equilibrium_chips_per_hand: float | None = None
+
+    @property
+    def games(self) -> int:
+        return len(self.outcomes)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Games won, drawn and lost (keys of `OUTCOMES`)."""
+        return {outcome: self.outcomes.count(outcome) for outcome in OUTCOMES}
+
+    def indicators(self, outcome: str) -> list[float]:
+        """1.0 for each game that ended in `outcome`, else 0.0, in game order."""
+        return [float(o == outcome) for o in self.outcomes]
 
     def rate(self, outcome: str) -> float:
         return self.counts[outcome] / self.games
@@ -67,22 +79,21 @@ def score_games(results: Sequence[GameResult], evaluated: str) -> GameScore:
     """
     if not results:
         raise ValueError("no game to score")
-    counts = dict.fromkeys(OUTCOMES, 0)
-    seats, chips, equilibrium, hands = [], 0.0, 0.0, 0
+    outcomes, seats, chips, equilibrium, hands = [], [], 0.0, 0.0, 0
     kuhn = all(result.chips is not None and result.hands_opened is not None for result in results)
     for result in results:
         seat = _seat_of(result, evaluated)
         seats.append(seat)
         reward = result.rewards[seat]
-        counts["win" if reward > 0 else "loss" if reward < 0 else "draw"] += 1
+        outcomes.append("win" if reward > 0 else "loss" if reward < 0 else "draw")
         if kuhn and result.chips is not None and result.hands_opened is not None:
             opened, played = result.hands_opened[seat]
             chips += result.chips[seat]
             equilibrium += KUHN_FIRST_PLAYER_VALUE * opened - KUHN_FIRST_PLAYER_VALUE * (played - opened)
             hands += played
     if not kuhn:
-        return GameScore(len(results), counts, tuple(seats))
-    return GameScore(len(results), counts, tuple(seats), chips / hands, equilibrium / hands)
+        return GameScore(tuple(outcomes), tuple(seats))
+    return GameScore(tuple(outcomes), tuple(seats), chips / hands, equilibrium / hands)
 
 
 def _seat_of(result: GameResult, evaluated: str) -> str:

@@ -197,7 +197,15 @@ class _GameTable:
         observations, rewards, terminateds, _, infos = self.game.step(
             {seat: parsed.actions[0] if parsed.actions else ""}
         )
-        self.pending_info[seat].update(infos.get(seat, {}))
+        # The game keys its infos by the seats that observe next: the mover's own when the game ended,
+        # else the next seat's, which then carry the move's validity.
+        moved = infos[seat] if terminateds["__all__"] else next(iter(infos.values()))
+        self.pending_info[seat].update(
+            action_is_valid=moved["action_is_valid"],
+            game_action=moved["game_action"],
+            # What every trajectory's statistics and failure kinds read (`trajectory_record.turn_validity`).
+            num_valid_actions=int(bool(parsed.actions) and moved["action_is_valid"]),
+        )
         if terminateds["__all__"]:
             self._finish(observations, rewards, infos, acted=action)
         else:

@@ -129,14 +129,14 @@ class SelfPlayEnvRunner(LLMEnvRunner):
         self.sample(seeds=seeds, temperature=temperature, evaluation=True, policy_mapping_fn=mapping)
         return score_games(self.last_game_results, TRAINED_MODULE)
 
-    def game_evaluation(self, *, first_seed: int, temperature: float) -> dict[str, float]:
-        """Every configured opponent's `GameScore` metrics, `vs_<opponent>/win_rate` and so on, each over
-        `game_eval_games` games from seed `first_seed` (the same seeds for every opponent)."""
+    def game_scores(self, *, first_seed: int, temperature: float) -> dict[str, GameScore]:
+        """Every configured opponent's `GameScore`, each over `game_eval_games` games from seed `first_seed`
+        (the same seeds for every opponent, and in every evaluation: outcomes pair game by game)."""
         seeds = list(range(first_seed, first_seed + self.self_play.game_eval_games))
-        metrics: dict[str, float] = {}
-        for opponent in self.self_play.game_eval_opponents:
-            metrics |= self.evaluate_games(opponent, seeds=seeds, temperature=temperature).metrics(f"vs_{opponent}/")
-        return metrics
+        return {
+            opponent: self.evaluate_games(opponent, seeds=seeds, temperature=temperature)
+            for opponent in self.self_play.game_eval_opponents
+        }
 
     def _seats(self, temperature: float) -> Seats:
         engines = {TRAINED_MODULE: self.engine}

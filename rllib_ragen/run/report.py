@@ -1,5 +1,6 @@
 """What a tuned example reports: the starting policy's evaluation, a line per iteration,
-success before and after RL with intervals, and the `--as-test` verdict."""
+success before and after RL with intervals (and, for two-player games, win and loss rates against each
+fixed opponent), and the `--as-test` verdict."""
 
 from __future__ import annotations
 
@@ -7,21 +8,28 @@ import dataclasses
 import json
 import math
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rllib_ragen.intervals import format_rate, paired_difference_interval
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.algorithm import Algorithm
 
+    from rllib_ragen.rollout.game_evaluation import GameScore
     from rllib_ragen.run.callbacks import MLflowCallback
 
 
-def evaluate_before_training(algo: Algorithm, callback: MLflowCallback) -> tuple[dict[str, float], list[float]]:
-    """Evaluates the starting (e.g. warm-started) policy on the fixed evaluation seeds, logged as step 0.
+class StartingEvaluation(NamedTuple):
+    """The starting policy's evaluation: its statistics, the 0/1 success of each evaluation seed and,
+    for two-player games, its `GameScore` against each fixed opponent (empty otherwise)."""
 
-    Returns the evaluation's statistics and the 0/1 success of each evaluation seed.
-    """
+    stats: dict[str, float]
+    successes: list[float]
+    game_scores: dict[str, GameScore]
+
+
+def evaluate_before_training(algo: Algorithm, callback: MLflowCallback) -> StartingEvaluation:
+    """Evaluates the starting (e.g. warm-started) policy on the fixed evaluation seeds, logged as step 0."""
     from ray.rllib.utils.metrics import EVALUATION_RESULTS
 
     # One batched rollout with no progress of its own: minutes on a CPU without bf16 units.
@@ -39,17 +47,22 @@ def evaluate_before_training(algo: Algorithm, callback: MLflowCallback) -> tuple
         f"return {stats['episode_return_mean']:.3f} | valid {stats['valid_action_ratio']:.2f}",
         flush=True,
     )
-    return stats, successes
+    return StartingEvaluation(stats, successes, dict(algo.last_game_scores))
+
+
+def change_verdict(low: float, high: float, *, up: str = "learned", down: str = "got worse") -> str:
+    """The verdict of a paired change's 95% interval, (low, high) of after - before: `up` when it excludes
+    zero from above, `down` when from below."""
+    return up if low > 0 else (down if high < 0 else "no change beyond chance")
 
 
 def summarize(before: list[float], after: list[float], *, iterations: int, minutes: float) -> dict[str, Any]:
     """Prints success before and after RL on the same seeds with 95% intervals; returns them."""
     difference, low, high = paired_difference_interval(before, after)
-    verdict = "learned" if low > 0 else ("got worse" if high < 0 else "no change beyond chance")
     print(
         f"success on {len(before)} evaluation seeds (95% intervals): before RL {format_rate(before)} -> "
         f"after {iterations} iterations ({minutes:.1f} min) {format_rate(after)}; "
-        f"change {difference:+.3f} [{low:+.3f}, {high:+.3f}]: {verdict}",
+        f"change {difference:+.3f} [{low:+.3f}, {high:+.3f}]: {change_verdict(low, high)}",
         flush=True,
     )
     return {
@@ -60,6 +73,31 @@ def summarize(before: list[float], after: list[float], *, iterations: int, minut
         "difference": difference,
         "difference_interval": [low, high],
     }
+
+
+GAME_VERBS = {"win": "wins", "loss": "loses"}
+
+
+def summarize_games(before: dict[str, GameScore], after: dict[str, GameScore]) -> dict[str, Any]:
+    """Prints, per fixed opponent, the win and loss rates before and after RL on the same games (same seeds,
+    same seats) with 95% intervals and the paired change of each; returns them by opponent."""
+    summary: dict[str, Any] = {}
+    for opponent, score in after.items():
+        start = before[opponent]
+        parts, rows = [], {}
+        for outcome in ("win", "loss"):
+            was, now = start.indicators(outcome), score.indicators(outcome)
+            difference, low, high = paired_difference_interval(was, now)
+            verb = GAME_VERBS[outcome]
+            better = change_verdict(low, high, up=f"{verb} more", down=f"{verb} less")
+            parts.append(
+                f"{outcome} {format_rate(was)} -> {format_rate(now)}, change {difference:+.3f} "
+                f"[{low:+.3f}, {high:+.3f}]: {better}"
+            )
+            rows[outcome] = {"before": was, "after": now, "difference": difference, "interval": [low, high]}
+        print(f"vs {opponent}, {score.games} games, seats alternating (95% intervals): {'; '.join(parts)}", flush=True)
+        summary[opponent] = rows
+    return summary
 
 
 @dataclasses.dataclass
@@ -99,7 +137,7 @@ class BudgetSpent:
 
 def report_learning(
     algo: Algorithm,
-    before: tuple[dict[str, float], list[float]],
+    before: StartingEvaluation,
     result: dict[str, Any],
     *,
     minutes: float,
@@ -107,15 +145,18 @@ def report_learning(
     job_minutes: float,
     path: str | None,
 ) -> None:
-    """Prints success before and after RL (`summarize`) and what the budget bought; with `path`, also writes
-    them there as JSON, with both evaluations' statistics, the starting model and the learning curve."""
+    """Prints success before and after RL (`summarize`), the games' changes against each fixed opponent
+    (`summarize_games`) and what the budget bought; with `path`, also writes them there as JSON, with both
+    evaluations' statistics, the starting model and the learning curve."""
     from rllib_ragen.run.atomic_files import write_text_atomic
 
-    summary = summarize(before[1], algo.last_evaluation_successes, iterations=algo.iteration, minutes=minutes)
+    summary = summarize(before.successes, algo.last_evaluation_successes, iterations=algo.iteration, minutes=minutes)
+    if algo.last_game_scores:
+        summary["games"] = summarize_games(before.game_scores, algo.last_game_scores)
     print(budget.line(job_minutes=job_minutes), flush=True)
     if path:
         summary.update(
-            stats_before=before[0],
+            stats_before=before.stats,
             stats_after=result["evaluation"],
             starting_model=algo.config.llm_module.model,
             job_minutes=job_minutes,

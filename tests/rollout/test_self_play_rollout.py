@@ -13,11 +13,13 @@ from run_helpers import ForcedAnswerEngine
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 
+from envs.base import INVALID_ANSWER
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.inference.engine import Completion, InferenceEngine, SamplingParams
 from rllib_ragen.rllib_private import learner_connector
 from rllib_ragen.rollout.env_runner import LLMEnvRunner
 from rllib_ragen.rollout.game_rollout import FROZEN_MODULE
+from rllib_ragen.rollout.trajectory_record import failure_kind, turn_validity
 from rllib_ragen.training.token_batch import token_batch_of_episodes
 
 require_extra("textarena", "cpu,test,textarena")
@@ -32,9 +34,10 @@ class ScriptedMovesEngine(ForcedAnswerEngine):
     """Answers each seat's next move from `MOVES` (the seat read from the system prompt, the move's index
     from the answers already in the prompt), with the log-probs a real engine gives those tokens."""
 
-    def __init__(self, engine: InferenceEngine, tokenizer) -> None:
+    def __init__(self, engine: InferenceEngine, tokenizer, moves: dict[str, list[str]] = MOVES) -> None:
         super().__init__(engine, answer_ids=[])
         self.tokenizer = tokenizer
+        self.moves = moves
         self.calls: list[int] = []
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
@@ -46,7 +49,7 @@ class ScriptedMovesEngine(ForcedAnswerEngine):
     def _answer(self, prompt: str) -> list[int]:
         seat = "Player 0" if "as Player 0" in prompt else "Player 1"
         turn = prompt.count("<|im_start|>assistant") - 1
-        text = f"<answer>[{MOVES[seat][turn]}]</answer><|im_end|>"
+        text = f"<answer>[{self.moves[seat][turn]}]</answer><|im_end|>"
         return self.tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -70,6 +73,10 @@ def test_each_seat_tokens_rewards_and_advantages_land_in_its_own_rows(tiny_model
     episodes = runner.sample(seeds=[1, 2])
     assert engine.calls == [2, 2, 2, 2, 2]  # five moves; each step's prompts of both games in one call
     assert [r.rewards for r in runner.last_game_results] == [{"player_0": 1.0, "player_1": -1.0}] * 2
+    # Every move was legal: each seat's turns count as valid, and the loser's failure is no invalid answer.
+    for episode in episodes:
+        assert [turn_validity(episode.agent_episodes[s]) for s in ("player_0", "player_1")] == [[1.0] * 3, [1.0] * 2]
+        assert failure_kind(episode.agent_episodes["player_1"]) != INVALID_ANSWER
     learner = config.build_learner(spaces=runner.get_spaces())
     batch = learner_connector(learner)(
         rl_module=learner.module, batch={}, episodes=episodes, shared_data={}, metrics=None
@@ -94,9 +101,23 @@ def test_each_seat_tokens_rewards_and_advantages_land_in_its_own_rows(tiny_model
         assert not batch[Columns.ADVANTAGES][rows][~generated].any()
 
 
+def test_an_occupied_cell_is_the_movers_invalid_turn_only(tiny_model_path, tiny_tokenizer) -> None:
+    # player_1 answers player_0's cell: SPIRAL's rule ends the game there, -1.5 to it and +0.5 to player_0.
+    runner = SelfPlayEnvRunner(config=_config(tiny_model_path))
+    runner.engine = ScriptedMovesEngine(runner.engine, tiny_tokenizer, {"Player 0": ["4"], "Player 1": ["4"]})
+    (episode,) = runner.sample(seeds=[1])
+    assert runner.last_game_results[0].rewards == {"player_0": 0.5, "player_1": -1.5}
+    first, second = episode.agent_episodes["player_0"], episode.agent_episodes["player_1"]
+    assert turn_validity(first) == [1.0] and failure_kind(first) != INVALID_ANSWER
+    assert turn_validity(second) == [0.0] and failure_kind(second) == INVALID_ANSWER
+
+
 def test_self_play_is_switched_by_its_builder_and_rae_needs_it() -> None:
     config = StarPOConfig().self_play(self_play_game="TicTacToe-v0")
     assert config.env_runner_cls is SelfPlayEnvRunner
+    # The run's header counts games, not the single-seat env's groups x group size.
+    assert config.rollout_summary.startswith("TicTacToe-v0 self-play: 8 games an iteration against 'self', at most ")
+    assert "groups x" not in config.rollout_summary
     config.env_runner_cls = LLMEnvRunner
     with pytest.raises(ValueError, match="needs the self-play env runner"):
         config.validate_starpo()

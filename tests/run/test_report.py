@@ -2,7 +2,8 @@
 
 import math
 
-from rllib_ragen.run.report import BudgetSpent
+from rllib_ragen.rollout.game_evaluation import GameScore
+from rllib_ragen.run.report import BudgetSpent, change_verdict, summarize_games
 
 
 def _result(trained, success, eval_success=None):
@@ -42,3 +43,30 @@ def test_an_empty_budget_says_so():
         .line(job_minutes=1.0)
         .startswith("the budget bought 0 iterations, 0 trajectories trained and 0.0 min")
     )
+
+
+def _score(outcomes):
+    return GameScore(tuple(outcomes), ("player_0", "player_1") * (len(outcomes) // 2))
+
+
+def test_games_report_the_paired_change_of_wins_and_losses_per_opponent(capsys):
+    # vs random: every game lost before RL and won after. Agresti-Min by hand: 20 gained, 0 lost of 20,
+    # (20.5 - 0.5) / 22 = 0.909 -/+ 1.96 * sqrt(21 - 20**2 / 22) / 22 = 0.1496, so [+0.760, +1.000].
+    # vs minimax: 4 games, losses [1, 1, 0, 0] -> [0, 1, 0, 0]: -0.25; (0.5 - 1.5) / 6 = -0.1667 -/+
+    # 1.96 * sqrt(2 - 1 / 6) / 6 = 0.4423, so [-0.609, +0.276].
+    before = {"random": _score(["loss"] * 20), "minimax": _score(["loss", "loss", "draw", "draw"])}
+    after = {"random": _score(["win"] * 20), "minimax": _score(["draw", "loss", "draw", "draw"])}
+    summary = summarize_games(before, after)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("vs random, 20 games, seats alternating (95% intervals): win 0.000 [")
+    assert "change +1.000 [+0.760, +1.000]: wins more" in lines[0]
+    assert "loss 1.000 [0.839, 1.000] -> 0.000 [0.000, 0.161], change -1.000 [-1.000, -0.760]: loses less" in lines[0]
+    assert "loss 0.500 [0.150, 0.850] -> 0.250 [0.046, 0.699], change -0.250 [-0.609, +0.276]: no change beyond chance" in lines[1]
+    assert summary["minimax"]["loss"]["before"] == [1.0, 1.0, 0.0, 0.0]
+    assert summary["random"]["win"]["difference"] == 1.0
+
+
+def test_the_verdict_reads_the_side_of_zero_the_interval_is_on():
+    assert change_verdict(0.01, 0.3) == "learned" and change_verdict(-0.3, -0.01) == "got worse"
+    assert change_verdict(-0.01, 0.3) == "no change beyond chance"
+    assert change_verdict(-0.3, -0.01, up="loses more", down="loses less") == "loses less"
