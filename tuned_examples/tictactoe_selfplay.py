@@ -8,8 +8,9 @@ only (the bracketed cell). Every evaluation plays 128 games against the random o
 minimax expert and the policy the run started from (a second, frozen engine), seats alternating, with
 95% intervals: `docs/self_play.md`. Needs the TextArena extra: `bash scripts/install.sh cpu,textarena`.
 
-Not yet measured: the figures the issue asks for (win rate rising against random and the starting policy,
-loss rate falling against minimax, on 2 cores within 30 minutes) are the lead's to run.
+Status: it does not learn yet. Its first run (docs/results/self_play_tictactoe.md) spent 11 minutes on the
+warm start, which left a policy that plays the instructions' example cell `[4]` whatever the board, so
+most self-play games end on the second seat's invalid move. A warm start that teaches legal moves comes next.
 
 The config below is the whole config: every setting that differs from `StarPOConfig()`'s defaults.
 """
