@@ -56,7 +56,8 @@ def axis_table(points: list[dict[str, Any]], ceiling: float) -> list[str]:
         if "error" in point:
             lines.append(f"{point['point']:<22}failed: {point['error']}")
             continue
-        peaks = ", ".join(f"{p['role']} {p['peak_mb']:.0f}" for p in point["processes"][:4])
+        # Ray pads its processes' titles with spaces: one space between words reads as a list.
+        peaks = ", ".join(f"{' '.join(p['role'].split())} {p['peak_mb']:.0f}" for p in point["processes"][:4])
         lines.append(
             f"{point['point']:<22}{point['seconds']:>8.2f}{point['rollout_s']:>9.2f}{point['update_s']:>8.2f}"
             f"{point['sync_s']:>7.2f}{point['turns_mean']:>7.2f}{point['answer_tokens_mean']:>8.1f}"
