@@ -88,6 +88,9 @@ class TwoPlayerGame(MultiAgentEnv):
         self.agents = self.possible_agents = list(SEATS)
         self.rng = np.random.default_rng(0)
         self.moves = 0
+        # The last step's move as the mover made it (`action_is_valid`, `game_action`): the step's infos
+        # go to the seats that observe next, which are the mover's only when the game ended.
+        self.last_move: dict[str, Any] = {}
         self._seen: dict[str, list[str]] = {seat: [] for seat in SEATS}
 
     @property
@@ -119,6 +122,7 @@ class TwoPlayerGame(MultiAgentEnv):
         else:
             self.game.state.error_allowance = math.inf
         self.moves = 0
+        self.last_move = {}
         self._seen = {seat: [] for seat in SEATS}
         seat = self.current_seat
         return {seat: self._observe(seat)}, {seat: {}}
@@ -135,6 +139,7 @@ class TwoPlayerGame(MultiAgentEnv):
             self.game.state.error_count > errors_before
         )
         info = {"action_is_valid": not invalid, "game_action": move}
+        self.last_move = info
         if not self.done:
             nxt = self.current_seat
             return {nxt: self._observe(nxt)}, {nxt: 0.0}, {"__all__": False}, {"__all__": False}, {nxt: info}

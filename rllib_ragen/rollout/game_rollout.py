@@ -197,9 +197,7 @@ class _GameTable:
         observations, rewards, terminateds, _, infos = self.game.step(
             {seat: parsed.actions[0] if parsed.actions else ""}
         )
-        # The game keys its infos by the seats that observe next: the mover's own when the game ended,
-        # else the next seat's, which then carry the move's validity.
-        moved = infos[seat] if terminateds["__all__"] else next(iter(infos.values()))
+        moved = self.game.last_move
         self.pending_info[seat].update(
             action_is_valid=moved["action_is_valid"],
             game_action=moved["game_action"],

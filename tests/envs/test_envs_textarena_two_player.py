@@ -49,11 +49,12 @@ def test_spiral_invalid_move_ends_the_game_with_its_rewards() -> None:
     observations, _ = game.reset(seed=0)
     assert list(observations) == ["player_0"] and "Player 0" in observations["player_0"]
     game.step({"player_0": "4"})
+    assert game.last_move == {"action_is_valid": True, "game_action": "[4]"}  # the mover's, not the next seat's
     # Player 1 plays the occupied cell 4: it loses 1.5, player 0 gains 0.5, both seats see the end.
     observations, rewards, terminateds, _, infos = game.step({"player_1": "[4]"})
     assert rewards == {"player_0": 0.5, "player_1": -1.5}
     assert terminateds == {"player_0": True, "player_1": True, "__all__": True}
-    assert infos["player_1"]["action_is_valid"] is False
+    assert infos["player_1"]["action_is_valid"] is False and game.last_move["action_is_valid"] is False
     assert all("Game over" in observations[seat] for seat in SEATS)
 
 
