@@ -3,14 +3,16 @@
 With no flags: SmolLM2-135M plays TextArena's TicTacToe against itself on both seats (shared weights, the
 role in each seat's prompt), trained with RAE (one moving-average baseline per seat, SPIRAL's role-conditioned
 advantages) under SPIRAL's rules (an invalid move ends the game: -1.5 for the offender, +0.5 for the
-other seat; 9 moves at most). Before the RL, a warm start on random legal play teaches the answer format
-only (the bracketed cell). Every evaluation plays 128 games against the random opponent, the exact
-minimax expert and the policy the run started from (a second, frozen engine), seats alternating, with
-95% intervals: `docs/self_play.md`. Needs the TextArena extra: `bash scripts/install.sh cpu,textarena`.
+other seat; 9 moves at most). Each prompt holds the last state only (the board and its free cells say all
+there is). Before the RL, a warm start behaviour-clones the exact minimax expert, moving first against random
+play, into the top 10 layers. The evaluation before and after the RL plays 128 games against the random
+opponent, the minimax expert and the policy the run started from (a second, frozen engine), seats
+alternating, with 95% intervals: `docs/self_play.md`. Needs the TextArena extra:
+`bash scripts/install.sh cpu,textarena`.
 
-Status: it does not learn yet. Its first run (docs/results/self_play_tictactoe.md) spent 11 minutes on the
-warm start, which left a policy that plays the instructions' example cell `[4]` whatever the board, so
-most self-play games end on the second seat's invalid move. A warm start that teaches legal moves comes next.
+Status: not shown to learn yet (docs/results/self_play_tictactoe.md). Its first run, with a warm start on
+random legal play and the whole game in each prompt, left a policy that plays the instructions' example cell
+`[4]` whatever the board.
 
 The config below is the whole config: every setting that differs from `StarPOConfig()`'s defaults.
 """
@@ -42,6 +44,7 @@ def tictactoe_selfplay_config() -> StarPOConfig:
             # 16 games an iteration, each its own group: two trained seats.
             n_groups=16,
             max_actions_per_turn=1,
+            history_window=1,
             think=False,
             prefill=True,
             response_length=12,
@@ -62,17 +65,17 @@ def tictactoe_selfplay_config() -> StarPOConfig:
             game_eval_opponents=("random", "minimax", "frozen"),
             game_eval_games=128,
         )
-        .starpo_evaluation(eval_interval=8, eval_size=32)
+        # Before and after the RL only (the job budget's end evaluates): 384 games take minutes on 2 cores.
+        .starpo_evaluation(eval_interval=100, eval_size=32)
         .debugging(seed=0)
     )
 
 
-# Random legal play (the bracketed cells the game lists), behaviour-cloned into SmolLM2's last 10 layers:
-# the answer format only, no game knowledge.
+# The minimax expert's moves as player 0 against random play (192 games, one each), behaviour-cloned into
+# SmolLM2's last 10 layers: random legal play taught the format but not to read the board (the first run).
 WARM_START = dict(
-    player="random",
-    num_examples=128,
-    answers_per_prompt=2,
+    player="expert",
+    num_examples=192,
     epochs=1,
     batch_size=8,
     lr=3e-4,

@@ -13,6 +13,8 @@ turns and actions left:
 - TextArena's GuessTheNumber (`textarena:GuessTheNumber-v0` and its variants):
   the middle of the range the hints so far leave (binary search); its thought
   names that range.
+- TextArena's TicTacToe (`textarena:TicTacToe-v0`): exact minimax
+  (`envs.tictactoe_minimax`); its thought names the agent's mark and the free cells.
 
 `expert_for(env)` gives a fresh expert for one episode; it returns None when
 the episode cannot be demonstrated within the budget (a Sokoban room whose
@@ -32,7 +34,8 @@ from envs.frozenlake import FrozenLakeEnv
 from envs.frozenlake_planner import best_turn
 from envs.sokoban import SokobanEnv
 from envs.sokoban_solver import DEFAULT_MAX_STATES, solve
-from envs.textarena import TextArenaEnv
+from envs.textarena import AGENT, TextArenaEnv
+from envs.tictactoe_minimax import mark_of, minimax_move
 
 # Who can play a warm start's demonstrations: valid actions at random (the answer
 # format only), or the env's expert below.
@@ -80,9 +83,11 @@ def expert_for(env: TextEnv, *, max_states: int = DEFAULT_MAX_STATES) -> Expert:
         return _corridor_turn
     if isinstance(env, TextArenaEnv) and env.config.game.startswith("GuessTheNumber-"):
         return _guess_the_number_turn
+    if isinstance(env, TextArenaEnv) and env.config.game.startswith("TicTacToe-"):
+        return _tictactoe_turn
     raise ValueError(
         f"no expert player for {type(env).__name__}; experts exist for Sokoban, FrozenLake, Corridor and "
-        "TextArena's GuessTheNumber "
+        "TextArena's GuessTheNumber and TicTacToe "
         "(use random play for a format-only warm start)"
     )
 
@@ -142,3 +147,10 @@ def _guess_the_number_turn(env: TextArenaEnv, left: TurnBudgetLeft) -> Turn:
         else:
             high = min(high, guess - 1)
     return Turn([str((low + high) // 2)], f"The number is from {low} to {high}.")
+
+
+def _tictactoe_turn(env: TextArenaEnv, left: TurnBudgetLeft) -> Turn:
+    """The minimax cell for the agent's seat, read from TextArena's board."""
+    board = env.game.state.game_state["board"]
+    free = [str(i) for i, cell in enumerate(c for row in board for c in row) if not cell]
+    return Turn([f"[{minimax_move(board, AGENT)}]"], f"I play {mark_of(AGENT)}; free cells: {', '.join(free)}.")

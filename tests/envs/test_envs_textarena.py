@@ -391,6 +391,29 @@ def test_the_guess_the_number_expert_wins_within_five_guesses():
         assert terminated and reward == 1.0 and info["success"], f"seed {seed}"
 
 
+def test_the_tictactoe_expert_plays_legal_moves_and_never_loses_to_the_random_opponent():
+    from rllib_ragen.data.experts import TurnBudgetLeft, expert_for, has_expert
+
+    assert has_expert("textarena:TicTacToe-v0")
+    outcomes = []
+    for seed in range(24):
+        env = make_env("textarena:TicTacToe-v0")
+        env.reset(seed=seed)
+        expert = expert_for(env)
+        for turn in range(5):
+            answer = expert(env, TurnBudgetLeft(turns=5 - turn, actions=5 - turn, per_turn=1))
+            assert answer is not None and answer.actions[0] in env.render_text(), f"seed {seed}: an unlisted cell"
+            assert answer.thought.startswith("I play O; free cells:")
+            _, reward, terminated, _, info = env.step(answer.actions[0])
+            assert info["action_is_valid"], f"seed {seed}, turn {turn}"
+            if terminated:
+                break
+        assert terminated, f"seed {seed}: the game outlasted the board"
+        outcomes.append(reward)
+    # Minimax moving first against random play: never a loss, and a win in most games.
+    assert min(outcomes) >= 0.0 and sum(r == 1.0 for r in outcomes) >= 18, outcomes
+
+
 def test_the_cpu_preset_plays_a_textarena_game_one_move_a_turn_with_the_whole_history():
     from rllib_ragen.algorithm.presets import TEXTARENA_TURNS, cpu_preset
 
