@@ -38,6 +38,9 @@ CRITIC = Study(
 
 # StarPO: every sampled group trained, PPO's symmetric clip. StarPO-S: the groups whose rewards disagree
 # most (the preset keeps a quarter), clip-higher (0.28 above, as the preset). KL is off in both (the preset).
+# With one on-policy update a batch (the CPU preset) every ratio is 1 and no clip binds, so `starpo` and
+# `starpo-s-keep-1.0` are the same run there (docs/results/study_finding2_4_filter.md); the clips differ on presets that
+# update several times a batch.
 FILTER = Study(
     name="finding2-4-filter",
     question="Does StarPO-S's uncertainty filter (keep 0.25 / 0.5 / 1.0 of the groups) beat StarPO?",
