@@ -14,8 +14,12 @@ and observation and are terminated.
   the game ends, the offender gets `invalid_move_reward` (-1.5) and the other
   seat `opponent_invalid_reward` (+0.5); without it the seat moves again (the
   caller's turn budget bounds the retries) and the game's own rewards stand;
-- the turn cap: after `max_game_turns` moves (both seats' together) the game
-  ends in a draw (0 each), as SPIRAL's cap does;
+- the turn cap: after `max_game_turns` moves (both seats' together, the
+  opening's included) the game ends in a draw (0 each), as SPIRAL's cap does;
+- a random opening (`max_opening_moves`, off by default): each reset draws a
+  number of moves from 0 to `max_opening_moves` and plays that many of the
+  moves the game lists, at random, for the seats in turn; a seat's first
+  observation then holds every message of the opening;
 - rewards: the game's final ones (win 1, loss -1, draw 0; Kuhn Poker's too).
 
 Scripted seats (`scripted_move`) draw their moves here, from the game's
@@ -26,6 +30,7 @@ or "minimax" (`envs.tictactoe_minimax`, TicTacToe only).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -62,6 +67,8 @@ class TwoPlayerConfig:
         invalid_move_reward: The offender's reward when an invalid move ends the game.
         opponent_invalid_reward: The other seat's reward then.
         max_game_turns: Moves (both seats') after which the game is a draw.
+        max_opening_moves: Random listed moves that may open a game (module docstring): varied starts, so
+            that games between near-deterministic seats do not all repeat one line of play.
     """
 
     game: str = "TicTacToe-v0"
@@ -69,12 +76,18 @@ class TwoPlayerConfig:
     invalid_move_reward: float = -1.5
     opponent_invalid_reward: float = 0.5
     max_game_turns: int = 30
+    max_opening_moves: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.game, str) or not self.game:
             raise UserError(f"game must be a TextArena game id such as 'TicTacToe-v0', got {self.game!r}")
         if self.max_game_turns < 1:
             raise UserError(f"max_game_turns must be >= 1, got {self.max_game_turns}")
+        if not 0 <= self.max_opening_moves < self.max_game_turns:
+            raise UserError(
+                f"max_opening_moves must be from 0 to max_game_turns - 1 = {self.max_game_turns - 1}, "
+                f"got {self.max_opening_moves}"
+            )
 
 
 class TwoPlayerGame(MultiAgentEnv):
@@ -124,8 +137,26 @@ class TwoPlayerGame(MultiAgentEnv):
         self.moves = 0
         self.last_move = {}
         self._seen = {seat: [] for seat in SEATS}
+        self._play_opening()
         seat = self.current_seat
         return {seat: self._observe(seat)}, {seat: {}}
+
+    def _play_opening(self) -> None:
+        """Plays 0 to `max_opening_moves` random listed moves (the reset seed's stream); their messages stay queued."""
+        for _ in range(int(self.rng.integers(self.config.max_opening_moves + 1))):
+            seat = self.current_seat
+            queued = self.game.state.observations[seat_of(seat)]
+            moves = candidate_moves([str(text) for _, text, _ in queued[-1:]])
+            if not moves:
+                raise UserError(f"game {self.config.game!r} listed no move to open with: max_opening_moves needs one")
+            move = str(self.rng.choice(moves))
+            self.sandbox.call(functools.partial(self.game.step, move))
+            self.moves += 1
+            if self.game.state.done or self.game.state.error_count:
+                raise UserError(
+                    f"a random opening of game {self.config.game!r} ended it at move {self.moves}: lower "
+                    f"max_opening_moves (now {self.config.max_opening_moves})"
+                )
 
     def step(self, action_dict: dict[str, str]) -> tuple[dict, dict, dict, dict, dict]:
         seat = self.current_seat

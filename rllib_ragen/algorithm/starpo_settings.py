@@ -644,6 +644,7 @@ class StarPOSettings(AlgorithmConfig):
         invalid_move_reward: float = NotProvided,
         opponent_invalid_reward: float = NotProvided,
         max_game_turns: int = NotProvided,
+        training_opening_moves: int = NotProvided,
         game_eval_opponents: tuple[str, ...] = NotProvided,
         game_eval_games: int = NotProvided,
     ) -> Self:
@@ -663,6 +664,9 @@ class StarPOSettings(AlgorithmConfig):
             invalid_move_reward: The offender's reward then (SPIRAL: -1.5).
             opponent_invalid_reward: The other seat's reward then (SPIRAL: +0.5).
             max_game_turns: Moves of both seats after which the game is a draw.
+            training_opening_moves: Training games open with 0 to this many random listed moves (each game draws
+                the number), so that near-deterministic seats meet varied positions instead of one line of play
+                (SPIRAL: 0). Evaluation games always start from the game's own start.
             game_eval_opponents: The fixed opponents of game evaluation ("frozen", "random", "minimax").
             game_eval_games: Games per opponent in game evaluation, seats alternating (the issue asks >= 128).
         """
@@ -674,6 +678,7 @@ class StarPOSettings(AlgorithmConfig):
             invalid_move_reward=invalid_move_reward,
             opponent_invalid_reward=opponent_invalid_reward,
             max_game_turns=max_game_turns,
+            training_opening_moves=training_opening_moves,
             game_eval_opponents=game_eval_opponents,
             game_eval_games=game_eval_games,
         )

@@ -61,7 +61,7 @@ class SelfPlayEnvRunner(LLMEnvRunner):
     @override(LLMEnvRunner)
     def make_env(self) -> None:
         """Each seat's prompt protocol: its system prompt names the game and the seat's role."""
-        game = TwoPlayerGame(self.self_play.game_config())
+        game = TwoPlayerGame(self.self_play.game_config(training=False))
         template = ChatTemplate.from_tokenizer(load_tokenizer(self.model_path))
         self.protocols = {
             seat: PromptProtocol(
@@ -109,7 +109,7 @@ class SelfPlayEnvRunner(LLMEnvRunner):
         if seeds is None:
             seeds = list(range(settings.train_seed_start, settings.train_seed_start + settings.n_groups))
         episodes, self.last_game_results = play_games(
-            [TwoPlayerGame(self.self_play.game_config()) for _ in seeds],
+            [TwoPlayerGame(self.self_play.game_config(training=not evaluation)) for _ in seeds],
             seeds,
             policy_mapping_fn or training_mapping(self.self_play),
             self._seats(settings.temperature if temperature is None else temperature),

@@ -33,6 +33,7 @@ class SelfPlaySettings:
     invalid_move_reward: float = -1.5
     opponent_invalid_reward: float = 0.5
     max_game_turns: int = 30
+    training_opening_moves: int = 0
     game_eval_opponents: tuple[str, ...] = ("random",)
     game_eval_games: int = 128
 
@@ -43,6 +44,8 @@ class SelfPlaySettings:
         check_at_least_one(self, "game_eval_games", "max_game_turns")
         if self.self_play_game is not None and not (isinstance(self.self_play_game, str) and self.self_play_game):
             raise ValueError(f"self_play_game must be a TextArena game id or None, got {self.self_play_game!r}")
+        if self.enabled:
+            self.game_config(training=True)  # TwoPlayerConfig checks the rules and the opening
 
     @property
     def enabled(self) -> bool:
@@ -53,8 +56,9 @@ class SelfPlaySettings:
         """Whether training or evaluation meets the frozen snapshot (its engine is then built)."""
         return FROZEN in (self.self_play_opponent, *self.game_eval_opponents)
 
-    def game_config(self) -> TwoPlayerConfig:
-        """The two-player env's config of these settings."""
+    def game_config(self, *, training: bool) -> TwoPlayerConfig:
+        """The two-player env's config of these settings: a training game's, or an evaluation game's (no
+        random opening)."""
         if self.self_play_game is None:
             raise ValueError("self-play is off: no game is set (`StarPOConfig.self_play(self_play_game=...)`)")
         return TwoPlayerConfig(
@@ -63,6 +67,7 @@ class SelfPlaySettings:
             invalid_move_reward=self.invalid_move_reward,
             opponent_invalid_reward=self.opponent_invalid_reward,
             max_game_turns=self.max_game_turns,
+            max_opening_moves=self.training_opening_moves if training else 0,
         )
 
 

@@ -123,14 +123,18 @@ def _train_and_report(
     algo: Algorithm, callback: MLflowCallback, args: argparse.Namespace, *, job_started: float
 ) -> dict[str, Any]:
     """Evaluates the starting policy (a fresh run), trains, and reports what was learnt; returns the last result."""
+    evaluation_began = time.perf_counter()
     before = (
         evaluate_before_training(algo, callback)
         if algo.iteration == 0 and algo.config.starpo_eval.eval_interval
         else None
     )
+    evaluation_s = time.perf_counter() - evaluation_began if before is not None else None
     began, budget = time.perf_counter(), BudgetSpent()
     budget_s = training_budget_s(args, job_started)
-    result = _train(algo, callback, stop_iters=args.stop_iters, budget_s=budget_s, budget=budget)
+    result = _train(
+        algo, callback, stop_iters=args.stop_iters, budget_s=budget_s, budget=budget, evaluation_s=evaluation_s
+    )
     if before is not None and "success_rate" in result.get("evaluation", {}):
         report_learning(
             algo,
@@ -167,6 +171,18 @@ def run_ended_on_exit(callback: MLflowCallback) -> Iterator[None]:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
+def is_last_in_budget(elapsed_s: float, longest_s: float, evaluation_s: float | None, *, budget_s: float) -> bool:
+    """Whether the next iteration must be the last: one more iteration, then a final one, would end past
+    `budget_s`.
+
+    The final iteration costs the longest iteration so far plus an evaluation: as long as the one before
+    RL took (`evaluation_s`), or, without it, another longest iteration. Self-play evaluates hundreds of
+    games, as long as several iterations, so an estimate without it would end the job minutes late.
+    """
+    final_s = longest_s + (longest_s if evaluation_s is None else evaluation_s)
+    return elapsed_s + longest_s + final_s > budget_s
+
+
 def training_budget_s(args: argparse.Namespace, job_started: float) -> float | None:
     """Seconds training may take from now: the tighter of `--time-budget-min` and what is left of
     `--job-budget-min` (None: no budget). Not above zero still trains one iteration, which evaluates."""
@@ -183,10 +199,11 @@ def _train(
     stop_iters: int,
     budget_s: float | None,
     budget: BudgetSpent,
+    evaluation_s: float | None = None,
 ) -> dict[str, Any]:
-    """Iterates up to `stop_iters`, or until `budget_s` seconds would be passed; the
-    callback checkpoints and closes the run at the last iteration, which evaluates.
-    Each iteration is added to `budget`.
+    """Iterates up to `stop_iters`, or until `budget_s` seconds would be passed (`is_last_in_budget`,
+    with `evaluation_s` the evaluation before RL took, if it ran); the callback checkpoints and
+    closes the run at the last iteration, which evaluates. Each iteration is added to `budget`.
 
     Ctrl-C stops after the running iteration: it is checkpointed, the run is
     closed KILLED and KeyboardInterrupt raised. A second Ctrl-C, or an error,
@@ -205,8 +222,8 @@ def _train(
     with stop_requests() as stop:
         try:
             while algo.iteration < stop_iters and not stop.is_set():
-                if budget_s is not None and time.perf_counter() - started + 2 * longest > budget_s:
-                    # The next iteration (twice the longest so far: it evaluates) is the last in the budget.
+                elapsed = time.perf_counter() - started
+                if budget_s is not None and is_last_in_budget(elapsed, longest, evaluation_s, budget_s=budget_s):
                     stop_iters = algo.iteration + 1
                     algo.final_iteration = stop_iters
                     callback.settings = dataclasses.replace(callback.settings, stop_iters=stop_iters)

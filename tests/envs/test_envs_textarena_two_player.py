@@ -6,6 +6,7 @@ import pytest
 from conftest import require_extra
 
 from envs.tictactoe_minimax import minimax_move
+from envs.user_errors import UserError
 
 require_extra("textarena", "cpu,test,textarena")
 
@@ -82,3 +83,24 @@ def test_kuhn_poker_runs_through_the_same_seats() -> None:
     chips = game.chips("player_0")
     assert chips == -game.chips("player_1")
     assert game.hands_opened("player_0") == (1, 3)  # rounds 1 and 3 are opened by player 1
+
+
+def test_a_random_opening_plays_0_to_its_bound_of_listed_moves_then_the_next_seat_sees_them() -> None:
+    game = TwoPlayerGame(game="TicTacToe-v0", max_game_turns=9, max_opening_moves=3)
+    lengths = set()
+    for seed in range(30):
+        observations, _ = game.reset(seed=seed)
+        marks = sum(bool(cell) for row in game.game.state.game_state["board"] for cell in row)
+        assert marks == game.moves <= 3 and list(observations) == [SEATS[game.moves % 2]]
+        (observation,) = observations.values()
+        # The seat's first state holds the rules and every board of the opening, the current one last.
+        assert observation.startswith("You are Player") and observation.count("Current Board") == game.moves + 1
+        assert observation.rsplit("Available Moves:", 1)[1].count("[") == 9 - game.moves
+        lengths.add(game.moves)
+    assert lengths == {0, 1, 2, 3}
+    first, _ = game.reset(seed=4)
+    assert game.reset(seed=4)[0] == first  # the seed decides the opening
+    plain = TwoPlayerGame(game="TicTacToe-v0")
+    assert all(plain.reset(seed=seed)[1] == {"player_0": {}} and plain.moves == 0 for seed in range(10))
+    with pytest.raises(UserError, match="max_opening_moves must be from 0 to max_game_turns - 1 = 8, got 9"):
+        TwoPlayerGame(game="TicTacToe-v0", max_game_turns=9, max_opening_moves=9)

@@ -16,7 +16,7 @@ from rllib_ragen.run import train_loop
 from rllib_ragen.run.flags import build_parser, config_from_args
 from rllib_ragen.run.settings_flag import apply_setting
 from rllib_ragen.run.starting_model import choose_starting_model
-from rllib_ragen.run.train_loop import training_budget_s
+from rllib_ragen.run.train_loop import is_last_in_budget, training_budget_s
 
 ROOT = Path(__file__).resolve().parents[2]
 # The commands: every file of these folders run as a script (a benchmark's helper module, e.g. cost_report.py,
@@ -84,9 +84,19 @@ def test_training_gets_what_the_job_budget_leaves_and_never_more_than_its_own(mo
     assert training_budget_s(_args("--job-budget-min", "4"), started) < 0
 
 
+def test_the_last_iteration_leaves_room_for_itself_and_its_evaluation():
+    # 60 s iterations, a 300 s evaluation before RL, a 27-minute (1620 s) budget: an iteration then the final
+    # one (60 + 360 s) still fit after 1200 s, not after 1201 s.
+    assert not is_last_in_budget(1200.0, 60.0, 300.0, budget_s=1620.0)
+    assert is_last_in_budget(1201.0, 60.0, 300.0, budget_s=1620.0)
+    # Without an evaluation before RL, the final iteration's evaluation is guessed as one more iteration.
+    assert not is_last_in_budget(1440.0, 60.0, None, budget_s=1620.0)
+    assert is_last_in_budget(1441.0, 60.0, None, budget_s=1620.0)
+
+
 def test_time_budget_ends_with_an_evaluation_and_intervals(tmp_path, tiny_model_path):
-    """A budget the first iteration uses up: the second (the first with a time estimate) is the last,
-    and it ends with an evaluation, the before/after summary and the final policy."""
+    """A budget the evaluation before RL uses up: the first iteration is the last (the evaluation's time is
+    the estimate of the final one's), and it ends with an evaluation, the before/after summary and the final policy."""
     summary = tmp_path / "summary.json"
     command = [
         sys.executable, str(ROOT / "tuned_examples" / "bandit_starpo.py"), "--model", str(tiny_model_path),
@@ -96,10 +106,10 @@ def test_time_budget_ends_with_an_evaluation_and_intervals(tmp_path, tiny_model_
     ]
     out = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "[1/5]" in out.stdout and "[2/2]" in out.stdout and "[3/" not in out.stdout
+    assert "[1/1]" in out.stdout and "[2/" not in out.stdout
     assert "success on 4 evaluation seeds (95% intervals): before RL" in out.stdout
     result = json.loads(summary.read_text())
-    assert len(result["before"]) == len(result["after"]) == 4 and result["iterations"] == 2
+    assert len(result["before"]) == len(result["after"]) == 4 and result["iterations"] == 1
     low, high = result["difference_interval"]
     assert low <= result["difference"] <= high
     # What the budget bought: both iterations, each training at most its 2 x 2 trajectories, the last evaluated.

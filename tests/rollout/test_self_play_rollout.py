@@ -9,11 +9,12 @@ from collections.abc import Sequence
 import pytest
 import torch
 from conftest import require_extra
-from run_helpers import ForcedAnswerEngine
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
+from run_helpers import ForcedAnswerEngine
 
 from envs.base import INVALID_ANSWER
+from envs.user_errors import UserError
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.inference.engine import Completion, InferenceEngine, SamplingParams
 from rllib_ragen.rllib_private import learner_connector
@@ -110,6 +111,20 @@ def test_an_occupied_cell_is_the_movers_invalid_turn_only(tiny_model_path, tiny_
     first, second = episode.agent_episodes["player_0"], episode.agent_episodes["player_1"]
     assert turn_validity(first) == [1.0] and failure_kind(first) != INVALID_ANSWER
     assert turn_validity(second) == [0.0] and failure_kind(second) == INVALID_ANSWER
+
+
+def test_training_games_open_at_random_and_evaluation_games_from_the_empty_board(tiny_model_path) -> None:
+    runner = SelfPlayEnvRunner(config=_config(tiny_model_path, training_opening_moves=3, max_game_turns=9))
+
+    def first_boards(episodes) -> list[int]:  # boards in the first state of each game's first seat
+        firsts = [min(e.agent_episodes.values(), key=lambda a: -len(a.get_observations()[0])) for e in episodes]
+        return [agent.get_observations()[0].count("Current Board") for agent in firsts]
+
+    seeds = list(range(12))
+    assert set(first_boards(runner.sample(seeds=seeds))) > {1}
+    assert set(first_boards(runner.sample(seeds=seeds, evaluation=True))) == {1}
+    with pytest.raises(UserError, match="max_opening_moves must be from 0"):
+        StarPOConfig().self_play(self_play_game="TicTacToe-v0", max_game_turns=9, training_opening_moves=9)
 
 
 def test_self_play_is_switched_by_its_builder_and_rae_needs_it() -> None:
