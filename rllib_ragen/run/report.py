@@ -128,8 +128,9 @@ class BudgetSpent:
     def line(self, *, job_minutes: float) -> str:
         """One line: iterations, trajectories trained and minutes of RL, within the job's minutes."""
         minutes = self.rows[-1]["minutes"] if self.rows else 0.0
+        iterations = f"{len(self.rows)} iteration{'s' * (len(self.rows) != 1)}"
         return (
-            f"the budget bought {len(self.rows)} iterations, {self.trajectories_trained} trajectories trained "
+            f"the budget bought {iterations}, {self.trajectories_trained} trajectories trained "
             f"and {minutes:.1f} min of RL, in a job of {job_minutes:.1f} min (the rest: model, warm start, "
             "Ray and engines, the evaluation before RL)"
         )

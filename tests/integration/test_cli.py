@@ -28,7 +28,7 @@ CLI_LINES = (
     r"\[0\] before RL, on the \d+ evaluation seeds: success .*",
     r"\[\d+/\d+\] \| success [\d.]+ \| return .* \| [\d.]+s",
     r"success on \d+ evaluation seeds \(95% intervals\): before RL .*",
-    r"the budget bought \d+ iterations, \d+ trajectories trained and [\d.]+ min of RL, in a job of [\d.]+ min .*",
+    r"the budget bought \d+ iterations?, \d+ trajectories trained and [\d.]+ min of RL, in a job of [\d.]+ min .*",
     r"done\. MLflow run: .*; final policy \(HF format\): \S+final_policy",
 )
 

@@ -112,12 +112,11 @@ def test_time_budget_ends_with_an_evaluation_and_intervals(tmp_path, tiny_model_
     assert len(result["before"]) == len(result["after"]) == 4 and result["iterations"] == 1
     low, high = result["difference_interval"]
     assert low <= result["difference"] <= high
-    # What the budget bought: both iterations, each training at most its 2 x 2 trajectories, the last evaluated.
-    curve = result["curve"]
-    assert [row["iteration"] for row in curve] == [1, 2] and curve[0]["minutes"] < curve[1]["minutes"]
-    assert all(0 < row["trajectories_trained"] <= 4 for row in curve) and "eval_success" in curve[-1]
-    assert result["trajectories_trained"] == sum(row["trajectories_trained"] for row in curve)
-    assert f"the budget bought 2 iterations, {result['trajectories_trained']} trajectories trained" in out.stdout
+    # What the budget bought: one iteration, training at most its 2 x 2 trajectories, evaluated.
+    (row,) = result["curve"]
+    assert row["iteration"] == 1 and row["minutes"] > 0 and "eval_success" in row
+    assert 0 < row["trajectories_trained"] == result["trajectories_trained"] <= 4
+    assert f"the budget bought 1 iteration, {result['trajectories_trained']} trajectories trained" in out.stdout
     assert (tmp_path / "checkpoints" / "final_policy").is_dir()
 
 
