@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -374,42 +375,49 @@ def test_starpo_trains_on_a_textarena_game_on_a_remote_runner_and_the_evaluate_c
     assert "Guess The Number" in page  # the game's own rules, passed through to the trajectory page
 
 
+def _expert_game(game: str, seed: int, turns: int, check: Callable[[Any, Any, dict], None]) -> tuple[float, bool]:
+    """Plays `game` from `seed` with its expert for up to `turns` turns; `check(env, answer, info)` after each
+    step. Returns the last reward and whether the game ended."""
+    from rllib_ragen.data.experts import TurnBudgetLeft, expert_for
+
+    env = make_env(f"textarena:{game}")
+    env.reset(seed=seed)
+    expert = expert_for(env)
+    for turn in range(turns):
+        answer = expert(env, TurnBudgetLeft(turns=turns - turn, actions=turns - turn, per_turn=1))
+        assert answer is not None, f"seed {seed}, turn {turn}"
+        shown = env.render_text()
+        _, reward, terminated, _, info = env.step(answer.actions[0])
+        check(shown, answer, info)
+        if terminated:
+            break
+    return reward, terminated
+
+
 def test_the_guess_the_number_expert_wins_within_five_guesses():
-    from rllib_ragen.data.experts import TurnBudgetLeft, expert_for, has_expert
+    from rllib_ragen.data.experts import has_expert
 
     assert has_expert("textarena:GuessTheNumber-v0") and not has_expert("textarena:TowerOfHanoi-v0")
+
+    def check(shown: str, answer: Any, info: dict) -> None:
+        assert answer.thought.startswith("The number is from")
+
     for seed in range(8):
-        env = make_env("textarena:GuessTheNumber-v0")
-        env.reset(seed=seed)
-        expert = expert_for(env)
-        for turn in range(5):
-            answer = expert(env, TurnBudgetLeft(turns=6 - turn, actions=6 - turn, per_turn=1))
-            assert answer is not None and answer.thought.startswith("The number is from")
-            _, reward, terminated, _, info = env.step(answer.actions[0])
-            if terminated:
-                break
-        assert terminated and reward == 1.0 and info["success"], f"seed {seed}"
+        assert _expert_game("GuessTheNumber-v0", seed, 5, check) == (1.0, True), f"seed {seed}"
 
 
 def test_the_tictactoe_expert_plays_legal_moves_and_never_loses_to_the_random_opponent():
-    from rllib_ragen.data.experts import TurnBudgetLeft, expert_for, has_expert
+    from rllib_ragen.data.experts import has_expert
 
     assert has_expert("textarena:TicTacToe-v0")
-    outcomes = []
-    for seed in range(24):
-        env = make_env("textarena:TicTacToe-v0")
-        env.reset(seed=seed)
-        expert = expert_for(env)
-        for turn in range(5):
-            answer = expert(env, TurnBudgetLeft(turns=5 - turn, actions=5 - turn, per_turn=1))
-            assert answer is not None and answer.actions[0] in env.render_text(), f"seed {seed}: an unlisted cell"
-            assert answer.thought.startswith("I play O; free cells:")
-            _, reward, terminated, _, info = env.step(answer.actions[0])
-            assert info["action_is_valid"], f"seed {seed}, turn {turn}"
-            if terminated:
-                break
-        assert terminated, f"seed {seed}: the game outlasted the board"
-        outcomes.append(reward)
+
+    def check(shown: str, answer: Any, info: dict) -> None:
+        assert answer.actions[0] in shown and answer.thought.startswith("I play O; free cells:")  # a listed cell
+        assert info["action_is_valid"]
+
+    games = [_expert_game("TicTacToe-v0", seed, 5, check) for seed in range(24)]
+    assert all(ended for _, ended in games), "a game outlasted the board"
+    outcomes = [reward for reward, _ in games]
     # Minimax moving first against random play: never a loss, and a win in most games.
     assert min(outcomes) >= 0.0 and sum(r == 1.0 for r in outcomes) >= 18, outcomes
 
