@@ -4,8 +4,8 @@ With no flags: SmolLM2-135M plays TextArena's TicTacToe against itself on both s
 role in each seat's prompt), trained with RAE (one moving-average baseline per seat, SPIRAL's role-conditioned
 advantages) under SPIRAL's rules (an invalid move ends the game: -1.5 for the offender, +0.5 for the
 other seat; 9 moves at most). Each prompt holds the last state only (the board and its free cells say all
-there is). Before the RL, a warm start behaviour-clones the exact minimax expert, moving first against random
-play, into the top 10 layers. The evaluation before and after the RL plays 128 games against the random
+there is). Before the RL, a warm start behaviour-clones the exact minimax expert playing both seats of self-play's own
+games into the top 10 layers. The evaluation before and after the RL plays 128 games against the random
 opponent, the minimax expert and the policy the run started from (a second, frozen engine), seats
 alternating, with 95% intervals: `docs/self_play.md`. Needs the TextArena extra:
 `bash scripts/install.sh cpu,textarena`.
@@ -79,8 +79,11 @@ def tictactoe_selfplay_config() -> StarPOConfig:
     )
 
 
-# The minimax expert's moves as player 0 against random play (192 games, one each), behaviour-cloned into
-# SmolLM2's last 10 layers: random legal play taught the format but not to read the board (the first run).
+# The minimax expert on both seats of 192 self-play games (each opening with 0-3 random moves, as training
+# games do), on self-play's own prompts, behaviour-cloned into SmolLM2's last 10 layers
+# (`rllib_ragen.data.game_demonstrations`). Random legal play taught the format but not to read the board (the
+# first run); the expert as player 0 of the single-seat env (the second and third runs) never saw player 1's
+# positions nor self-play's prompts.
 WARM_START = dict(
     player="expert",
     num_examples=192,

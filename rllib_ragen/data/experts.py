@@ -24,7 +24,7 @@ shortest plan is longer), and the caller then drops it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from envs import make_env
@@ -151,6 +151,11 @@ def _guess_the_number_turn(env: TextArenaEnv, left: TurnBudgetLeft) -> Turn:
 
 def _tictactoe_turn(env: TextArenaEnv, left: TurnBudgetLeft) -> Turn:
     """The minimax cell for the agent's seat, read from TextArena's board."""
-    board = env.game.state.game_state["board"]
+    return tictactoe_turn(env.game.state.game_state["board"], AGENT)
+
+
+def tictactoe_turn(board: Sequence[Sequence[str]], player: int) -> Turn:
+    """The minimax cell for `player` (0 plays O, 1 plays X: TextArena's marks) on TextArena's `board`; the thought
+    names the player's mark and the free cells."""
     free = [str(i) for i, cell in enumerate(c for row in board for c in row) if not cell]
-    return Turn([f"[{minimax_move(board, AGENT)}]"], f"I play {mark_of(AGENT)}; free cells: {', '.join(free)}.")
+    return Turn([f"[{minimax_move(board, player)}]"], f"I play {mark_of(player)}; free cells: {', '.join(free)}.")

@@ -18,6 +18,10 @@ returned as a `GameResult`.
 
 A turn's answer is parsed as every answer is; its first action is the move (none: an invalid move, which
 ends the game under SPIRAL's rule). Self-play uses the game's own rewards: no format penalty, no shaping.
+
+With a `teacher`, no engine is called: the teacher writes every LLM seat's answer (an expert's, for a warm
+start on self-play's own prompts, `rllib_ragen.data.game_demonstrations`), recorded as a sampled one would be,
+with unknown (NaN) sampling log-probs.
 """
 
 from __future__ import annotations
@@ -32,14 +36,16 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
 from envs.textarena_two_player import SCRIPTED_POLICIES, SEATS, TwoPlayerGame
 from rllib_ragen.inference.engine import Completion, InferenceEngine, SamplingParams
-from rllib_ragen.rollout.prompt.prompt_protocol import PromptProtocol
-from rllib_ragen.rollout.prompt.token_history import TokenHistory
+from rllib_ragen.rollout.prompt.prompt_protocol import PromptProtocol, ProtocolSettings
+from rllib_ragen.rollout.prompt.token_history import ChatTemplate, TokenHistory
 from rllib_ragen.rollout.trajectory_record import TrajectoryStart, TurnRecord, start_info, turn_info, turn_model_outputs
 
 TRAINED_MODULE = DEFAULT_MODULE_ID
 FROZEN_MODULE = "frozen_policy"
 # RLlib's policy_mapping_fn: (agent_id, episode, **kwargs) -> module id; here kwargs hold `game_index`.
 PolicyMappingFn = Callable[..., str]
+# Writes the answer of the seat to move (`game.current_seat`): its response token ids under that seat's protocol.
+Teacher = Callable[[TwoPlayerGame, PromptProtocol], list[int]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +91,8 @@ def play_games(
     seats: Seats | None,
     *,
     group_ids: Sequence[int],
-    policy_version: int = 0,
+    policy_version: int | None = 0,
+    teacher: Teacher | None = None,
 ) -> tuple[list[MultiAgentEpisode], list[GameResult]]:
     """Plays `games[i]` from `seeds[i]` to its end, all at once (module docstring).
 
@@ -95,7 +102,8 @@ def play_games(
         policy_mapping_fn: Who plays each seat of each game.
         seats: The LLM seats' engines and prompts; None when every seat is scripted.
         group_ids: Each game's StarPO group id (its two seats share it).
-        policy_version: The trained weights' version, recorded in every trajectory's start.
+        policy_version: The trained weights' version, recorded in every trajectory's start (None: nobody's).
+        teacher: Writes every LLM seat's answer instead of the engines (demonstrations); None samples them.
 
     Returns:
         One episode per game (its LLM seats as agents), and each game's result.
@@ -108,7 +116,10 @@ def play_games(
     ]
     live = [table for table in tables if not table.over]
     while live:
-        _play_llm_turns(live, seats)
+        if teacher is None:
+            _play_llm_turns(live, seats)
+        else:
+            _teach_turns(live, teacher)
         live = [table for table in live if not table.over]
     return [table.episode for table in tables], [table.result() for table in tables]
 
@@ -131,6 +142,23 @@ def _play_llm_turns(tables: Sequence[_GameTable], seats: Seats | None) -> None:
             table.answer(completion)
 
 
+def _teach_turns(tables: Sequence[_GameTable], teacher: Teacher) -> None:
+    """One turn of every table, answered by `teacher` (nobody sampled it: NaN log-probs)."""
+    for table in tables:
+        token_ids = teacher(table.game, table.protocol_to_move)
+        table.answer(Completion(token_ids, [float("nan")] * len(token_ids), "stop"))
+
+
+def seat_protocols(
+    game: TwoPlayerGame, template: ChatTemplate, settings: ProtocolSettings
+) -> dict[str, PromptProtocol]:
+    """Each seat's prompt protocol: its system prompt names the game and the seat's role."""
+    return {
+        seat: PromptProtocol(template, instructions=game.instructions(seat), action_vocabulary=None, config=settings)
+        for seat in SEATS
+    }
+
+
 class _GameTable:
     """One game in play: its modules per seat, its episode and its LLM seats' token histories."""
 
@@ -143,7 +171,7 @@ class _GameTable:
         seats: Seats | None,
         *,
         group_id: int,
-        policy_version: int,
+        policy_version: int | None,
     ) -> None:
         self.game, self.seed, self.seats = game, seed, seats
         self.group_id, self.policy_version = group_id, policy_version
@@ -166,6 +194,10 @@ class _GameTable:
     @property
     def module_to_move(self) -> str:
         return self.modules[self.game.current_seat]
+
+    @property
+    def protocol_to_move(self) -> PromptProtocol:
+        return self._protocol(self.game.current_seat)
 
     def prompt_ids(self) -> list[int]:
         seat = self.game.current_seat

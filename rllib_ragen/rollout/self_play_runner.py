@@ -35,8 +35,8 @@ from rllib_ragen.rollout.game_rollout import (
     PolicyMappingFn,
     Seats,
     play_games,
+    seat_protocols,
 )
-from rllib_ragen.rollout.prompt.prompt_protocol import PromptProtocol
 from rllib_ragen.rollout.prompt.token_history import ChatTemplate
 from rllib_ragen.rollout.self_play_settings import (
     SelfPlaySettings,
@@ -63,12 +63,7 @@ class SelfPlayEnvRunner(LLMEnvRunner):
         """Each seat's prompt protocol: its system prompt names the game and the seat's role."""
         game = TwoPlayerGame(self.self_play.game_config(training=False))
         template = ChatTemplate.from_tokenizer(load_tokenizer(self.model_path))
-        self.protocols = {
-            seat: PromptProtocol(
-                template, instructions=game.instructions(seat), action_vocabulary=None, config=self.config.protocol
-            )
-            for seat in SEATS
-        }
+        self.protocols = seat_protocols(game, template, self.config.protocol)
         self.protocol = self.protocols[SEATS[0]]  # both seats share the template's stop tokens
         self.reward_shaping = self.config.shaping
 

@@ -36,6 +36,7 @@ import torch
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
 from envs import make_env
+from envs.textarena_two_player import SEATS, TwoPlayerConfig, TwoPlayerGame
 from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.data.demonstrations import (
     DemonstrationSettings,
@@ -45,6 +46,7 @@ from rllib_ragen.data.demonstrations import (
     random_demonstrations,
 )
 from rllib_ragen.data.experts import WARM_START_PLAYERS, WARM_START_STATES, has_expert
+from rllib_ragen.data.game_demonstrations import expert_game_demonstrations, has_game_expert
 from rllib_ragen.data.world_model import transition_trajectories
 from rllib_ragen.models import (
     BuiltinModel,
@@ -108,6 +110,9 @@ class WarmStartSettings:
             their answers are cloned: the model learns to write the state the env
             returns after a turn's moves (`rllib_ragen.data.world_model`, SPA's
             world-model stage). 0 skips it.
+        game: A two-player game whose both seats the expert plays, on self-play's
+            own prompts (`rllib_ragen.data.game_demonstrations`): `num_examples`
+            games, two trajectories each. None plays `env`'s single seat.
     """
 
     env: str = "bandit"
@@ -125,6 +130,7 @@ class WarmStartSettings:
     trained_top_layers: int | None = None
     first_seed: int = DEMONSTRATION_SEED_START
     world_model_epochs: int = 0
+    game: TwoPlayerConfig | None = None
 
     def __post_init__(self) -> None:
         if self.player not in WARM_START_PLAYERS:
@@ -140,11 +146,17 @@ class WarmStartSettings:
             raise ValueError(f"warm start first_seed must be >= 0, got {self.first_seed}")
         if self.trained_top_layers is not None and self.trained_top_layers < 1:
             raise ValueError(f"warm start trained_top_layers must be >= 1 or None, got {self.trained_top_layers}")
+        if self.game is not None and (self.player != "expert" or self.world_model_epochs):
+            raise ValueError(
+                f"a two-player game's warm start takes the expert player and no world-model stage, got player "
+                f"{self.player!r} and world_model_epochs {self.world_model_epochs}"
+            )
 
     @property
     def num_steps(self) -> int:
         """Optimiser steps (behaviour-cloning iterations) over all epochs."""
-        trajectories = self.num_examples * (self.answers_per_prompt if self.player == "random" else 1)
+        per_example = self.answers_per_prompt if self.player == "random" else (1 if self.game is None else len(SEATS))
+        trajectories = self.num_examples * per_example
         return (self.epochs + self.world_model_epochs) * -(-trajectories // self.batch_size)
 
     def fingerprint(self, model: str) -> str:
@@ -152,10 +164,14 @@ class WarmStartSettings:
         # The env's instructions and renders are in every demonstration's prompt: an env that words them
         # differently is a new warm start (its first state stands for the render).
         env = make_env(self.env, **self.env_config)
-        texts = {"instructions": env.instructions, "first_state": env.reset(seed=self.seed)[0]}
+        texts: dict[str, Any] = {"instructions": env.instructions, "first_state": env.reset(seed=self.seed)[0]}
+        if self.game is not None:  # the game's seats are prompted as self-play prompts them
+            game = TwoPlayerGame(self.game)
+            texts = {"instructions": [game.instructions(seat) for seat in SEATS], "first_state": game.reset(seed=0)[0]}
         fields = dataclasses.asdict(self)
-        if not self.world_model_epochs:  # a warm start without the stage keeps its cached result
-            del fields["world_model_epochs"]
+        for field in ("world_model_epochs", "game"):  # a warm start without them keeps its cached result
+            if not fields[field]:
+                del fields[field]
         payload = json.dumps(
             {"model": model, "method": WARM_START_METHOD, **texts, **fields},
             sort_keys=True,
@@ -203,6 +219,8 @@ def demonstrations(tokenizer: Any, config: WarmStartSettings) -> list[MultiAgent
     common: dict[str, Any] = dict(
         env=config.env, env_config=dict(config.env_config), protocol=config.protocol, budget=config.budget
     )
+    if config.game is not None:
+        return expert_game_demonstrations(tokenizer, config.game, config.protocol, seeds)
     if config.player == "expert":
         return expert_demonstrations(tokenizer, DemonstrationSettings(seeds=tuple(seeds), **common))
     return random_demonstrations(
@@ -294,6 +312,9 @@ def warm_start_config(
     player = player or tuned.get("player") or ("expert" if has_expert(config.env) else "random")
     tiny = config.llm_module.model == "tiny-random"
     expert = player == "expert"
+    self_play = config.two_player
+    # Self-play's expert plays both seats on self-play's prompts where the game has such an expert.
+    game_expert = expert and self_play.enabled and has_game_expert(str(self_play.self_play_game))
     derived = WarmStartSettings(
         env=config.env,
         env_config=dict(config.env_config),
@@ -311,6 +332,7 @@ def warm_start_config(
         # The expert's start trains SmolLM2's last layers only, faster and at a lower answer NLL than every
         # weight (docs/results/warm_start_speed.md); a model of that many layers or fewer trains every weight.
         trained_top_layers=EXPERT_TRAINED_TOP_LAYERS if expert else None,
+        game=self_play.game_config(training=True) if game_expert and not world_model_epochs else None,
     )
     if tiny:
         tuned.pop("lr", None)  # the tiny model's step size is the tests', whatever the example tunes

@@ -1,0 +1,108 @@
+"""The expert's demonstrations of a two-player game: both seats, on self-play's own prompts, every move the
+expert's for the seat that made it; and the self-play warm start that trains on them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from conftest import require_extra
+
+from envs.textarena_two_player import SEATS, TwoPlayerConfig, TwoPlayerGame, seat_of
+from envs.tictactoe_minimax import minimax_move
+from envs.user_errors import UserError
+from rllib_ragen.algorithm.starpo import StarPOConfig
+from rllib_ragen.data.game_demonstrations import expert_game_demonstrations
+from rllib_ragen.models import load_tokenizer
+from rllib_ragen.rollout.game_rollout import seat_protocols
+from rllib_ragen.rollout.prompt.prompt_protocol import ProtocolSettings
+from rllib_ragen.rollout.prompt.token_history import ChatTemplate
+from rllib_ragen.rollout.trajectory_record import trajectories_from_episodes, trajectory_start
+from rllib_ragen.run.warm_start import demonstrations, warm_start_config
+
+require_extra("textarena", "cpu,test,textarena")
+
+GAME = TwoPlayerConfig(game="TicTacToe-v0", max_game_turns=9, max_opening_moves=3)
+PROTOCOL = ProtocolSettings(think=False, prefill=True, history_window=1)
+SEEDS = list(range(700, 716))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_path):
+    return load_tokenizer(tiny_model_path)
+
+
+@pytest.fixture(scope="module")
+def episodes(tokenizer):
+    return expert_game_demonstrations(tokenizer, GAME, PROTOCOL, SEEDS)
+
+
+def _moves_by_seat(episode) -> dict[str, list[str]]:
+    return {
+        seat: [info["game_action"] for info in agent.get_infos()[1:]]
+        for seat, agent in episode.agent_episodes.items()
+    }
+
+
+def test_every_recorded_move_is_the_experts_for_the_seat_that_made_it(episodes):
+    """Replays each game from its seed (the same random opening): at each turn the seat to move takes its
+    next recorded move, which must be minimax's for that seat and board; every recorded move is used."""
+    assert len(episodes) == len(SEEDS)
+    for seed, episode in zip(SEEDS, episodes):
+        assert set(episode.agent_episodes) == set(SEATS)  # after at most 3 opening moves both seats move
+        moves = _moves_by_seat(episode)
+        game = TwoPlayerGame(GAME)
+        game.reset(seed=seed)
+        while not game.done:
+            seat = game.current_seat
+            board = game.game.state.game_state["board"]
+            move = moves[seat].pop(0)
+            assert move == f"[{minimax_move(board, seat_of(seat))}]", (seed, seat, board)
+            game.step({seat: move})
+        assert moves == {seat: [] for seat in SEATS}, seed
+
+
+def test_each_seat_is_prompted_as_self_play_prompts_it_and_nobody_sampled_the_answers(episodes, tokenizer):
+    protocols = seat_protocols(TwoPlayerGame(GAME), ChatTemplate.from_tokenizer(tokenizer), PROTOCOL)
+    trajectories = trajectories_from_episodes(episodes, history_window=PROTOCOL.history_window)
+    assert len(trajectories) == 2 * len(SEEDS)
+    roles = [trajectory.role for trajectory in trajectories]
+    assert sorted(roles) == sorted(f"TicTacToe-v0/{seat}" for seat in SEATS for _ in SEEDS)
+    for trajectory in trajectories:
+        seat = trajectory.role.split("/")[1]
+        assert trajectory.history.system_ids == list(protocols[seat].system_ids)
+        for turn in trajectory.history.turns:
+            assert turn.response_logprobs and all(math.isnan(lp) for lp in turn.response_logprobs)
+            assert tokenizer.decode(turn.response_ids).rstrip().endswith("</answer>" + tokenizer.eos_token)
+    # Nobody's weights sampled them: no policy version in their starts, as in the single-seat demonstrations.
+    starts = [trajectory_start(episode.agent_episodes[seat]) for episode in episodes for seat in SEATS]
+    assert {start.policy_version for start in starts} == {None}
+
+
+def test_the_openings_make_the_games_differ(episodes):
+    games = {tuple(map(tuple, _moves_by_seat(episode).values())) for episode in episodes}
+    assert len(games) >= len(SEEDS) // 2
+
+
+def test_a_game_without_a_two_seat_expert_is_refused_by_name(tokenizer):
+    with pytest.raises(UserError, match="KuhnPoker-v0"):
+        expert_game_demonstrations(tokenizer, TwoPlayerConfig(game="KuhnPoker-v0"), PROTOCOL, [0])
+
+
+def test_the_self_play_warm_start_plays_both_seats_and_the_single_seat_one_does_not(tokenizer):
+    config = (
+        StarPOConfig()
+        .environment("textarena:TicTacToe-v0")
+        .llm(model="tiny-random", critic="none")
+        .rollouts(history_window=1, think=False, prefill=True)
+        .self_play(self_play_game="TicTacToe-v0", max_game_turns=9, training_opening_moves=3)
+    )
+    self_play = warm_start_config(config, player="expert", num_examples=4)
+    assert self_play.game == config.two_player.game_config(training=True)
+    single_seat = warm_start_config(config, player="expert", num_examples=4, world_model_epochs=1)
+    assert single_seat.game is None
+    assert self_play.fingerprint("m") != warm_start_config(config.copy().self_play(self_play_game=None),
+                                                          player="expert", num_examples=4).fingerprint("m")
+    played = demonstrations(tokenizer, self_play)
+    assert len(played) == 4 and all(set(episode.agent_episodes) == set(SEATS) for episode in played)
+    assert self_play.num_steps == -(-2 * 4 // self_play.batch_size)
