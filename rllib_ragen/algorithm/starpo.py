@@ -48,7 +48,7 @@ from rllib_ragen.inference.weight_sync import PolicyWeightSync
 from rllib_ragen.models import load_tokenizer, resolve_model, resolves_locally
 from rllib_ragen.rollout.evaluation import evaluate_on_seeds
 from rllib_ragen.rollout.game_evaluation import GameScore
-from rllib_ragen.rollout.self_play_runner import SelfPlayEnvRunner
+from rllib_ragen.rollout.self_play_runner import LEAGUE_ENGINE, SelfPlayEnvRunner
 from rllib_ragen.training.collapse_metrics import BatchDiagnostics
 from rllib_ragen.training.distributed import count_training_rows, learner_minibatch_sizes, shard_groups
 from rllib_ragen.training.filtering import filter_groups
@@ -187,6 +187,9 @@ class StarPO(Algorithm):
         self._evaluation_episodes: list = []
         # The version of the learner's weights; each sync into the engines makes a new one.
         self.policy_version = 0
+        # Self-play's league: the iteration whose update its snapshot holds (0: the policy the run started from,
+        # also after a restore, which rebuilds the snapshot's engine from that model until the next refresh).
+        self.league_iteration = 0
         self.sampler = make_group_sampler(
             self.config,
             self.metrics,
@@ -240,8 +243,10 @@ class StarPO(Algorithm):
                     iteration=iteration,
                 )
             self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
-            # 5. Sync the new weights into every rollout engine (inference/weight_sync.py).
+            # 5. Sync the new weights into every rollout engine (inference/weight_sync.py), and into self-play's
+            #    league snapshot when its refresh is due.
             self._sync_after_update()
+            self._refresh_league(iteration)
         else:  # RAGEN-2 skips such a step too: no group has a signal to learn from
             logger.warning(
                 "iteration %d: the group filter kept no group (no in-group reward spread); no update this iteration",
@@ -277,6 +282,18 @@ class StarPO(Algorithm):
         self.sampler.drain()  # async rollouts: the shards in flight finish with the weights they started with
         with self._phase(WEIGHT_SYNC_TIMER):
             self.sync_engine_weights()
+
+    def _refresh_league(self, iteration: int) -> None:
+        """Self-play's league: every `league_refresh_interval` iterations its snapshot takes the weights just
+        synced; `self_play/league_iteration` logs the iteration whose update it holds."""
+        games = self.config.two_player
+        if not games.league:
+            return
+        if games.league_refresh_due(iteration):
+            with self._phase(WEIGHT_SYNC_TIMER):
+                self.weight_sync.sync_snapshot(LEAGUE_ENGINE)
+            self.league_iteration = iteration
+        self.metrics.log_value(("self_play", "league_iteration"), self.league_iteration, window=1)
 
     @contextlib.contextmanager
     def _phase(self, name: str) -> Iterator[None]:

@@ -645,6 +645,7 @@ class StarPOSettings(AlgorithmConfig):
         opponent_invalid_reward: float = NotProvided,
         max_game_turns: int = NotProvided,
         training_opening_moves: int = NotProvided,
+        league_refresh_interval: int = NotProvided,
         game_eval_opponents: tuple[str, ...] = NotProvided,
         game_eval_games: int = NotProvided,
     ) -> Self:
@@ -658,8 +659,10 @@ class StarPOSettings(AlgorithmConfig):
             self_play_game: A two-player TextArena game id, e.g. "TicTacToe-v0" or "KuhnPoker-v0"; None = off.
             self_play_opponent: Who the trained policy meets in training: "self" (itself on both seats, shared
                 weights, the role in each seat's prompt), "frozen" (the policy the run started from, served by
-                a second engine: no gradient, no learner memory), "random" or "minimax" (TicTacToe's exact
-                expert); seats alternate game by game.
+                a second engine: no gradient, no learner memory), "league" (a snapshot of the trained policy,
+                in an engine of its own, that takes the trained weights every `league_refresh_interval`
+                iterations: RLlib's self-play league, one past self at a time), "random" or "minimax"
+                (TicTacToe's exact expert); seats alternate game by game.
             invalid_move_ends_game: SPIRAL's rule: an invalid move (an unparsable answer too) ends the game.
             invalid_move_reward: The offender's reward then (SPIRAL: -1.5).
             opponent_invalid_reward: The other seat's reward then (SPIRAL: +0.5).
@@ -667,6 +670,8 @@ class StarPOSettings(AlgorithmConfig):
             training_opening_moves: Training games open with 0 to this many random listed moves (each game draws
                 the number), so that near-deterministic seats meet varied positions instead of one line of play
                 (SPIRAL: 0). Evaluation games always start from the game's own start.
+            league_refresh_interval: With the "league" opponent: its snapshot takes the trained weights after
+                every this many iterations' updates (it starts as the policy the run started from).
             game_eval_opponents: The fixed opponents of game evaluation ("frozen", "random", "minimax").
             game_eval_games: Games per opponent in game evaluation, seats alternating (the issue asks >= 128).
         """
@@ -679,6 +684,7 @@ class StarPOSettings(AlgorithmConfig):
             opponent_invalid_reward=opponent_invalid_reward,
             max_game_turns=max_game_turns,
             training_opening_moves=training_opening_moves,
+            league_refresh_interval=league_refresh_interval,
             game_eval_opponents=game_eval_opponents,
             game_eval_games=game_eval_games,
         )

@@ -184,19 +184,36 @@ class PolicyWeightSync:
         self._host = None
 
     # ------------------------------------------------------------------ transports
+    def sync_snapshot(self, engine: str) -> SyncReport:
+        """Loads the learner's current policy into each env runner's snapshot engine named `engine` (a runner
+        attribute, e.g. `SelfPlayEnvRunner.league_engine`; runners without one are left alone).
+
+        Always through Ray's object store, whatever `weight_sync` is: a snapshot is refreshed rarely, and
+        only the rollout engines are members of the collective group. The runners' policy versions stay.
+        """
+        start = time.perf_counter()
+        ref, nbytes = self._policy_ref()
+        load = functools.partial(_load_snapshot_on_runner, ref=ref, engine=engine)
+        runner = self.env_runner_group.local_env_runner
+        if runner is not None:
+            load(runner)
+        self._on_remote_runners(load, f"loading the {engine} snapshot (object store)", "weight_sync_timeout_s")
+        return SyncReport(time.perf_counter() - start, nbytes)
+
+    def _policy_ref(self) -> tuple[ray.ObjectRef, int]:
+        """The learner's policy weights packed in Ray's object store (a remote learner packs them itself)."""
+        if self.learner_group.is_local:
+            packed = pack_weights(self._on_learner(self._policy_tensors, "reading the policy weights"))
+            return ray.put(packed), packed.nbytes
+        return self._on_learner(functools.partial(_put_policy, payload=self._payload), "packing the policy weights")
+
     def _sync_object_store(self, version: int | None) -> int:
         engine = self._local_engine
-        if self.learner_group.is_local:
+        if self.learner_group.is_local and engine is not None and engine.in_process:
             tensors = self._on_learner(self._policy_tensors, "reading the policy weights")
-            if engine is not None and engine.in_process:
-                engine.update_weights(tensors)
-                return sum(t.numel() * t.element_size() for _, t in unique_weights(tensors))
-            packed = pack_weights(tensors)
-            ref, nbytes = ray.put(packed), packed.nbytes
-        else:
-            ref, nbytes = self._on_learner(
-                functools.partial(_put_policy, payload=self._payload), "packing the policy weights"
-            )
+            engine.update_weights(tensors)
+            return sum(t.numel() * t.element_size() for _, t in unique_weights(tensors))
+        ref, nbytes = self._policy_ref()
         if engine is not None:
             engine.load_packed(ref)
         self._on_remote_runners(
@@ -416,6 +433,12 @@ def _tagged(runner: EnvRunner, fn: Callable[[Any], Any]) -> tuple[int, Any]:
 def _load_on_runner(runner: EnvRunner, ref: ray.ObjectRef, version: int | None) -> None:
     runner.engine.load_packed(ref)
     _set_version(runner, version)
+
+
+def _load_snapshot_on_runner(runner: EnvRunner, ref: ray.ObjectRef, engine: str) -> None:
+    snapshot = getattr(runner, engine, None)
+    if snapshot is not None:
+        snapshot.load_packed(ref)
 
 
 def _receive_on_runner(

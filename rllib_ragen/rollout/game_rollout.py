@@ -2,7 +2,8 @@
 
 `play_games` plays one `TwoPlayerGame` (`envs.textarena_two_player`) per seed. RLlib's convention decides
 who plays each seat: `policy_mapping_fn(agent_id, episode, game_index=i)` returns a module id:
-- an LLM module: the trained policy (`TRAINED_MODULE`) or a frozen snapshot (`FROZEN_MODULE`); each has its
+- an LLM module: the trained policy (`TRAINED_MODULE`), the snapshot of the policy the run started from
+  (`FROZEN_MODULE`) or the league's snapshot, refreshed from the trained policy (`LEAGUE_MODULE`); each has its
   engine in `Seats.engines`, and the prompts of every LLM seat to move, over all games, go to each engine in
   ONE batched `generate` call per step;
 - a scripted one, "random" or "minimax" (`envs.textarena_two_player.SCRIPTED_POLICIES`): the game draws its
@@ -42,6 +43,7 @@ from rllib_ragen.rollout.trajectory_record import TrajectoryStart, TurnRecord, s
 
 TRAINED_MODULE = DEFAULT_MODULE_ID
 FROZEN_MODULE = "frozen_policy"
+LEAGUE_MODULE = "league_policy"
 # RLlib's policy_mapping_fn: (agent_id, episode, **kwargs) -> module id; here kwargs hold `game_index`.
 PolicyMappingFn = Callable[..., str]
 # Writes the answer of the seat to move (`game.current_seat`): its response token ids under that seat's protocol.

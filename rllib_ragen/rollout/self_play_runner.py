@@ -8,6 +8,10 @@ group (its trained seats share the group id).
 The frozen snapshot is served by a second engine, built like the trained one from the model the run
 started from, so it costs the learner nothing (no module, no optimiser state, no gradient) and the
 weight sync never reaches it: it loads into `self.engine` only (`rllib_ragen.inference.weight_sync`).
+The league's snapshot (opponent "league") is a third engine built the same way; every
+`league_refresh_interval` iterations the algorithm loads the trained weights into it
+(`PolicyWeightSync.sync_snapshot(LEAGUE_ENGINE)`), so training meets a past self that the trained policy
+keeps catching up with, while evaluation's "frozen" stays the policy the run started from.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from rllib_ragen.rollout.env_runner import LLMEnvRunner
 from rllib_ragen.rollout.game_evaluation import GameScore, score_games
 from rllib_ragen.rollout.game_rollout import (
     FROZEN_MODULE,
+    LEAGUE_MODULE,
     TRAINED_MODULE,
     GameResult,
     PolicyMappingFn,
@@ -47,6 +52,8 @@ from rllib_ragen.rollout.self_play_settings import (
 from rllib_ragen.rollout.trajectory_record import rollout_statistics
 
 _TEXT = gym.spaces.Text(max_length=100_000)
+# The runner attribute holding the league's snapshot engine (what `PolicyWeightSync.sync_snapshot` loads).
+LEAGUE_ENGINE = "league_engine"
 
 
 class SelfPlayEnvRunner(LLMEnvRunner):
@@ -55,6 +62,7 @@ class SelfPlayEnvRunner(LLMEnvRunner):
     def __init__(self, *, config: AlgorithmConfig, **kwargs: Any) -> None:
         self.self_play: SelfPlaySettings = config.two_player
         self.frozen_engine: InferenceEngine | None = None
+        self.league_engine: InferenceEngine | None = None
         self.last_game_results: list[GameResult] = []
         super().__init__(config=config, **kwargs)
 
@@ -74,6 +82,10 @@ class SelfPlayEnvRunner(LLMEnvRunner):
             # The snapshot: the weights the run started from, in an engine the weight sync never loads.
             seed = (self.config.seed or 0) + 1
             self.frozen_engine = make_engine(self.engine_settings, self.model_path, seed=seed, lora=self.config.lora)
+        if self.self_play.league:
+            # The league's snapshot starts as the same weights; the algorithm's league refresh loads it later.
+            seed = (self.config.seed or 0) + 2
+            self.league_engine = make_engine(self.engine_settings, self.model_path, seed=seed, lora=self.config.lora)
 
     @override(LLMEnvRunner)
     def get_spaces(self) -> dict[str, tuple[Any, Any]]:
@@ -137,6 +149,8 @@ class SelfPlayEnvRunner(LLMEnvRunner):
         engines = {TRAINED_MODULE: self.engine}
         if self.frozen_engine is not None:
             engines[FROZEN_MODULE] = self.frozen_engine
+        if self.league_engine is not None:
+            engines[LEAGUE_MODULE] = self.league_engine
         params = SamplingParams(
             max_new_tokens=self.rollout.response_length,
             temperature=temperature,
@@ -148,5 +162,6 @@ class SelfPlayEnvRunner(LLMEnvRunner):
     @override(EnvRunner)
     def stop(self) -> None:
         super().stop()
-        if self.frozen_engine is not None:
-            self.frozen_engine.shutdown()
+        for snapshot in (self.frozen_engine, self.league_engine):
+            if snapshot is not None:
+                snapshot.shutdown()

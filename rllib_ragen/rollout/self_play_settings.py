@@ -13,11 +13,12 @@ from typing import Any
 
 from envs.textarena_two_player import SCRIPTED_POLICIES, TwoPlayerConfig, seat_of
 from rllib_ragen.checks import check_at_least_one, check_choice
-from rllib_ragen.rollout.game_rollout import FROZEN_MODULE, TRAINED_MODULE, PolicyMappingFn
+from rllib_ragen.rollout.game_rollout import FROZEN_MODULE, LEAGUE_MODULE, TRAINED_MODULE, PolicyMappingFn
 
 SELF = "self"
 FROZEN = "frozen"
-OPPONENTS = (SELF, FROZEN, *SCRIPTED_POLICIES)
+LEAGUE = "league"
+OPPONENTS = (SELF, FROZEN, LEAGUE, *SCRIPTED_POLICIES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +35,7 @@ class SelfPlaySettings:
     opponent_invalid_reward: float = 0.5
     max_game_turns: int = 30
     training_opening_moves: int = 0
+    league_refresh_interval: int = 10
     game_eval_opponents: tuple[str, ...] = ("random",)
     game_eval_games: int = 128
 
@@ -41,7 +43,7 @@ class SelfPlaySettings:
         check_choice("self_play_opponent", self.self_play_opponent, OPPONENTS)
         for opponent in self.game_eval_opponents:
             check_choice("game_eval_opponents", opponent, (FROZEN, *SCRIPTED_POLICIES))
-        check_at_least_one(self, "game_eval_games", "max_game_turns")
+        check_at_least_one(self, "game_eval_games", "max_game_turns", "league_refresh_interval")
         if self.self_play_game is not None and not (isinstance(self.self_play_game, str) and self.self_play_game):
             raise ValueError(f"self_play_game must be a TextArena game id or None, got {self.self_play_game!r}")
         if self.enabled:
@@ -55,6 +57,16 @@ class SelfPlaySettings:
     def frozen_opponent(self) -> bool:
         """Whether training or evaluation meets the frozen snapshot (its engine is then built)."""
         return FROZEN in (self.self_play_opponent, *self.game_eval_opponents)
+
+    @property
+    def league(self) -> bool:
+        """Whether training meets the league's snapshot (its engine is then built, and refreshed)."""
+        return self.self_play_opponent == LEAGUE
+
+    def league_refresh_due(self, iteration: int) -> bool:
+        """Whether the league's snapshot takes the trained weights after the update of `iteration` (1-based;
+        every `league_refresh_interval` iterations)."""
+        return self.league and iteration % self.league_refresh_interval == 0
 
     def game_config(self, *, training: bool) -> TwoPlayerConfig:
         """The two-player env's config of these settings: a training game's, or an evaluation game's (no
@@ -72,9 +84,9 @@ class SelfPlaySettings:
 
 
 def module_of_opponent(opponent: str) -> str:
-    """The module id that plays `opponent` ("frozen": the frozen snapshot's; a scripted one: its name)."""
-    check_choice("opponent", opponent, (FROZEN, *SCRIPTED_POLICIES))
-    return FROZEN_MODULE if opponent == FROZEN else opponent
+    """The module id that plays `opponent` ("frozen" and "league": their snapshots'; a scripted one: its name)."""
+    check_choice("opponent", opponent, (FROZEN, LEAGUE, *SCRIPTED_POLICIES))
+    return {FROZEN: FROZEN_MODULE, LEAGUE: LEAGUE_MODULE}.get(opponent, opponent)
 
 
 def shared_policy(agent_id: str, episode: Any, **kwargs: Any) -> str:

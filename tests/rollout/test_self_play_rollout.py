@@ -19,7 +19,7 @@ from rllib_ragen.algorithm.starpo import StarPOConfig
 from rllib_ragen.inference.engine import Completion, InferenceEngine, SamplingParams
 from rllib_ragen.rllib_private import learner_connector
 from rllib_ragen.rollout.env_runner import LLMEnvRunner
-from rllib_ragen.rollout.game_rollout import FROZEN_MODULE
+from rllib_ragen.rollout.game_rollout import FROZEN_MODULE, LEAGUE_MODULE
 from rllib_ragen.rollout.trajectory_record import failure_kind, turn_validity
 from rllib_ragen.training.token_batch import token_batch_of_episodes
 
@@ -146,24 +146,42 @@ def test_self_play_is_switched_by_its_builder_and_rae_needs_it() -> None:
 
 
 @pytest.mark.slow
-def test_one_iteration_trains_against_a_frozen_opponent_whose_weights_stay_bit_identical(
+def test_training_against_the_league_refreshes_its_snapshot_and_the_frozen_one_stays_bit_identical(
     ray_session, tiny_model_path
 ) -> None:
-    config = _config(tiny_model_path, self_play_opponent="frozen", game_eval_opponents=("random", "frozen"))
-    algo = config.starpo_evaluation(eval_interval=1, eval_size=2).self_play(game_eval_games=2).build_algo()
+    """The league's snapshot takes the trained weights every 2nd update only; the frozen snapshot (the policy the
+    run started from, evaluation's "frozen" opponent) never changes."""
+    config = _config(tiny_model_path, self_play_opponent="league", game_eval_opponents=("random", "frozen"))
+    config = config.self_play(league_refresh_interval=2, game_eval_games=2).starpo_evaluation(eval_interval=1, eval_size=2)
+    algo = config.build_algo()
+
+    def weights(engine) -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in engine.model.state_dict().items()}
+
+    def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+        return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
     try:
         runner = algo.env_runner
-        assert isinstance(runner, SelfPlayEnvRunner) and runner.frozen_engine is not runner.engine
-        frozen = {k: v.clone() for k, v in runner.frozen_engine.model.state_dict().items()}
-        trained_before = {k: v.clone() for k, v in runner.engine.model.state_dict().items()}
-        result = algo.train()
-        trained_after = runner.engine.model.state_dict()
-        assert any(not torch.equal(trained_before[k], trained_after[k]) for k in trained_before)  # it trained
-        assert all(torch.equal(frozen[k], v) for k, v in runner.frozen_engine.model.state_dict().items())
+        assert isinstance(runner, SelfPlayEnvRunner)
+        assert len({id(runner.engine), id(runner.frozen_engine), id(runner.league_engine)}) == 3
+        start = weights(runner.frozen_engine)
+        assert same(weights(runner.league_engine), start) and same(weights(runner.engine), start)
+        first = algo.train()
         assert {r.modules[s] for r in runner.last_game_results for s in r.modules} == {DEFAULT_MODULE_ID, FROZEN_MODULE}
-        evaluation = result["evaluation"]
+        assert not same(weights(runner.engine), start)  # it trained
+        assert same(weights(runner.league_engine), start)  # iteration 1: not the league's turn
+        assert first["self_play"]["league_iteration"] == 0
+        second = algo.train()
+        assert not same(weights(runner.engine), start)
+        assert same(weights(runner.league_engine), weights(runner.engine))  # iteration 2: refreshed
+        assert second["self_play"]["league_iteration"] == 2
+        assert same(weights(runner.frozen_engine), start)
+        evaluation = second["evaluation"]
         for opponent in ("random", "frozen"):
             rates = [evaluation[f"vs_{opponent}/{o}_rate"] for o in ("win", "draw", "loss")]
             assert sum(rates) == pytest.approx(1.0) and evaluation[f"vs_{opponent}/games"] == 2
+        runner.sample(seeds=[0, 1])  # training games: the league's snapshot on the other seat
+        assert {r.modules[s] for r in runner.last_game_results for s in r.modules} == {DEFAULT_MODULE_ID, LEAGUE_MODULE}
     finally:
         algo.stop()
