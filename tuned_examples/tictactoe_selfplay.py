@@ -79,14 +79,15 @@ def tictactoe_selfplay_config() -> StarPOConfig:
     )
 
 
-# The minimax expert on both seats of 192 self-play games (each opening with 0-3 random moves, as training
+# The minimax expert on both seats of 96 self-play games (each opening with 0-3 random moves, as training
 # games do), on self-play's own prompts, behaviour-cloned into SmolLM2's last 10 layers
 # (`rllib_ragen.data.game_demonstrations`). Random legal play taught the format but not to read the board (the
 # first run); the expert as player 0 of the single-seat env (the second and third runs) never saw player 1's
-# positions nor self-play's prompts.
+# positions nor self-play's prompts. 96 games give 192 trajectories, the single-seat warm start's 24 steps: 192
+# games (48 steps) took 25-43 s a step, over 20 minutes of the job (docs/results/self_play_tictactoe.md, fourth run).
 WARM_START = dict(
     player="expert",
-    num_examples=192,
+    num_examples=96,
     epochs=1,
     batch_size=8,
     lr=3e-4,
