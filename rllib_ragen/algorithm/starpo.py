@@ -285,13 +285,15 @@ class StarPO(Algorithm):
 
     def _refresh_league(self, iteration: int) -> None:
         """Self-play's league: every `league_refresh_interval` iterations its snapshot takes the weights just
-        synced; `self_play/league_iteration` logs the iteration whose update it holds."""
+        synced; `self_play/league_iteration` logs the iteration whose update it holds, and
+        `self_play/league_sync_seconds` what a refresh took (apart from `timers/weight_sync`, which stays the
+        rollout engines' sync alone)."""
         games = self.config.two_player
         if not games.league:
             return
         if games.league_refresh_due(iteration):
-            with self._phase(WEIGHT_SYNC_TIMER):
-                self.weight_sync.sync_snapshot(LEAGUE_ENGINE)
+            report = self.weight_sync.sync_snapshot(LEAGUE_ENGINE)
+            self.metrics.log_value(("self_play", "league_sync_seconds"), report.seconds, window=1)
             self.league_iteration = iteration
         self.metrics.log_value(("self_play", "league_iteration"), self.league_iteration, window=1)
 

@@ -175,7 +175,8 @@ def test_training_against_the_league_refreshes_its_snapshot_and_the_frozen_one_s
         second = algo.train()
         assert not same(weights(runner.engine), start)
         assert same(weights(runner.league_engine), weights(runner.engine))  # iteration 2: refreshed
-        assert second["self_play"]["league_iteration"] == 2
+        assert second["self_play"]["league_iteration"] == 2 and second["self_play"]["league_sync_seconds"] > 0
+        assert "league_sync_seconds" not in first["self_play"]
         assert same(weights(runner.frozen_engine), start)
         evaluation = second["evaluation"]
         for opponent in ("random", "frozen"):
