@@ -29,3 +29,19 @@ def test_cpu_model_and_flags_come_from_the_first_cpu_of_cpuinfo():
     info = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\nmodel name\t: other\n"
     assert cpu_model(info) == "AMD EPYC" and cpu_flags(info) == {"fpu", "avx2", "avx512_bf16"}
     assert cpu_model("") == "unknown CPU" and cpu_flags("") == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("native_bf16", "budget", "noted"), [(False, 27.0, True), (True, 27.0, False), (False, None, False)]
+)
+def test_a_job_budget_on_a_cpu_without_fast_bf16_is_noted(monkeypatch, native_bf16, budget, noted):
+    """The tuned jobs' budgets assume AMX / AVX-512 BF16: elsewhere the console says so before the warm start."""
+    from rllib_ragen.run.experiment import slow_bf16_notice
+
+    monkeypatch.setattr(hardware, "fast_bf16", lambda: native_bf16)
+    monkeypatch.setattr(hardware, "cpu_model", lambda: "AMD EPYC")
+    notice = slow_bf16_notice(budget)
+    assert (notice is not None) == noted
+    if noted:
+        assert notice.startswith("note: this CPU (AMD EPYC) has no AMX or AVX-512 BF16, so training computes in")
+        assert "27-minute job budget" in notice and "--job-budget-min" in notice

@@ -116,6 +116,9 @@ def main(
     if not args.verbose:
         quiet_progress_bars()  # before the libraries are imported: they read it then
     run_config = checked_inputs(args, tuned=config)
+    notice = slow_bf16_notice(args.job_budget_min)
+    if notice:
+        print(notice, flush=True)
     # Imported first: they attach the console handlers that route_library_logs takes away.
     from rllib_ragen.run import callbacks, warm_start  # noqa: F401
     from rllib_ragen.run.starting_model import choose_starting_model
@@ -129,6 +132,26 @@ def main(
     except KeyboardInterrupt:
         print("stopped by Ctrl-C; --resume continues from the last checkpoint", file=sys.stderr)
         sys.exit(130)
+
+
+def slow_bf16_notice(job_budget_min: float | None) -> str | None:
+    """One line for a job budget on a CPU without fast bfloat16, or None.
+
+    The tuned budgets were measured on CPUs with AVX-512 BF16 or AMX. Elsewhere the engines and the update
+    compute in float32, several times slower (FrozenLake's warm start: about 2 minutes there, 13 on an
+    AVX2-only EPYC): without a word, the job would just end having learned little.
+    """
+    import torch
+
+    from rllib_ragen import hardware
+
+    if job_budget_min is None or torch.cuda.is_available() or hardware.fast_bf16():
+        return None
+    return (
+        f"note: this CPU ({hardware.cpu_model()}) has no AMX or AVX-512 BF16, so training computes in float32; the "
+        f"{job_budget_min:g}-minute job budget was tuned on CPUs that have them, and here the warm start alone may "
+        "take half of it (docs/results/tuned_example_runs.md). --job-budget-min gives the job longer."
+    )
 
 
 def checked_inputs(args: argparse.Namespace, *, tuned: Callable[[], StarPOConfig] | None = None) -> StarPOConfig:

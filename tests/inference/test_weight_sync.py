@@ -170,28 +170,30 @@ def test_an_engine_killed_between_syncs_is_restored_from_the_learner_before_it_s
 
 
 # ---------------------------------------------------------------------- remote runners, remote learners
-@pytest.mark.vllm
-def test_remote_runner_engines_get_the_broadcast_and_a_replaced_one_joins_the_next(tiny_model_path):
-    algo = vllm_config(tiny_model_path).env_runners(num_env_runners=1).build_algo()
+def on_remote_learners(algo, change) -> None:
+    """Runs `change(learner)` on every remote learner: the learner actor cannot import this test module, so
+    the function travels by value."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     try:
-        assert algo.env_runner is None
+        algo.learner_group.foreach_learner(change)
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+# One algorithm for both remote sides: each costs a process that loads the model, and a test apiece cost the
+# slow tier a second start of the pair (39 s on an AVX2-only EPYC).
+@pytest.mark.vllm
+def test_a_remote_learner_broadcasts_into_a_remote_runners_engines_and_a_replaced_one_joins_the_next(tiny_model_path):
+    algo = vllm_config(tiny_model_path).env_runners(num_env_runners=1).learners(num_learners=1).build_algo()
+    try:
+        assert algo.env_runner is None and algo.learner_group.is_remote
         assert algo.train()["weight_sync"][GAP] < TOLERANCE
+        on_remote_learners(algo, perturb_policy)
+        assert algo.weight_sync.check() > STALE  # the probe reads the remote learner: the engine is stale
         algo.env_runner_group.foreach_env_runner(lambda r: ray.kill(r.engine.actors[0]), local_env_runner=False)
-        perturb_policy(local_learner(algo.learner_group))
         algo.sync_engine_weights()  # replaces the dead engine, forms a new group, broadcasts
         assert algo.weight_sync.check() < TOLERANCE
         assert algo.env_runner_group.foreach_env_runner(lambda r: r.engine.restarts, local_env_runner=False) == [1]
-    finally:
-        algo.stop()
-
-
-@pytest.mark.vllm
-def test_a_remote_learner_sends_the_broadcast(tiny_model_path):
-    algo = vllm_config(tiny_model_path).learners(num_learners=1).build_algo()
-    try:
-        assert algo.learner_group.is_remote
-        result = algo.train()
-        assert result["weight_sync"][GAP] < TOLERANCE
     finally:
         algo.stop()
 
@@ -328,12 +330,7 @@ def test_a_remote_learner_sends_the_adapter(tiny_model_path):
     algo = algo.build_algo()
     try:
         assert algo.learner_group.is_remote
-        # The learner actor cannot import this test module: `perturb_adapters` travels by value.
-        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-        try:
-            algo.learner_group.foreach_learner(perturb_adapters)
-        finally:
-            ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        on_remote_learners(algo, perturb_adapters)
         assert algo.weight_sync.check() > STALE
         assert algo.weight_sync.sync().nbytes < 2**16  # the adapter (32 KiB), not the 6 MiB of merged weights
         assert algo.weight_sync.check() < TOLERANCE
