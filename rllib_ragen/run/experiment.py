@@ -138,7 +138,7 @@ def slow_bf16_notice(job_budget_min: float | None) -> str | None:
     """One line for a job budget on a CPU without fast bfloat16, or None.
 
     The tuned budgets were measured on CPUs with AVX-512 BF16 or AMX. Elsewhere the engines and the update
-    compute in float32, several times slower (FrozenLake's warm start: about 2 minutes there, 13 on an
+    compute in float32, several times slower (FrozenLake's warm start: about 2 minutes there, 12 on an
     AVX2-only EPYC): without a word, the job would just end having learned little.
     """
     import torch
