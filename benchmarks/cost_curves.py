@@ -16,8 +16,8 @@ the rollout (the env runner's sampling), the weight sync (the new weights into t
 their check) and the update (the rest of the iteration: filter, learner connector and update,
 metrics). Each point reports the peak RSS of every process of its tree over 100 MiB (the driver,
 the engine actor(s)), generation's and the update's GFLOP/s (counted as
-benchmarks/iteration_breakdown.py counts them) against this machine's bf16 matmul ceiling, measured
-once before the points. Each axis gets a least-squares line (seconds per iteration against the
+benchmarks/iteration_breakdown.py counts them) against this machine's matmul ceiling in the dtype
+the preset computes in (bf16 where it is fast, else float32), measured once before the points. Each axis gets a least-squares line (seconds per iteration against the
 axis's work, with its rms residual) and a log-log growth exponent (1 = linear); `--plot` draws
 every axis.
 
@@ -303,6 +303,13 @@ def run_points(args: argparse.Namespace, saved: dict[str, Any]) -> list[dict[str
     return points
 
 
+def stored_ceiling(saved: dict[str, Any]) -> tuple[float, str]:
+    """(GFLOP/s, dtype) of a run's matmul ceiling; runs stored before the dtype was recorded measured bf16."""
+    if "ceiling_gflops" in saved:
+        return saved["ceiling_gflops"], saved["ceiling_dtype"]
+    return saved["bf16_ceiling_gflops"], "bfloat16"
+
+
 def point_summary(point: dict[str, Any]) -> str:
     if "error" in point:
         return f"failed, {point['error']}"
@@ -329,12 +336,18 @@ def main(argv: list[str] | None = None) -> None:
         import torch
         from rollout_throughput import matmul_gflops
 
-        # The provenance before the runs (the commit they ran), the ceiling on the machine they share.
-        saved = {"provenance": header(ROOT, argv), "bf16_ceiling_gflops": matmul_gflops(torch.bfloat16)}
-        print(f"bf16 matmul ceiling: {saved['bf16_ceiling_gflops']:.0f} GFLOP/s", flush=True)
+        from rllib_ragen.hardware import fast_bf16
+
+        # The provenance before the runs (the commit they ran), the ceiling on the machine they share, in the
+        # dtype the CPU preset computes in there (float32 where bf16 matmuls are emulated: their ceiling,
+        # 1-2 GFLOP/s on an AVX2-only CPU, says nothing of the float32 run).
+        dtype = torch.bfloat16 if fast_bf16() else torch.float32
+        saved = {"provenance": header(ROOT, argv), "ceiling_dtype": str(dtype).removeprefix("torch.")}
+        saved["ceiling_gflops"] = matmul_gflops(dtype)
+        print(f"{saved['ceiling_dtype']} matmul ceiling: {saved['ceiling_gflops']:.0f} GFLOP/s", flush=True)
         saved["points"] = run_points(args, saved)
     publish(
-        report_lines(saved["points"], saved["bf16_ceiling_gflops"]),
+        report_lines(saved["points"], *stored_ceiling(saved)),
         saved["points"],
         output=args.output,
         plot_path=args.plot,

@@ -78,10 +78,10 @@ def linearity_line(points: list[dict[str, Any]]) -> str | None:
     return f"256 vs 16 trajectories: x{ratio:.2f} the seconds per iteration ({verdict} the {bound:.1f} bound)"
 
 
-def report_lines(points: list[dict[str, Any]], ceiling: float) -> list[str]:
+def report_lines(points: list[dict[str, Any]], ceiling: float, ceiling_dtype: str) -> list[str]:
     """Per axis: its table, its fit and (trajectories) the linearity check; the ceiling first."""
     lines = [
-        f"bf16 matmul ceiling (measured before the points): {ceiling:.0f} GFLOP/s",
+        f"{ceiling_dtype} matmul ceiling (measured before the points): {ceiling:.0f} GFLOP/s",
         "s/iter = rollout + update + sync (medians of iterations 2+); turns, answer: means per trajectory and "
         "turn; trunc: trajectories ended by a prompt over max_model_len per iteration; GF/s: generation "
         "(generated tokens) and update (positions run), as benchmarks/iteration_breakdown.py counts them",

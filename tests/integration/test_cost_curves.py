@@ -56,3 +56,10 @@ def test_points_need_one_axis_and_two_iterations():
         cost_curves.parse_args(["--points", "16"])
     with pytest.raises(Exception, match="--iters must be at least 2"):
         cost_curves.parse_args(["--iters", "1"])
+
+
+def test_the_ceiling_is_read_in_its_dtype_and_older_runs_read_as_bf16():
+    assert cost_curves.stored_ceiling({"ceiling_gflops": 80.0, "ceiling_dtype": "float32"}) == (80.0, "float32")
+    assert cost_curves.stored_ceiling({"bf16_ceiling_gflops": 990.0}) == (990.0, "bfloat16")
+    lines = cost_report.report_lines([], 80.0, "float32")
+    assert lines[0] == "float32 matmul ceiling (measured before the points): 80 GFLOP/s"
