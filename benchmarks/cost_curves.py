@@ -17,9 +17,9 @@ their check) and the update (the rest of the iteration: filter, learner connecto
 metrics). Each point reports the peak RSS of every process of its tree over 100 MiB (the driver,
 the engine actor(s)), generation's and the update's GFLOP/s (counted as
 benchmarks/iteration_breakdown.py counts them) against this machine's matmul ceiling in the dtype
-the preset computes in (bf16 where it is fast, else float32), measured once before the points. Each axis gets a least-squares line (seconds per iteration against the
-axis's work, with its rms residual) and a log-log growth exponent (1 = linear); `--plot` draws
-every axis.
+the preset computes in (bf16 where it is fast, else float32), measured once before the points.
+Each axis gets a least-squares line (seconds per iteration against the axis's work, with its rms
+residual) and a log-log growth exponent (1 = linear); `--plot` draws every axis.
 
     python benchmarks/cost_curves.py --axis trajectories --iters 3 --output cost.md --plot cost.png
     python benchmarks/cost_curves.py --axis turns-full --points 1,10 --trajectories 16

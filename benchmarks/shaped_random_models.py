@@ -2,16 +2,20 @@
 
 An iteration's cost depends on a model's shapes (layers, widths, heads, vocabulary), not on its
 weights' values, so a cost curve over model size needs no download: each model here is the
-published architecture's config with seeded random weights, and SmolLM2's vendored tokenizer (its
-ids fit either vocabulary), built once into the project's cache.
+published architecture's config with seeded random weights, and SmolLM2's vendored tokenizer, built
+once into the project's cache. Where the shape's vocabulary is larger than SmolLM2's 49,152 tokens
+(Qwen2.5's 151,936), placeholder tokens fill the tokenizer up to it: random weights sample every id of
+the vocabulary, and each must decode (and the model directory's check wants the two sizes equal).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PretrainedConfig, Qwen2Config
 
 from rllib_ragen.models.cache import default_cache_dir
 from rllib_ragen.models.model_directory import check_chatml_model_dir
@@ -73,6 +77,18 @@ def shaped_random_model(name: str, *, cache_dir: Path | None = None) -> Path:
         torch.manual_seed(SHAPED_RANDOM_SEED)
         model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(out_dir)
-    install_vendored_tokenizer(out_dir)  # the tokenizer last: its presence marks a complete build
+    install_tokenizer(out_dir, config.vocab_size)  # the tokenizer last: its presence marks a complete build
     check_chatml_model_dir(out_dir)
     return out_dir
+
+
+def install_tokenizer(out_dir: Path, vocab_size: int) -> None:
+    """SmolLM2's tokenizer in `out_dir`, with placeholder tokens `<|pad_N|>` for the ids from its size up
+    to `vocab_size`; built aside and moved in with `tokenizer.json` last."""
+    with tempfile.TemporaryDirectory(dir=out_dir) as staging:
+        install_vendored_tokenizer(Path(staging))
+        tokenizer = AutoTokenizer.from_pretrained(staging)
+        tokenizer.add_tokens([f"<|pad_{i}|>" for i in range(len(tokenizer), vocab_size)])
+        tokenizer.save_pretrained(staging)
+        for name in sorted(os.listdir(staging), key=lambda name: name == "tokenizer.json"):
+            os.replace(Path(staging) / name, out_dir / name)

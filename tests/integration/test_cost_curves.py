@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rllib_ragen.models.tiny_random import install_vendored_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 # The scripts import their sibling benchmarks by name, as they do when run.
@@ -63,3 +65,18 @@ def test_the_ceiling_is_read_in_its_dtype_and_older_runs_read_as_bf16():
     assert cost_curves.stored_ceiling({"bf16_ceiling_gflops": 990.0}) == (990.0, "bfloat16")
     lines = cost_report.report_lines([], 80.0, "float32")
     assert lines[0] == "float32 matmul ceiling (measured before the points): 80 GFLOP/s"
+
+
+def test_a_larger_vocabulary_gets_placeholder_tokens_that_decode(tmp_path):
+    """Qwen2.5's shape has 151,936 ids against SmolLM2's 49,152 tokens: every id a random model samples decodes."""
+    padded, plain = tmp_path / "padded", tmp_path / "plain"
+    padded.mkdir()
+    plain.mkdir()
+    shapes.install_tokenizer(padded, 49152 + 3)
+    install_vendored_tokenizer(plain)
+    tokenizer, vendored = AutoTokenizer.from_pretrained(padded), AutoTokenizer.from_pretrained(plain)
+    assert len(tokenizer) == 49155 and tokenizer.decode([49154]) == "<|pad_49154|>"
+    text = "<|im_start|>user\nLeft, Right<|im_end|>"
+    assert tokenizer(text).input_ids == vendored(text).input_ids  # SmolLM2's own ids are unchanged
+    assert tokenizer.chat_template == vendored.chat_template and tokenizer.eos_token == "<|im_end|>"
+    assert [p.name for p in padded.iterdir() if p.is_dir()] == []  # the staging folder is gone
