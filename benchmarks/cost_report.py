@@ -15,7 +15,7 @@ UNITS = {
     "trajectories": "trajectories",
     "turns-markov": "turns",
     "turns-full": "turns",
-    "answer": "answer tokens",
+    "answer": "generated answer tokens",
     "model": "M parameters",
 }
 PHASES = ("rollout_s", "update_s", "sync_s")
@@ -24,8 +24,12 @@ LINEAR_SLACK = 1.1
 
 
 def work(point: dict[str, Any]) -> float:
-    """The amount of the varied thing at a point: the point's number, or the model's parameters in millions."""
-    return point["parameters"] / 1e6 if point["axis"] == "model" else float(point["point"])
+    """The amount of the varied thing at a point: the model's parameters in millions; on the answer axis the
+    tokens a turn's answer actually had (a thinking model stops before the limit the point sets: 148 tokens
+    at the 256 limit on FrozenLake); else the point's number."""
+    if point["axis"] == "model":
+        return point["parameters"] / 1e6
+    return point["answer_tokens_mean"] if point["axis"] == "answer" else float(point["point"])
 
 
 def linear_fit(xs: list[float], ys: list[float]) -> dict[str, float]:
@@ -81,7 +85,7 @@ def linearity_line(points: list[dict[str, Any]]) -> str | None:
 def report_lines(points: list[dict[str, Any]], ceiling: float, ceiling_dtype: str) -> list[str]:
     """Per axis: its table, its fit and (trajectories) the linearity check; the ceiling first."""
     lines = [
-        f"{ceiling_dtype} matmul ceiling (measured before the points): {ceiling:.0f} GFLOP/s",
+        f"{ceiling_dtype} matmul ceiling (measured once, alone, on the machine of the points): {ceiling:.0f} GFLOP/s",
         "s/iter = rollout + update + sync (medians of iterations 2+); turns, answer: means per trajectory and "
         "turn; trunc: trajectories ended by a prompt over max_model_len per iteration; GF/s: generation "
         "(generated tokens) and update (positions run), as benchmarks/iteration_breakdown.py counts them",

@@ -64,7 +64,7 @@ def test_the_ceiling_is_read_in_its_dtype_and_older_runs_read_as_bf16():
     assert cost_curves.stored_ceiling({"ceiling_gflops": 80.0, "ceiling_dtype": "float32"}) == (80.0, "float32")
     assert cost_curves.stored_ceiling({"bf16_ceiling_gflops": 990.0}) == (990.0, "bfloat16")
     lines = cost_report.report_lines([], 80.0, "float32")
-    assert lines[0] == "float32 matmul ceiling (measured before the points): 80 GFLOP/s"
+    assert lines[0] == "float32 matmul ceiling (measured once, alone, on the machine of the points): 80 GFLOP/s"
 
 
 def test_a_larger_vocabulary_gets_placeholder_tokens_that_decode(tmp_path):
@@ -80,3 +80,14 @@ def test_a_larger_vocabulary_gets_placeholder_tokens_that_decode(tmp_path):
     assert tokenizer(text).input_ids == vendored(text).input_ids  # SmolLM2's own ids are unchanged
     assert tokenizer.chat_template == vendored.chat_template and tokenizer.eos_token == "<|im_end|>"
     assert [p.name for p in padded.iterdir() if p.is_dir()] == []  # the staging folder is gone
+
+
+def test_the_answer_axis_is_fitted_on_the_tokens_generated_not_the_limit():
+    points = [
+        {"axis": "answer", "point": limit, "answer_tokens_mean": mean, "seconds": 10 + 2 * mean}
+        for limit, mean in (("32", 30.0), ("256", 150.0))
+    ]
+    assert [cost_report.work(p) for p in points] == [30.0, 150.0]
+    assert cost_report.linear_fit([cost_report.work(p) for p in points], [p["seconds"] for p in points])[
+        "slope"
+    ] == pytest.approx(2)
