@@ -21,8 +21,12 @@ def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
 
 
 def cpu_model(cpuinfo: str | None = None) -> str:
-    """The CPU's model name from /proc/cpuinfo, e.g. "AMD EPYC" ("unknown CPU" where there is none)."""
-    return _first_cpu_field("model name", cpuinfo) or "unknown CPU"
+    """The CPU's model name from /proc/cpuinfo with its family and model numbers where it gives them, e.g.
+    "AMD EPYC (family 23, model 1)" ("unknown CPU" where there is none): a virtual machine's name alone
+    hides the generation (Zen 2 and Zen 4 are both "AMD EPYC")."""
+    name = _first_cpu_field("model name", cpuinfo) or "unknown CPU"
+    family, model = _first_cpu_field("cpu family", cpuinfo), _first_cpu_field("model", cpuinfo)
+    return f"{name} (family {family}, model {model})" if family and model else name
 
 
 def _first_cpu_field(name: str, cpuinfo: str | None) -> str:

@@ -28,6 +28,9 @@ def test_cpu_model_and_flags_come_from_the_first_cpu_of_cpuinfo():
 
     info = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\nmodel name\t: other\n"
     assert cpu_model(info) == "AMD EPYC" and cpu_flags(info) == {"fpu", "avx2", "avx512_bf16"}
+    # KVM names Zen 2 and Zen 4 alike: the family and model numbers tell them apart.
+    numbered = "processor\t: 0\ncpu family\t: 23\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n"
+    assert cpu_model(numbered) == "AMD EPYC (family 23, model 1)"
     assert cpu_model("") == "unknown CPU" and cpu_flags("") == frozenset()
 
 

@@ -25,8 +25,8 @@ def commit(repo: Path) -> str:
 def machine() -> str:
     """CPU model, cores and whether bf16 runs natively: every timing depends on them."""
     flags = cpu_flags()
-    units = "AMX" if "amx_bf16" in flags else "AVX-512 BF16" if "avx512_bf16" in flags else "AVX2 only, bf16 emulated"
-    return f"{cpu_model()}, {os.cpu_count()} cores, {units} (bf16 {'native' if fast_bf16() else 'emulated'})"
+    units = "AMX" if "amx_bf16" in flags else "AVX-512 BF16" if "avx512_bf16" in flags else "no AMX or AVX-512 BF16"
+    return f"{cpu_model()}, {os.cpu_count()} cores, {units}, bf16 {'native' if fast_bf16() else 'emulated'}"
 
 
 def header(repo: Path, argv: list[str] | None = None) -> str:
