@@ -35,7 +35,8 @@ _BEFORE = pytest.StashKey[set | None]()
 def _untracked_and_ignored() -> set[str] | None:
     """`git status --porcelain --ignored` entries of the checkout, without caches; None outside git."""
     try:
-        out = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--ignored"],
+        # --no-optional-locks: a status that times out (a loaded machine) must not leave .git/index.lock behind.
+        out = subprocess.run(["git", "--no-optional-locks", "-C", str(REPO), "status", "--porcelain", "--ignored"],
                              check=True, capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         return None
