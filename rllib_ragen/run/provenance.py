@@ -16,7 +16,9 @@ def commit(repo: Path) -> str:
     """The checkout's short commit, with "+changes" when the work tree differs from it."""
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False).stdout
+        # No optional locks: reading the commit must never hold .git/index.lock against the user's own git.
+        command = ["git", "--no-optional-locks", "-C", str(repo), *args]
+        return subprocess.run(command, capture_output=True, text=True, check=False).stdout
 
     head = git("rev-parse", "--short", "HEAD").strip() or "unknown"
     return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no").strip() else "")
