@@ -46,5 +46,5 @@ def test_a_job_budget_on_a_cpu_without_fast_bf16_is_noted(monkeypatch, native_bf
     notice = slow_bf16_notice(budget)
     assert (notice is not None) == noted
     if noted:
-        assert notice.startswith("note: this CPU (AMD EPYC) has no AMX or AVX-512 BF16, so training computes in")
+        assert notice.startswith("note: this CPU, AMD EPYC, has no AMX or AVX-512 BF16, so training computes in")
         assert "27-minute job budget" in notice and "--job-budget-min" in notice

@@ -148,7 +148,7 @@ def slow_bf16_notice(job_budget_min: float | None) -> str | None:
     if job_budget_min is None or torch.cuda.is_available() or hardware.fast_bf16():
         return None
     return (
-        f"note: this CPU ({hardware.cpu_model()}) has no AMX or AVX-512 BF16, so training computes in float32; the "
+        f"note: this CPU, {hardware.cpu_model()}, has no AMX or AVX-512 BF16, so training computes in float32; the "
         f"{job_budget_min:g}-minute job budget was tuned on CPUs that have them, and here the warm start alone may "
         "take half of it (docs/results/tuned_example_runs.md). --job-budget-min gives the job longer."
     )

@@ -18,7 +18,7 @@ BANDIT = str(ROOT / "tuned_examples" / "bandit_starpo.py")
 # Every line the tuned-example driver (rllib_ragen/run/experiment.py) prints to stdout in a run
 # without warm start or resume; a line of Ray, RLlib, vLLM or transformers matches none.
 CLI_LINES = (
-    r"note: this CPU \(.+\) has no AMX or AVX-512 BF16, so training computes in float32; .*",
+    r"note: this CPU, .+, has no AMX or AVX-512 BF16, so training computes in float32; .*",
     r"library logs: \S+run\.log \(--verbose: on the console too\)",
     r"MLflow store: creating \S+mlflow\.db",
     r"starting the algorithm: Ray, the inference engines and the learner\.\.\.",
