@@ -312,13 +312,17 @@ def score_generated_tokens(
 
     Logits are computed only at the N positions that predict a generated
     token, `chunk_size` positions at a time, in float32 outside any autocast.
-    When autograd records, each chunk is checkpointed: backward recomputes its
-    [chunk, vocab] logits, so they are never all alive at once.
+    When autograd records and there is more than one chunk, each chunk is
+    checkpointed: backward recomputes its [chunk, vocab] logits, so they are
+    never all alive at once. A single chunk is kept: its backward needs those
+    logits alive once either way, so recomputing them would cost a pass over
+    the vocabulary and save no peak memory.
     """
     generated_mask = batch[GENERATED_MASK]
     predicting = _select_predicting(hidden, generated_mask)
     labels = batch[INPUT_IDS][:, 1:][generated_mask[:, 1:].bool()]
-    recompute = torch.is_grad_enabled() and (predicting.requires_grad or lm_head.weight.requires_grad)
+    recording = torch.is_grad_enabled() and (predicting.requires_grad or lm_head.weight.requires_grad)
+    recompute = recording and predicting.shape[0] > chunk_size
     logps, entropies = [], []
     for start in range(0, predicting.shape[0], chunk_size):
         args = (lm_head, predicting[start : start + chunk_size], labels[start : start + chunk_size], temperature)

@@ -134,9 +134,11 @@ def test_bf16_autocast_loss_is_within_tolerance_of_fp32(tiny_model_path):
     assert bf16_loss == pytest.approx(loss, abs=1e-3)
 
 
-def test_chunked_scores_and_gradients_match_a_full_softmax(tiny_model_path):
+@pytest.mark.parametrize("chunk_size", [5, 4096], ids=["chunks-recomputed", "one-chunk-kept"])
+def test_chunked_scores_and_gradients_match_a_full_softmax(tiny_model_path, chunk_size):
+    """Several chunks (each checkpointed, its logits recomputed in backward) and one chunk (kept) alike."""
     _, module = _learner(tiny_model_path)
-    module.scoring = ScoringSettings(logit_chunk_size=5)
+    module.scoring = ScoringSettings(logit_chunk_size=chunk_size)
     reference = copy.deepcopy(module.policy)
     batch = _batch()
     out = module.forward_train(batch)
