@@ -20,7 +20,10 @@ and observation and are terminated.
   number of moves from 0 to `max_opening_moves` and plays that many of the
   moves the game lists, at random, for the seats in turn; a seat's first
   observation then holds every message of the opening;
-- rewards: the game's final ones (win 1, loss -1, draw 0; Kuhn Poker's too).
+- rewards: the game's final ones (win 1, loss -1, draw 0; Kuhn Poker's too);
+- the render (`render`): "game" shows TextArena's own messages; "board" (TicTacToe) shows the current
+  board only, in four short lines (`envs.tictactoe_board_text`), with the rules in the system prompt: a
+  whole state in about 30 tokens where TextArena's messages take 180-280.
 
 Scripted seats (`scripted_move`) draw their moves here, from the game's
 state: "random" (a uniformly random listed move, from the env's own stream)
@@ -41,11 +44,13 @@ from envs.base import build_config
 from envs.textarena import game_action, make_game
 from envs.textarena_isolation import GameSandbox
 from envs.textarena_opponent import candidate_moves
+from envs.tictactoe_board_text import board_instructions, board_text
 from envs.tictactoe_minimax import minimax_move
 from envs.user_errors import UserError
 
 SEATS = ("player_0", "player_1")
 SCRIPTED_POLICIES = ("random", "minimax")
+RENDERS = ("game", "board")
 _SEED_BOUND = 2**31
 _GAME_SENDER = -1
 
@@ -69,6 +74,7 @@ class TwoPlayerConfig:
         max_game_turns: Moves (both seats') after which the game is a draw.
         max_opening_moves: Random listed moves that may open a game (module docstring): varied starts, so
             that games between near-deterministic seats do not all repeat one line of play.
+        render: What a seat is shown (module docstring): "game" (TextArena's messages) or "board" (TicTacToe).
     """
 
     game: str = "TicTacToe-v0"
@@ -77,6 +83,7 @@ class TwoPlayerConfig:
     opponent_invalid_reward: float = 0.5
     max_game_turns: int = 30
     max_opening_moves: int = 0
+    render: str = "game"
 
     def __post_init__(self) -> None:
         if not isinstance(self.game, str) or not self.game:
@@ -88,6 +95,10 @@ class TwoPlayerConfig:
                 f"max_opening_moves must be from 0 to max_game_turns - 1 = {self.max_game_turns - 1}, "
                 f"got {self.max_opening_moves}"
             )
+        if self.render not in RENDERS:
+            raise UserError(f"render must be one of {RENDERS}, got {self.render!r}")
+        if self.render == "board" and not self.game.startswith("TicTacToe"):
+            raise UserError(f"the board render draws TicTacToe only, not {self.game!r}: use render='game'")
 
 
 class TwoPlayerGame(MultiAgentEnv):
@@ -117,6 +128,8 @@ class TwoPlayerGame(MultiAgentEnv):
 
     def instructions(self, agent: str) -> str:
         """The system prompt's task for one seat: its role is told here and in the game's first message."""
+        if self.config.render == "board":
+            return board_instructions(seat_of(agent))
         return (
             f"You are playing {self.config.game}, a two-player TextArena game, as Player {seat_of(agent)}. "
             "Its rules come with the first state; each later state shows what happened since your last move. "
@@ -217,7 +230,8 @@ class TwoPlayerGame(MultiAgentEnv):
         return str(self.rng.choice(moves))
 
     def _observe(self, agent: str) -> str:
-        """The seat's new messages as text (its own moves left out), also kept as what it has seen."""
+        """The seat's new messages as text (its own moves left out), also kept as what it has seen (what the
+        random seat draws its moves from, whatever the render); with the board render, the board instead."""
         player = seat_of(agent)
         state = self.game.state
         texts = []
@@ -231,6 +245,9 @@ class TwoPlayerGame(MultiAgentEnv):
             reason = state.game_info[player].get("reason", "") if state.done else "the turn limit was reached"
             texts.append(f"Game over: {reason or 'draw'}")
         self._seen[agent] += texts
+        if self.config.render == "board":
+            ending = texts[-1:] if self.done else []
+            return "\n".join([board_text(state.game_state["board"]), *ending])
         return "\n".join(t.strip() for t in texts)
 
 

@@ -72,6 +72,9 @@ def tictactoe_selfplay_config() -> StarPOConfig:
             # one line (the first run's second attempt: in-group std 1.414 and success 0.500 at every iteration).
             # 0-3 random opening moves give each game its own position.
             training_opening_moves=3,
+            # The board in four short lines, the rules in the system prompt: about a third of TextArena's tokens
+            # a turn (the fifth run's warm start, on TextArena's messages, did not fit the job in float32).
+            game_render="board",
             game_eval_opponents=("random", "minimax", "frozen"),
             game_eval_games=128,
         )

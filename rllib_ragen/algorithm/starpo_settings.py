@@ -645,6 +645,7 @@ class StarPOSettings(AlgorithmConfig):
         opponent_invalid_reward: float = NotProvided,
         max_game_turns: int = NotProvided,
         training_opening_moves: int = NotProvided,
+        game_render: str = NotProvided,
         league_refresh_interval: int = NotProvided,
         game_eval_opponents: tuple[str, ...] = NotProvided,
         game_eval_games: int = NotProvided,
@@ -670,6 +671,10 @@ class StarPOSettings(AlgorithmConfig):
             training_opening_moves: Training games open with 0 to this many random listed moves (each game draws
                 the number), so that near-deterministic seats meet varied positions instead of one line of play
                 (SPIRAL: 0). Evaluation games always start from the game's own start.
+            game_render: What each seat is shown: "game" (TextArena's own messages: the rules, and every message
+                since the seat's last move) or "board" (TicTacToe: the current board in four short lines, the
+                rules in the system prompt; about 30 tokens a state against TextArena's 180-280, for use with
+                `.rollouts(history_window=1)`).
             league_refresh_interval: With the "league" opponent: its snapshot takes the trained weights after
                 every this many iterations' updates (it starts as the policy the run started from).
             game_eval_opponents: The fixed opponents of game evaluation ("frozen", "random", "minimax").
@@ -684,6 +689,7 @@ class StarPOSettings(AlgorithmConfig):
             opponent_invalid_reward=opponent_invalid_reward,
             max_game_turns=max_game_turns,
             training_opening_moves=training_opening_moves,
+            game_render=game_render,
             league_refresh_interval=league_refresh_interval,
             game_eval_opponents=game_eval_opponents,
             game_eval_games=game_eval_games,

@@ -35,6 +35,7 @@ class SelfPlaySettings:
     opponent_invalid_reward: float = 0.5
     max_game_turns: int = 30
     training_opening_moves: int = 0
+    game_render: str = "game"
     league_refresh_interval: int = 10
     game_eval_opponents: tuple[str, ...] = ("random",)
     game_eval_games: int = 128
@@ -80,6 +81,7 @@ class SelfPlaySettings:
             opponent_invalid_reward=self.opponent_invalid_reward,
             max_game_turns=self.max_game_turns,
             max_opening_moves=self.training_opening_moves if training else 0,
+            render=self.game_render,
         )
 
 

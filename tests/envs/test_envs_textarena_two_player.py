@@ -104,3 +104,44 @@ def test_a_random_opening_plays_0_to_its_bound_of_listed_moves_then_the_next_sea
     assert all(plain.reset(seed=seed)[1] == {"player_0": {}} and plain.moves == 0 for seed in range(10))
     with pytest.raises(UserError, match="max_opening_moves must be from 0 to max_game_turns - 1 = 8, got 9"):
         TwoPlayerGame(game="TicTacToe-v0", max_game_turns=9, max_opening_moves=9)
+
+
+def test_board_text_shows_marks_and_free_cell_numbers_by_hand() -> None:
+    from envs.tictactoe_board_text import board_text
+
+    board = [["X", "", ""], ["", "O", ""], ["", "", "X"]]
+    assert board_text(board) == "X 1 2\n3 O 5\n6 7 X\nFree cells: 1 2 3 5 6 7"
+    full = [["X", "O", "X"], ["X", "O", "O"], ["O", "X", "X"]]
+    assert board_text(full).endswith("Free cells: none")
+    with pytest.raises(ValueError, match="9 cells"):
+        board_text([["X", ""]])
+
+
+def test_the_board_render_shows_the_current_board_and_puts_the_rules_in_the_system_prompt() -> None:
+    game = TwoPlayerGame(game="TicTacToe-v0", render="board", max_game_turns=9)
+    assert "as X (Player 1)" in game.instructions("player_1") and "as O (Player 0)" in game.instructions("player_0")
+    observations, _ = game.reset(seed=0)
+    assert observations == {"player_0": "0 1 2\n3 4 5\n6 7 8\nFree cells: 0 1 2 3 4 5 6 7 8"}
+    observations, *_ = game.step({"player_0": "4"})
+    # Player 1 sees the board after player 0's move, and nothing of TextArena's messages.
+    assert observations == {"player_1": "0 1 2\n3 O 5\n6 7 8\nFree cells: 0 1 2 3 5 6 7 8"}
+    # The random seat still draws a free cell (from TextArena's messages, which the render hides).
+    for _ in range(3):
+        move = game.scripted_move("random")
+        assert move.strip("[]") in observations[game.current_seat].split("Free cells: ")[1].split()
+        observations, rewards, terminateds, *_ = game.step({game.current_seat: move})
+        if terminateds["__all__"]:
+            break
+
+
+def test_the_board_render_ends_with_the_game_over_line_and_refuses_other_games() -> None:
+    game = TwoPlayerGame(game="TicTacToe-v0", render="board")
+    game.reset(seed=0)
+    observations, rewards, terminateds, *_ = game.step({"player_0": "[9]"})  # no such cell: SPIRAL's rule ends it
+    assert terminateds["__all__"] and rewards == {"player_0": -1.5, "player_1": 0.5}
+    for seat in SEATS:
+        assert observations[seat].startswith("0 1 2\n") and observations[seat].splitlines()[-1].startswith("Game over")
+    with pytest.raises(UserError, match="TicTacToe only"):
+        TwoPlayerGame(game="KuhnPoker-v0", render="board")
+    with pytest.raises(UserError, match="render must be one of"):
+        TwoPlayerGame(game="TicTacToe-v0", render="ascii")
