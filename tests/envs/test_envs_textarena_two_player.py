@@ -129,7 +129,7 @@ def test_the_board_render_shows_the_current_board_and_puts_the_rules_in_the_syst
     for _ in range(3):
         move = game.scripted_move("random")
         assert move.strip("[]") in observations[game.current_seat].split("Free cells: ")[1].split()
-        observations, rewards, terminateds, *_ = game.step({game.current_seat: move})
+        observations, _, terminateds, *_ = game.step({game.current_seat: move})
         if terminateds["__all__"]:
             break
 
