@@ -115,6 +115,8 @@ class TwoPlayerGame(MultiAgentEnv):
         # The last step's move as the mover made it (`action_is_valid`, `game_action`): the step's infos
         # go to the seats that observe next, which are the mover's only when the game ended.
         self.last_move: dict[str, Any] = {}
+        # The seat whose invalid move ended the game (SPIRAL's rule), else None: what tells a forfeit from a loss.
+        self.forfeited_by: str | None = None
         self._seen: dict[str, list[str]] = {seat: [] for seat in SEATS}
 
     @property
@@ -149,6 +151,7 @@ class TwoPlayerGame(MultiAgentEnv):
             self.game.state.error_allowance = math.inf
         self.moves = 0
         self.last_move = {}
+        self.forfeited_by = None
         self._seen = {seat: [] for seat in SEATS}
         self._play_opening()
         seat = self.current_seat
@@ -196,6 +199,7 @@ class TwoPlayerGame(MultiAgentEnv):
 
     def _final_rewards(self, mover: str, invalid: bool) -> dict[str, float]:
         if invalid and self.config.invalid_move_ends_game:
+            self.forfeited_by = mover
             other = SEATS[1 - seat_of(mover)]
             return {mover: self.config.invalid_move_reward, other: self.config.opponent_invalid_reward}
         if not self.game.state.done:  # the turn cap: a draw

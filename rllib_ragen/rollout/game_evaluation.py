@@ -29,12 +29,19 @@ class GameScore:
         seats: The seat the evaluated module played in each game, in game order.
         chips_per_hand: Kuhn Poker: the module's mean net chips per hand; None for other games.
         equilibrium_chips_per_hand: Kuhn Poker: what the equilibrium would win per hand on the same seats.
+        forfeits: Whether each game was lost by the module's own invalid move (SPIRAL's rule), in game order.
     """
 
     outcomes: tuple[str, ...]
     seats: tuple[str, ...]
     chips_per_hand: float | None = None
     equilibrium_chips_per_hand: float | None = None
+    forfeits: tuple[bool, ...] = ()
+
+    @property
+    def forfeit_count(self) -> int:
+        """Games the module lost by its own invalid move."""
+        return sum(self.forfeits)
 
     @property
     def games(self) -> int:
@@ -57,8 +64,10 @@ class GameScore:
         return wilson_interval(self.counts[outcome], self.games)
 
     def metrics(self, prefix: str) -> dict[str, float]:
-        """Flat metrics: `<prefix>win_rate`, `..._low`, `..._high` per outcome, and Kuhn's chips."""
+        """Flat metrics: `<prefix>win_rate`, `..._low`, `..._high` per outcome, `<prefix>forfeit_rate` (the
+        games lost by the module's own invalid move), and Kuhn's chips."""
         out: dict[str, float] = {f"{prefix}games": float(self.games)}
+        out[f"{prefix}forfeit_rate"] = self.forfeit_count / self.games
         for outcome in OUTCOMES:
             low, high = self.interval(outcome)
             out |= {f"{prefix}{outcome}_rate": self.rate(outcome), f"{prefix}{outcome}_rate_low": low}
@@ -79,21 +88,22 @@ def score_games(results: Sequence[GameResult], evaluated: str) -> GameScore:
     """
     if not results:
         raise ValueError("no game to score")
-    outcomes, seats, chips, equilibrium, hands = [], [], 0.0, 0.0, 0
+    outcomes, seats, forfeits, chips, equilibrium, hands = [], [], [], 0.0, 0.0, 0
     kuhn = all(result.chips is not None and result.hands_opened is not None for result in results)
     for result in results:
         seat = _seat_of(result, evaluated)
         seats.append(seat)
         reward = result.rewards[seat]
         outcomes.append("win" if reward > 0 else "loss" if reward < 0 else "draw")
+        forfeits.append(result.forfeited_by == seat)
         if kuhn and result.chips is not None and result.hands_opened is not None:
             opened, played = result.hands_opened[seat]
             chips += result.chips[seat]
             equilibrium += KUHN_FIRST_PLAYER_VALUE * opened - KUHN_FIRST_PLAYER_VALUE * (played - opened)
             hands += played
     if not kuhn:
-        return GameScore(tuple(outcomes), tuple(seats))
-    return GameScore(tuple(outcomes), tuple(seats), chips / hands, equilibrium / hands)
+        return GameScore(tuple(outcomes), tuple(seats), forfeits=tuple(forfeits))
+    return GameScore(tuple(outcomes), tuple(seats), chips / hands, equilibrium / hands, tuple(forfeits))
 
 
 def _seat_of(result: GameResult, evaluated: str) -> str:

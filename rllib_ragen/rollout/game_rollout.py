@@ -77,6 +77,7 @@ class GameResult:
         rewards: Each seat's final reward.
         chips: Kuhn Poker: each seat's net chips; None for other games.
         hands_opened: Kuhn Poker: each seat's (hands it opened, hands played); None for other games.
+        forfeited_by: The seat whose invalid move ended the game (SPIRAL's rule); None if none did.
     """
 
     seed: int
@@ -84,6 +85,7 @@ class GameResult:
     rewards: dict[str, float]
     chips: dict[str, float] | None = None
     hands_opened: dict[str, tuple[int, int]] | None = None
+    forfeited_by: str | None = None
 
 
 def play_games(
@@ -333,7 +335,8 @@ class _GameTable:
     def result(self) -> GameResult:
         if self.final_rewards is None:
             raise RuntimeError(f"game {self.game.config.game!r} (seed {self.seed}) has not ended")
-        result = GameResult(self.seed, dict(self.modules), dict(self.final_rewards))
+        forfeited_by = self.game.forfeited_by
+        result = GameResult(self.seed, dict(self.modules), dict(self.final_rewards), forfeited_by=forfeited_by)
         if not self.game.config.game.startswith("KuhnPoker"):
             return result
         chips = {seat: self.game.chips(seat) for seat in SEATS}

@@ -95,6 +95,9 @@ def summarize_games(before: dict[str, GameScore], after: dict[str, GameScore]) -
                 f"[{low:+.3f}, {high:+.3f}]: {better}"
             )
             rows[outcome] = {"before": was, "after": now, "difference": difference, "interval": [low, high]}
+        # A loss by the policy's own invalid move is a different failure from a loss on the board.
+        parts.append(f"lost by its own invalid move {start.forfeit_count} -> {score.forfeit_count}")
+        rows["forfeits"] = {"before": start.forfeit_count, "after": score.forfeit_count}
         print(f"vs {opponent}, {score.games} games, seats alternating (95% intervals): {'; '.join(parts)}", flush=True)
         summary[opponent] = rows
     return summary

@@ -77,3 +77,21 @@ def test_a_game_without_the_evaluated_module_is_refused() -> None:
     result = GameResult(1, {"player_0": "random", "player_1": "random"}, {"player_0": 1.0, "player_1": -1.0})
     with pytest.raises(ValueError, match="one seat"):
         score_games([result], "minimax")
+
+
+def test_a_loss_by_the_evaluated_modules_own_invalid_move_is_a_forfeit_and_other_losses_are_not() -> None:
+    game = TwoPlayerGame(game="TicTacToe-v0", max_game_turns=9)
+    game.reset(seed=0)
+    game.step({"player_0": "[4]"})
+    _, rewards, terminateds, *_ = game.step({"player_1": "[4]"})  # an occupied cell: player_1 forfeits
+    assert terminateds["__all__"] and game.forfeited_by == "player_1" and rewards["player_1"] == -1.5
+    game.reset(seed=0)
+    assert game.forfeited_by is None  # a new game forgets it
+    board_loss = GameResult(2, {"player_0": "random", "player_1": "policy"}, {"player_0": 1.0, "player_1": -1.0})
+    forfeit = GameResult(3, {"player_0": "policy", "player_1": "random"}, {"player_0": -1.5, "player_1": 0.5},
+                         forfeited_by="player_0")
+    opponent_forfeit = GameResult(4, {"player_0": "random", "player_1": "policy"}, {"player_0": -1.5, "player_1": 0.5},
+                                  forfeited_by="player_0")
+    score = score_games([board_loss, forfeit, opponent_forfeit], "policy")
+    assert score.outcomes == ("loss", "loss", "win") and score.forfeits == (False, True, False)
+    assert score.forfeit_count == 1 and score.metrics("vs_random/")["vs_random/forfeit_rate"] == pytest.approx(1 / 3)

@@ -45,8 +45,8 @@ def test_an_empty_budget_says_so():
     )
 
 
-def _score(outcomes):
-    return GameScore(tuple(outcomes), ("player_0", "player_1") * (len(outcomes) // 2))
+def _score(outcomes, forfeits=()):
+    return GameScore(tuple(outcomes), ("player_0", "player_1") * (len(outcomes) // 2), forfeits=tuple(forfeits))
 
 
 def test_games_report_the_paired_change_of_wins_and_losses_per_opponent(capsys):
@@ -55,13 +55,16 @@ def test_games_report_the_paired_change_of_wins_and_losses_per_opponent(capsys):
     # vs minimax: 4 games, losses [1, 1, 0, 0] -> [0, 1, 0, 0]: -0.25; (0.5 - 1.5) / 6 = -0.1667 -/+
     # 1.96 * sqrt(2 - 1 / 6) / 6 = 0.4423, so [-0.609, +0.276].
     before = {"random": _score(["loss"] * 20), "minimax": _score(["loss", "loss", "draw", "draw"])}
-    after = {"random": _score(["win"] * 20), "minimax": _score(["draw", "loss", "draw", "draw"])}
+    after = {"random": _score(["win"] * 20), "minimax": _score(["draw", "loss", "draw", "draw"], [0, 1, 0, 0])}
     summary = summarize_games(before, after)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("vs random, 20 games, seats alternating (95% intervals): win 0.000 [")
     assert "change +1.000 [+0.760, +1.000]: wins more" in lines[0]
     assert "loss 1.000 [0.839, 1.000] -> 0.000 [0.000, 0.161], change -1.000 [-1.000, -0.760]: loses less" in lines[0]
     assert "loss 0.500 [0.150, 0.850] -> 0.250 [0.046, 0.699], change -0.250 [-0.609, +0.276]: no change beyond chance" in lines[1]
+    # The one loss after RL against minimax was the policy's own invalid move; none before.
+    assert lines[1].endswith("; lost by its own invalid move 0 -> 1")
+    assert summary["minimax"]["forfeits"] == {"before": 0, "after": 1}
     assert summary["minimax"]["loss"]["before"] == [1.0, 1.0, 0.0, 0.0]
     assert summary["random"]["win"]["difference"] == 1.0
 
