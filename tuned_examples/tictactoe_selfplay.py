@@ -3,8 +3,8 @@
 With no flags: SmolLM2-135M plays TextArena's TicTacToe against itself on both seats (shared weights, the
 role in each seat's prompt), trained with RAE (one moving-average baseline per seat, SPIRAL's role-conditioned
 advantages) under SPIRAL's rules (an invalid move ends the game: -1.5 for the offender, +0.5 for the
-other seat; 9 moves at most). Each prompt holds the last state only (the board and its free cells say all
-there is). Before the RL, a warm start behaviour-clones the exact minimax expert playing both seats of self-play's own
+other seat; 9 moves at most). Each prompt holds the last state only: the board in four short lines, each free
+cell shown as its number, and the rules in the seat's system prompt (`game_render="board"`). Before the RL, a warm start behaviour-clones the exact minimax expert playing both seats of self-play's own
 games into the top 10 layers. The evaluation before and after the RL plays 128 games against the random
 opponent, the minimax expert and the policy the run started from (a second, frozen engine), seats
 alternating, with 95% intervals: `docs/self_play.md`. Needs the TextArena extra:
@@ -13,12 +13,13 @@ alternating, with 95% intervals: `docs/self_play.md`. Needs the TextArena extra:
 Training games open with 0-3 random moves, so that they do not all repeat one line of play; evaluation games
 start from the empty board.
 
-Results: docs/results/self_play_tictactoe.md (its first run, with a warm start on random legal play, did not
-learn; the second, with the expert's warm start and no random openings, won more against random play and
-lost less against minimax, but no self-play game differed from another; the third, with these openings, moved no
-evaluation beyond chance in 8 iterations). It has not yet beaten the policy it started from. It needs a CPU with
-AMX or AVX-512 BF16: in float32 on an AVX2-only EPYC its warm start alone took 76-82 s a step, about 31 of the
-job's 27 minutes (the fifth run).
+Results: docs/results/self_play_tictactoe.md. No run has yet beaten the policy it started from. The second run
+(the expert's warm start on player 0's side, no random openings) won more against random play and lost less against
+minimax in 10 iterations; the third (with openings) moved no evaluation beyond chance. On an AVX2-only EPYC in
+float32, the board render and the prefix cache cut the warm start from 76-82 s a step to 20 s and an evaluation of
+416 games to 5.5 minutes, so the default 27-minute job holds about 7 RL iterations there: the seventh run, given
+45 minutes (`--job-budget-min 45`), made 19 and moved nothing beyond chance. A CPU with AMX or AVX-512 BF16 computes
+the same job in bf16, several times faster.
 
 The config below is the whole config: every setting that differs from `StarPOConfig()`'s defaults.
 """
