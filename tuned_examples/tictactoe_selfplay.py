@@ -4,8 +4,9 @@ With no flags: SmolLM2-135M plays TextArena's TicTacToe against itself on both s
 role in each seat's prompt), trained with RAE (one moving-average baseline per seat, SPIRAL's role-conditioned
 advantages) under SPIRAL's rules (an invalid move ends the game: -1.5 for the offender, +0.5 for the
 other seat; 9 moves at most). Each prompt holds the last state only: the board in four short lines, each free
-cell shown as its number, and the rules in the seat's system prompt (`game_render="board"`). Before the RL, a warm start behaviour-clones the exact minimax expert playing both seats of self-play's own
-games into the top 10 layers. The evaluation before and after the RL plays 128 games against the random
+cell shown as its number, and the rules in the seat's system prompt (`game_render="board"`). Before the RL, a
+warm start behaviour-clones the exact minimax expert playing both seats of self-play's own games into the top 10
+layers. The evaluation before and after the RL plays 128 games against the random
 opponent, the minimax expert and the policy the run started from (a second, frozen engine), seats
 alternating, with 95% intervals: `docs/self_play.md`. Needs the TextArena extra:
 `bash scripts/install.sh cpu,textarena`.
