@@ -57,14 +57,7 @@ def tictactoe_selfplay_config() -> StarPOConfig:
             prefill=True,
             response_length=12,
         )
-        # Every turn of a seat starts with the same system prompt (about 100 of a turn's 150 tokens): the engine's
-        # prefix cache computes it once a weight version.
-        .inference(
-            max_model_len=2048,
-            max_batch_size=64,
-            enable_prefix_caching=True,
-            engine_dtype="bfloat16" if bf16 else "float32",
-        )
+        .inference(max_model_len=2048, max_batch_size=64, engine_dtype="bfloat16" if bf16 else "float32")
         .training(
             advantage_estimator="rae",
             # Every game trains: RAE's baselines are per seat, not per group, so no group is left out.

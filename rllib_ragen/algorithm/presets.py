@@ -91,7 +91,6 @@ def cpu_preset(env: str) -> StarPOConfig:
             num_engines=1,
             kv_cache_gb=2.0,
             max_model_len=2048,
-            enable_prefix_caching=True,
             engine_dtype="bfloat16" if bf16 else "float32",
         )
         .training(

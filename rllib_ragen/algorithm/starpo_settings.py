@@ -308,7 +308,10 @@ class StarPOSettings(AlgorithmConfig):
                 checkpoints bfloat16 on CPU), float32 for HF.
             max_model_len: Longest prompt + response an engine serves; a trajectory whose next prompt leaves
                 less than `response_length` tokens is truncated there (metric `truncated_prompt_trajectories`).
-            enable_prefix_caching: vLLM prefix caching (its cache is reset on every weight update).
+            enable_prefix_caching: vLLM prefix caching, on by default as in vLLM V1 (its cache is reset on every
+                weight update). Prompts that share a system prompt or a group's first state compute it once: 128
+                TicTacToe prompts of 140 tokens took 72 s a call without it and 11-21 s with it on a 2-core CPU
+                (docs/results/self_play_tictactoe.md, sixth run).
             kv_block_size: Tokens per KV-cache block (vLLM's `block_size`). Prefix caching shares whole blocks
                 only: a common prefix shorter than a block is computed again for every prompt. None = 32 on CPU
                 (the smallest the CPU attention kernel takes; vLLM's own CPU default, 128, is longer than the

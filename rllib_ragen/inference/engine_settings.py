@@ -34,7 +34,7 @@ class EngineSettings:
     gpu_memory_utilization: float | None = None
     dtype: str = "auto"
     max_model_len: int = 3600
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True
     kv_block_size: int | None = None
     num_gpus_per_engine: float = 0.0
     tensor_parallel_size: int = 1

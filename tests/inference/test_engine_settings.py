@@ -21,7 +21,7 @@ NON_DEFAULTS = {
     "kv_cache_gb": ("kv_cache_gb", 0.5),
     "engine_dtype": ("dtype", "bfloat16"),
     "max_model_len": ("max_model_len", 1000),
-    "enable_prefix_caching": ("enable_prefix_caching", True),
+    "enable_prefix_caching": ("enable_prefix_caching", False),
     "kv_block_size": ("kv_block_size", 64),
     "num_gpus_per_engine": ("num_gpus_per_engine", 2.0),
     "gpu_memory_utilization": ("gpu_memory_utilization", 0.4),
