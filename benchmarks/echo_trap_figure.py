@@ -28,6 +28,7 @@ from rllib_ragen.run.analysis import (
     list_runs,
     metric_histories,
     plot_echo_trap,
+    save_figure,
     training_minutes,
 )
 from rllib_ragen.run.mlflow_store import tracking_client
@@ -86,9 +87,7 @@ def main(argv: list[str] | None = None) -> Path:
     for env, histories in runs.items():
         for label, frame in histories.items():
             print(summary(env, label, frame))
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    plot_echo_trap(runs).savefig(output, dpi=110)
+    output = save_figure(plot_echo_trap(runs), args.output)
     print(f"echo-trap figure of {sum(map(len, runs.values()))} run(s) written to {output}")
     return output
 

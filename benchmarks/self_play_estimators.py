@@ -26,7 +26,14 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from envs.user_errors import CLIParser, UserError, front_door
-from rllib_ragen.run.analysis import ECHO_TRAP_SIGNALS, TRAINING_SECONDS, list_runs, metric_histories, training_minutes
+from rllib_ragen.run.analysis import (
+    ECHO_TRAP_SIGNALS,
+    TRAINING_SECONDS,
+    list_runs,
+    metric_histories,
+    save_figure,
+    training_minutes,
+)
 from rllib_ragen.run.given_paths import existing_store, output_file
 from rllib_ragen.run.mlflow_store import tracking_client
 
@@ -141,9 +148,7 @@ def main(argv: list[str] | None = None) -> Path:
     existing_store(args.store)
     arms = arm_runs(args.store)
     print("\n".join(summary_lines(arms)))
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    plot_arms(arms).savefig(output, dpi=110)
+    output = save_figure(plot_arms(arms), args.output)
     print(f"self-play estimator figure of {len(arms)} arm(s) written to {output}")
     return output
 

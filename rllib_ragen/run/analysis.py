@@ -200,6 +200,14 @@ def _label_x(ax: Axes, *, against_minutes: bool) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
+def save_figure(figure: Figure, path: str | Path) -> Path:
+    """Writes `figure` as a PNG at `path`, making its folder; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    return path
+
+
 def training_minutes(frame: pd.DataFrame) -> pd.Series:
     """Minutes of training at each iteration of a `metric_histories` frame with `TRAINING_SECONDS` (0 before RL)."""
     if TRAINING_SECONDS not in frame:
