@@ -23,7 +23,7 @@ and observation and are terminated.
 - rewards: the game's final ones (win 1, loss -1, draw 0; Kuhn Poker's too);
 - the render (`render`): "game" shows TextArena's own messages; "board" (TicTacToe) shows the current
   board only, in four short lines (`envs.tictactoe_board_text`), with the rules in the system prompt: a
-  whole state in about 30 tokens where TextArena's messages take 180-280.
+  whole state in about 42 tokens where TextArena's messages take 150-470.
 
 Scripted seats (`scripted_move`) draw their moves here, from the game's
 state: "random" (a uniformly random listed move, from the env's own stream)

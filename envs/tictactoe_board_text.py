@@ -1,10 +1,10 @@
 """TicTacToe's state as a few short lines: the `board` render of the two-player env (`TwoPlayerConfig.render`).
 
 TextArena's own messages repeat the rules, draw the board twice a turn (after the seat's move and after the
-opponent's) and list the free cells in quotes and brackets: 180-280 tokens a turn for SmolLM2's tokenizer.
+opponent's) and list the free cells in quotes and brackets: 150-470 tokens a turn for SmolLM2's tokenizer.
 A policy that sees the whole state at every turn (`history_window=1`) needs only the board now. Here each
 cell is one token, a mark or the free cell's number (the answer it takes to play there), so a turn's state is
-about 30 tokens:
+about 42 tokens (the chat template's own few included):
 
     X 1 2
     3 O 5

@@ -676,7 +676,7 @@ class StarPOSettings(AlgorithmConfig):
                 (SPIRAL: 0). Evaluation games always start from the game's own start.
             game_render: What each seat is shown: "game" (TextArena's own messages: the rules, and every message
                 since the seat's last move) or "board" (TicTacToe: the current board in four short lines, the
-                rules in the system prompt; about 30 tokens a state against TextArena's 180-280, for use with
+                rules in the system prompt; about 42 tokens a state against TextArena's 150-470, for use with
                 `.rollouts(history_window=1)`).
             league_refresh_interval: With the "league" opponent: its snapshot takes the trained weights after
                 every this many iterations' updates (it starts as the policy the run started from).
