@@ -642,7 +642,7 @@ class StarPOSettings(AlgorithmConfig):
         self,
         *,
         self_play_game: str | None = NotProvided,
-        self_play_opponent: str = NotProvided,
+        self_play_opponent: str | tuple[str, ...] = NotProvided,
         invalid_move_ends_game: bool = NotProvided,
         invalid_move_reward: float = NotProvided,
         opponent_invalid_reward: float = NotProvided,
@@ -666,7 +666,8 @@ class StarPOSettings(AlgorithmConfig):
                 a second engine: no gradient, no learner memory), "league" (a snapshot of the trained policy,
                 in an engine of its own, that takes the trained weights every `league_refresh_interval`
                 iterations: RLlib's self-play league, one past self at a time), "random" or "minimax"
-                (TicTacToe's exact expert); seats alternate game by game.
+                (TicTacToe's exact expert); seats alternate game by game. A tuple of several is a league of them:
+                games go to each in turn, two at a time (one on each seat), e.g. ("self", "random").
             invalid_move_ends_game: SPIRAL's rule: an invalid move (an unparsable answer too) ends the game.
             invalid_move_reward: The offender's reward then (SPIRAL: -1.5).
             opponent_invalid_reward: The other seat's reward then (SPIRAL: +0.5).

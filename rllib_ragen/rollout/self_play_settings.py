@@ -2,7 +2,9 @@
 
 A policy mapping follows RLlib's `policy_mapping_fn(agent_id, episode, **kwargs) -> module id`; the
 self-play rollout (`game_rollout.play_games`) passes `game_index` among the kwargs, so seats alternate
-game by game: in game i the mapped policy sits on seat i % 2 (`player_0` moves first).
+game by game: in game i the mapped policy sits on seat i % 2 (`player_0` moves first). Several training
+opponents (a league of past selves and scripted players, as RLlib's league examples keep) take the games
+in pairs, one pair each in turn, so that each opponent meets the trained policy on both seats.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class SelfPlaySettings:
     """
 
     self_play_game: str | None = None
-    self_play_opponent: str = SELF
+    self_play_opponent: str | tuple[str, ...] = SELF
     invalid_move_ends_game: bool = True
     invalid_move_reward: float = -1.5
     opponent_invalid_reward: float = 0.5
@@ -41,7 +43,10 @@ class SelfPlaySettings:
     game_eval_games: int = 128
 
     def __post_init__(self) -> None:
-        check_choice("self_play_opponent", self.self_play_opponent, OPPONENTS)
+        if not self.training_opponents:
+            raise ValueError("self_play_opponent names no opponent: give one, or a tuple of several")
+        for opponent in self.training_opponents:
+            check_choice("self_play_opponent", opponent, OPPONENTS)
         for opponent in self.game_eval_opponents:
             check_choice("game_eval_opponents", opponent, (FROZEN, *SCRIPTED_POLICIES))
         check_at_least_one(self, "game_eval_games", "max_game_turns", "league_refresh_interval")
@@ -55,14 +60,20 @@ class SelfPlaySettings:
         return self.self_play_game is not None
 
     @property
+    def training_opponents(self) -> tuple[str, ...]:
+        """Who the trained policy meets in training, one name or several (games taken in turn, in pairs)."""
+        opponent = self.self_play_opponent
+        return (opponent,) if isinstance(opponent, str) else tuple(opponent)
+
+    @property
     def frozen_opponent(self) -> bool:
         """Whether training or evaluation meets the frozen snapshot (its engine is then built)."""
-        return FROZEN in (self.self_play_opponent, *self.game_eval_opponents)
+        return FROZEN in (*self.training_opponents, *self.game_eval_opponents)
 
     @property
     def league(self) -> bool:
         """Whether training meets the league's snapshot (its engine is then built, and refreshed)."""
-        return self.self_play_opponent == LEAGUE
+        return LEAGUE in self.training_opponents
 
     def league_refresh_due(self, iteration: int) -> bool:
         """Whether the league's snapshot takes the trained weights after the update of `iteration` (1-based;
@@ -105,8 +116,17 @@ def alternating_seats(opponent: str, *, evaluated: str = TRAINED_MODULE) -> Poli
     return functools.partial(_alternating, evaluated=evaluated, opponent=opponent)
 
 
+def _opponent_pairs(agent_id: str, episode: Any, *, opponents: tuple[str, ...], game_index: int, **kwargs: Any) -> str:
+    opponent = opponents[(game_index // 2) % len(opponents)]
+    if opponent == SELF:
+        return shared_policy(agent_id, episode)
+    return _alternating(
+        agent_id, episode, evaluated=TRAINED_MODULE, opponent=module_of_opponent(opponent), game_index=game_index
+    )
+
+
 def training_mapping(settings: SelfPlaySettings) -> PolicyMappingFn:
-    """Who plays each seat in training: the trained policy on both seats, or against the opponent."""
-    if settings.self_play_opponent == SELF:
-        return shared_policy
-    return alternating_seats(module_of_opponent(settings.self_play_opponent))
+    """Who plays each seat in training: "self" puts the trained policy on both seats, any other opponent meets it
+    with seats alternating game by game. Several opponents take the games in pairs: games 2k and 2k + 1 go to
+    opponent k modulo their number, so each opponent meets the trained policy on both seats."""
+    return functools.partial(_opponent_pairs, opponents=settings.training_opponents)

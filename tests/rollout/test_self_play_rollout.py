@@ -20,6 +20,7 @@ from rllib_ragen.inference.engine import Completion, InferenceEngine, SamplingPa
 from rllib_ragen.rllib_private import learner_connector
 from rllib_ragen.rollout.env_runner import LLMEnvRunner
 from rllib_ragen.rollout.game_rollout import FROZEN_MODULE, LEAGUE_MODULE
+from rllib_ragen.rollout.self_play_settings import training_mapping
 from rllib_ragen.rollout.trajectory_record import failure_kind, turn_validity
 from rllib_ragen.training.token_batch import token_batch_of_episodes
 
@@ -143,6 +144,33 @@ def test_self_play_is_switched_by_its_builder_and_rae_needs_it() -> None:
         StarPOConfig().training(advantage_estimator="rae").validate_starpo()
     with pytest.raises(ValueError, match="self_play_opponent"):
         StarPOConfig().self_play(self_play_opponent="expert")
+
+
+def test_a_league_of_opponents_takes_the_games_in_pairs_one_on_each_seat() -> None:
+    settings = StarPOConfig().self_play(self_play_game="TicTacToe-v0", self_play_opponent=("self", "random", "frozen"))
+    games = settings.two_player
+    assert games.training_opponents == ("self", "random", "frozen") and games.frozen_opponent and not games.league
+    mapping = training_mapping(games)
+    seats = [tuple(mapping(seat, None, game_index=i) for seat in ("player_0", "player_1")) for i in range(8)]
+    trained, frozen = DEFAULT_MODULE_ID, FROZEN_MODULE
+    assert seats == [
+        (trained, trained),
+        (trained, trained),
+        (trained, "random"),
+        ("random", trained),
+        (trained, frozen),
+        (frozen, trained),
+        (trained, trained),
+        (trained, trained),
+    ]
+    # One name is the one-opponent league it always was: seats alternate against it, game by game.
+    single = training_mapping(StarPOConfig().self_play(self_play_opponent="minimax").two_player)
+    assert [single("player_0", None, game_index=i) for i in range(4)] == [trained, "minimax"] * 2
+    assert StarPOConfig().self_play(self_play_opponent=("random", "league")).two_player.league
+    with pytest.raises(ValueError, match="self_play_opponent"):
+        StarPOConfig().self_play(self_play_opponent=("random", "expert"))
+    with pytest.raises(ValueError, match="names no opponent"):
+        StarPOConfig().self_play(self_play_opponent=())
 
 
 @pytest.mark.slow
