@@ -35,7 +35,7 @@ import numpy as np
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
-from envs.textarena_two_player import SCRIPTED_POLICIES, SEATS, TwoPlayerGame
+from envs.textarena_two_player import SCRIPTED_POLICIES, SEATS, TwoPlayerGame, seat_of
 from rllib_ragen.inference.engine import Completion, InferenceEngine, SamplingParams
 from rllib_ragen.rollout.prompt.prompt_protocol import PromptProtocol, ProtocolSettings
 from rllib_ragen.rollout.prompt.token_history import ChatTemplate, TokenHistory
@@ -267,11 +267,19 @@ class _GameTable:
         self.pending_info[seat] = {}
         if seat not in self.histories:
             self.histories[seat] = TokenHistory(protocol.system_ids, protocol.config.history_window)
-            role = f"{self.game.config.game}/{seat}"
+            role = self._role(seat)
             start = TrajectoryStart(protocol.system_ids, self.group_id, self.policy_version, role)
             info = {**start_info(start), "seed": self.seed}
         self.histories[seat].add_user(protocol.user_ids(observation))
         return info
+
+    def _role(self, seat: str) -> str:
+        """RAE's baseline key of `seat`: "<game>/<seat>" in self-play, "<game>/<seat>/vs_<module>" against any
+        other player (a league's opponents differ in strength: one baseline for all would credit a draw
+        against the expert with the mean of the wins against random play)."""
+        other = self.modules[SEATS[1 - seat_of(seat)]]
+        role = f"{self.game.config.game}/{seat}"
+        return role if other == TRAINED_MODULE else f"{role}/vs_{other}"
 
     def _finish(
         self,

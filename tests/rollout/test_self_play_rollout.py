@@ -173,6 +173,20 @@ def test_a_league_of_opponents_takes_the_games_in_pairs_one_on_each_seat() -> No
         StarPOConfig().self_play(self_play_opponent=())
 
 
+def test_rae_keys_a_league_game_by_its_opponent_and_a_self_play_game_by_its_seat(tiny_model_path) -> None:
+    # The tiny model's answers are no moves: each game ends at the trained seat's first turn (an invalid move),
+    # so a self-play game holds player 0's trajectory only, and a game against random play the trained seat's.
+    runner = SelfPlayEnvRunner(config=_config(tiny_model_path, self_play_opponent=("self", "random")))
+    episodes = runner.sample(seeds=[1, 2, 3, 4])
+    roles = token_batch_of_episodes(episodes, history_window=None).trajectories.roles
+    assert roles == (
+        "TicTacToe-v0/player_0",
+        "TicTacToe-v0/player_0",
+        "TicTacToe-v0/player_0/vs_random",
+        "TicTacToe-v0/player_1/vs_random",
+    )
+
+
 @pytest.mark.slow
 def test_training_against_the_league_refreshes_its_snapshot_and_the_frozen_one_stays_bit_identical(
     ray_session, tiny_model_path
