@@ -667,7 +667,8 @@ class StarPOSettings(AlgorithmConfig):
                 in an engine of its own, that takes the trained weights every `league_refresh_interval`
                 iterations: RLlib's self-play league, one past self at a time), "random" or "minimax"
                 (TicTacToe's exact expert); seats alternate game by game. A tuple of several is a league of them:
-                games go to each in turn, two at a time (one on each seat), e.g. ("self", "random").
+                games go to each in turn, two at a time (one on each seat), e.g. ("self", "random"); one named
+                twice takes twice the games.
             invalid_move_ends_game: SPIRAL's rule: an invalid move (an unparsable answer too) ends the game.
             invalid_move_reward: The offender's reward then (SPIRAL: -1.5).
             opponent_invalid_reward: The other seat's reward then (SPIRAL: +0.5).
