@@ -1,8 +1,9 @@
 """Self-play on TicTacToe (issue 49, SPIRAL): `python tuned_examples/tictactoe_selfplay.py --help` lists the flags.
 
-With no flags: SmolLM2-135M plays TextArena's TicTacToe against itself on both seats (shared weights, the
-role in each seat's prompt), trained with RAE (one moving-average baseline per seat, SPIRAL's role-conditioned
-advantages) under SPIRAL's rules (an invalid move ends the game: -1.5 for the offender, +0.5 for the
+With no flags: SmolLM2-135M plays TextArena's TicTacToe in a league (RLlib's self-play league, SPIRAL's rules
+and advantages): two games each in turn against a frozen snapshot of the policy it started from, random play,
+and the exact minimax expert twice, seats alternating. It is trained with RAE (a moving-average baseline per
+seat and opponent) under SPIRAL's rules (an invalid move ends the game: -1.5 for the offender, +0.5 for the
 other seat; 9 moves at most). Each prompt holds the last state only: the board in four short lines, each free
 cell shown as its number, and the rules in the seat's system prompt (`game_render="board"`). Before the RL, a
 warm start behaviour-clones the exact minimax expert playing both seats of self-play's own games into the top 10
@@ -14,13 +15,12 @@ alternating, with 95% intervals: `docs/self_play.md`. Needs the TextArena extra:
 Training games open with 0-3 random moves, so that they do not all repeat one line of play; evaluation games
 start from the empty board.
 
-Results: docs/results/self_play_tictactoe.md. No run has yet beaten the policy it started from. The second run
-(the expert's warm start on player 0's side, no random openings) won more against random play and lost less against
-minimax in 10 iterations; the third (with openings) moved no evaluation beyond chance. On an AVX2-only EPYC in
-float32, the board render and the prefix cache cut the warm start from 76-82 s a step to 20 s and an evaluation of
-416 games to 5.5 minutes, so the default 27-minute job holds about 7 RL iterations there: the seventh run, given
-45 minutes (`--job-budget-min 45`), made 19 and moved nothing beyond chance. A CPU with AMX or AVX-512 BF16 computes
-the same job in bf16, several times faster.
+Results: docs/results/self_play_tictactoe.md. On an AVX2-only EPYC in float32 the job with no flags, from an
+empty cache, holds 9 RL iterations (the eleventh run): after them the policy lost none of 128 games to the
+expert (7 before) and fewer to random play, paired intervals excluding zero; its win rates against random play
+and against its start did not rise beyond chance. Trained against its start alone with a larger step (the tenth
+run), it beat its start in a quarter of the games and lost half to the expert. A CPU with AMX or AVX-512 BF16
+computes the same job in bf16, several times faster.
 
 The config below is the whole config: every setting that differs from `StarPOConfig()`'s defaults.
 """

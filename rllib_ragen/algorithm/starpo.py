@@ -180,8 +180,9 @@ class StarPO(Algorithm):
         super().setup(config)
         # Set by a driver that knows where it stops: that iteration always ends with an evaluation.
         self.final_iteration: int | None = None
-        # 0/1 success per trajectory of the latest evaluation, in seed order (for paired intervals).
-        self.last_evaluation_successes: list[float] = []
+        # 0/1 success per trajectory of the latest evaluation, in seed order, keyed for pairing
+        # (`Evaluation.outcomes`).
+        self.last_evaluation_outcomes: dict[str, float] = {}
         # Two-player games: the latest evaluation's outcomes against each fixed opponent, game by game.
         self.last_game_scores: dict[str, GameScore] = {}
         self._evaluation_episodes: list = []
@@ -344,7 +345,7 @@ class StarPO(Algorithm):
         for key, value in stats.items():
             self.metrics.log_value((EVALUATION_RESULTS, key), value, window=1)
         self._evaluation_episodes = evaluation.episodes
-        self.last_evaluation_successes = evaluation.successes
+        self.last_evaluation_outcomes = evaluation.outcomes
         return stats
 
     def _sample_evaluation(self, **sample_kwargs: Any) -> list[MultiAgentEpisode]:

@@ -56,12 +56,19 @@ class Evaluation:
         episodes: One finished group episode (group size 1) per seed that could start, in seed order.
         stats: Their `rollout_statistics`, the success rate's 95% interval and, as
             `failures/<kind>`, the failed trajectories of each kind (`failure_counts`).
-        successes: 0/1 success of each trajectory, in seed order (for intervals).
+        outcomes: 0/1 success of each trajectory, in seed order, keyed "<episode index>/<agent id>": a
+            two-player game holds one trajectory per seat that moved, so two evaluations pair on their common
+            keys (`paired_outcomes`), not on list positions.
     """
 
     episodes: list
     stats: dict[str, float]
-    successes: list[float]
+    outcomes: dict[str, float]
+
+    @property
+    def successes(self) -> list[float]:
+        """0/1 success of each trajectory, in seed order (for intervals)."""
+        return list(self.outcomes.values())
 
     @property
     def failures(self) -> dict[str, int]:
@@ -77,12 +84,24 @@ def evaluate_on_seeds(sample: Callable[..., list], *, seeds: Sequence[int], temp
     """Samples one trajectory per seed with `sample` (an `LLMEnvRunner.sample`-like
     callable taking seeds, group_size, temperature and evaluation) and summarises them."""
     episodes = sample(seeds=list(seeds), group_size=1, temperature=temperature, evaluation=True)
-    successes = [float(succeeded(t)) for episode in episodes for t in episode.agent_episodes.values()]
+    outcomes = {
+        f"{index}/{agent}": float(succeeded(trajectory))
+        for index, episode in enumerate(episodes)
+        for agent, trajectory in episode.agent_episodes.items()
+    }
+    successes = list(outcomes.values())
     stats = rollout_statistics(episodes)
     # The success rate's 95% Wilson interval: the evaluation seeds are a sample of the task.
     stats["success_rate_low"], stats["success_rate_high"] = wilson_interval(sum(successes), len(successes))
     stats.update({f"{FAILURES_PREFIX}{kind}": float(n) for kind, n in failure_counts(episodes).items()})
-    return Evaluation(episodes=episodes, stats=stats, successes=successes)
+    return Evaluation(episodes=episodes, stats=stats, outcomes=outcomes)
+
+
+def paired_outcomes(before: Mapping[str, float], after: Mapping[str, float]) -> tuple[list[float], list[float]]:
+    """The outcomes of the trajectories both evaluations hold (`Evaluation.outcomes`), in `before`'s order: in a
+    two-player game a seat moves in one evaluation and not in the other when the game ended first."""
+    common = [key for key in before if key in after]
+    return [before[key] for key in common], [after[key] for key in common]
 
 
 def table_row(label: str, stats: Mapping[str, float], successes: Sequence[float]) -> str:

@@ -85,7 +85,7 @@ class TrajectoryStart:
         group_id: StarPO group: trajectories of one group start from one initial state.
         policy_version: Version of the weights that sampled it; None for data
             nobody sampled live (demonstrations, stored rows).
-        role: A two-player game's role key, "<game>/<seat>" in self-play and "<game>/<seat>/vs_<opponent>"
+        role: A two-player game's role key, "<game>/<seat>" in self-play and "<game>/<seat>/vs_<module>"
             against another player (RAE's baseline key); None elsewhere.
     """
 

@@ -20,11 +20,11 @@ if TYPE_CHECKING:
 
 
 class StartingEvaluation(NamedTuple):
-    """The starting policy's evaluation: its statistics, the 0/1 success of each evaluation seed and,
-    for two-player games, its `GameScore` against each fixed opponent (empty otherwise)."""
+    """The starting policy's evaluation: its statistics, the 0/1 success of each trajectory keyed as
+    `Evaluation.outcomes` and, for two-player games, its `GameScore` against each fixed opponent (empty otherwise)."""
 
     stats: dict[str, float]
-    successes: list[float]
+    outcomes: dict[str, float]
     game_scores: dict[str, GameScore]
 
 
@@ -39,7 +39,8 @@ def evaluate_before_training(algo: Algorithm, callback: MLflowCallback) -> Start
     stats = algo.evaluate_fixed_seeds()
     # Logged as step 0 here, so not also into iteration 1's result (as if iteration 1 had evaluated).
     algo.metrics.delete(EVALUATION_RESULTS, key_error=False)
-    successes = list(algo.last_evaluation_successes)
+    outcomes = dict(algo.last_evaluation_outcomes)
+    successes = list(outcomes.values())
     callback.log_initial_evaluation(algo, stats)
     size = algo.config.starpo_eval.eval_size
     print(
@@ -47,7 +48,7 @@ def evaluate_before_training(algo: Algorithm, callback: MLflowCallback) -> Start
         f"return {stats['episode_return_mean']:.3f} | valid {stats['valid_action_ratio']:.2f}",
         flush=True,
     )
-    return StartingEvaluation(stats, successes, dict(algo.last_game_scores))
+    return StartingEvaluation(stats, outcomes, dict(algo.last_game_scores))
 
 
 def change_verdict(low: float, high: float, *, up: str = "learned", down: str = "got worse") -> str:
@@ -152,9 +153,11 @@ def report_learning(
     """Prints success before and after RL (`summarize`), the games' changes against each fixed opponent
     (`summarize_games`) and what the budget bought; with `path`, also writes them there as JSON, with both
     evaluations' statistics, the starting model and the learning curve."""
+    from rllib_ragen.rollout.evaluation import paired_outcomes
     from rllib_ragen.run.atomic_files import write_text_atomic
 
-    summary = summarize(before.successes, algo.last_evaluation_successes, iterations=algo.iteration, minutes=minutes)
+    paired = paired_outcomes(before.outcomes, algo.last_evaluation_outcomes)
+    summary = summarize(*paired, iterations=algo.iteration, minutes=minutes)
     if algo.last_game_scores:
         summary["games"] = summarize_games(before.game_scores, algo.last_game_scores)
     print(budget.line(job_minutes=job_minutes), flush=True)

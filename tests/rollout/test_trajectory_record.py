@@ -235,4 +235,5 @@ def test_an_evaluation_counts_its_failures_by_kind():
         "out_of_turns": 1,
     }
     assert evaluation.stats["failures/dead_box"] == 1.0 and evaluation.successes == [0.0, 0.0, 0.0, 0.0, 1.0]
+    assert [key.split("/")[0] for key in evaluation.outcomes] == ["0", "1", "2", "3", "4"]  # one trajectory a seed
     assert "| dead_box | 1 | 0.200 |" in failures_table(evaluation).splitlines()

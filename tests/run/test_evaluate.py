@@ -34,7 +34,7 @@ def trained(tiny_model_path, ray_session, tmp_path_factory):
     responses = [
         turn_record(a, t).response_text for e in episodes for a in e.agent_episodes.values() for t in range(len(a))
     ]
-    return checkpoint, stats, algo.last_evaluation_successes, responses
+    return checkpoint, stats, list(algo.last_evaluation_outcomes.values()), responses
 
 
 def test_table_row_shows_the_wilson_interval_computed_by_hand():

@@ -2,8 +2,9 @@
 
 import math
 
+from rllib_ragen.rollout.evaluation import paired_outcomes
 from rllib_ragen.rollout.game_evaluation import GameScore
-from rllib_ragen.run.report import BudgetSpent, change_verdict, summarize_games
+from rllib_ragen.run.report import BudgetSpent, change_verdict, summarize, summarize_games
 
 
 def _result(trained, success, eval_success=None):
@@ -73,3 +74,15 @@ def test_the_verdict_reads_the_side_of_zero_the_interval_is_on():
     assert change_verdict(0.01, 0.3) == "learned" and change_verdict(-0.3, -0.01) == "got worse"
     assert change_verdict(-0.01, 0.3) == "no change beyond chance"
     assert change_verdict(-0.3, -0.01, up="loses more", down="loses less") == "loses less"
+
+
+def test_a_self_play_evaluation_pairs_the_seats_that_moved_in_both(capsys):
+    # Before RL each game ended at player 0's invalid first move; after RL both seats moved in game 0. The two
+    # evaluations hold 2 and 3 trajectories: they pair on the 2 they share, not on list positions (the first
+    # Kuhn Poker run ended with "need two equally long ... outcome lists, got 8 and 12").
+    before = {"0/player_0": 0.0, "1/player_0": 1.0}
+    after = {"0/player_0": 1.0, "0/player_1": 0.0, "1/player_0": 1.0}
+    assert paired_outcomes(before, after) == ([0.0, 1.0], [1.0, 1.0])
+    summary = summarize(*paired_outcomes(before, after), iterations=3, minutes=1.0)
+    assert summary["difference"] == 0.5 and summary["before"] == [0.0, 1.0]
+    assert "success on 2 evaluation seeds" in capsys.readouterr().out

@@ -314,7 +314,7 @@ def _check_scores_and_groups(scores: Tensor, group_ids: Tensor) -> None:
 # Self-play on a zero-sum game gives a game's two seats opposite rewards, and the seats are not alike
 # (TicTacToe's first mover wins more often): a baseline shared by both, or GRPO's mean over the two, would
 # mostly measure who moved first. RAE keeps one exponential moving average per role key ("<game>/<seat>",
-# and "<game>/<seat>/vs_<opponent>" in a league's games against another player).
+# and "<game>/<seat>/vs_<module>" in a league's games against another player).
 # Per batch, each role's baseline first moves towards the batch's mean reward of that role,
 # b <- decay * b + (1 - decay) * mean_batch(R), then each of its trajectories gets A = R - b with the
 # updated b: SPIRAL's Algorithm 1 order, which keeps the first batch from being measured against a baseline
