@@ -26,21 +26,23 @@ and observation and are terminated.
   whole state in about 42 tokens where TextArena's messages take 150-470.
 
 Scripted seats (`scripted_move`) draw their moves here, from the game's
-state: "random" (a uniformly random listed move, from the env's own stream)
-or "minimax" (`envs.tictactoe_minimax`, TicTacToe only).
+state: "random" (a uniformly random listed move, from the env's own stream),
+"minimax" (`envs.tictactoe_minimax`, TicTacToe only) or "equilibrium"
+(`envs.kuhn_equilibrium`, Kuhn Poker only, its mixed moves from the env's stream).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
+import re
 from typing import Any
 
 import numpy as np
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 
 from envs.base import build_config
+from envs.kuhn_equilibrium import equilibrium_move
 from envs.textarena import game_action, make_game
 from envs.textarena_isolation import GameSandbox
 from envs.textarena_opponent import candidate_moves
@@ -49,8 +51,12 @@ from envs.tictactoe_minimax import minimax_move
 from envs.user_errors import UserError
 
 SEATS = ("player_0", "player_1")
-SCRIPTED_POLICIES = ("random", "minimax")
+SCRIPTED_POLICIES = ("random", "minimax", "equilibrium")
 RENDERS = ("game", "board")
+# The game each expert plays: TextArena ids start with these.
+_EXPERT_GAMES = {"minimax": "TicTacToe", "equilibrium": "KuhnPoker"}
+# How TextArena 0.7.4's KuhnPoker reads a move.
+_KUHN_MOVE = re.compile(r"\[(Check|Bet|Fold|Call)\]", re.IGNORECASE)
 _SEED_BOUND = 2**31
 _GAME_SENDER = -1
 
@@ -166,7 +172,7 @@ class TwoPlayerGame(MultiAgentEnv):
             if not moves:
                 raise UserError(f"game {self.config.game!r} listed no move to open with: max_opening_moves needs one")
             move = str(self.rng.choice(moves))
-            self.sandbox.call(functools.partial(self.game.step, move))
+            self._play(move)
             self.moves += 1
             if self.game.state.done or self.game.state.error_count:
                 raise UserError(
@@ -180,7 +186,7 @@ class TwoPlayerGame(MultiAgentEnv):
             raise ValueError(f"it is {seat}'s turn; step got moves for {sorted(action_dict)}")
         move = game_action(action_dict[seat])
         errors_before = self.game.state.error_count
-        self.sandbox.call(lambda: self.game.step(move))
+        self._play(move)
         self.moves += 1
         invalid = bool(self.game.state.game_info[seat_of(seat)].get("invalid_move")) or (
             self.game.state.error_count > errors_before
@@ -196,6 +202,23 @@ class TwoPlayerGame(MultiAgentEnv):
         infos[seat].update(info)
         flags = {agent: True for agent in SEATS} | {"__all__": True}
         return observations, rewards, flags, {agent: False for agent in SEATS} | {"__all__": False}, infos
+
+    def _play(self, move: str) -> None:
+        """Plays `move` for the seat to move; in Kuhn Poker its bet or call first goes into the pot (below)."""
+        if self.config.game.startswith("KuhnPoker"):
+            self._pay_kuhn_stake(move)
+        self.sandbox.call(lambda: self.game.step(move))
+
+    def _pay_kuhn_stake(self, move: str) -> None:
+        """A legal bet or call puts the mover's chip into the pot. TextArena 0.7.4 (the version pinned) forgets
+        it, though its rules state it: every hand then moves one chip however it is played, and folding only
+        loses. Later TextArena versions pay it themselves, so this goes with the pin."""
+        state = self.game.state.game_state
+        word = _KUHN_MOVE.search(move)
+        legal = state["current_legal_action_tree"]
+        if word and word.group(1).lower() in ("bet", "call") and word.group(1).lower() in legal:
+            state["player_chips"][int(self.game.state.current_player_id)] -= 1
+            state["pot"] += 1
 
     def _final_rewards(self, mover: str, invalid: bool) -> dict[str, float]:
         if invalid and self.config.invalid_move_ends_game:
@@ -220,12 +243,14 @@ class TwoPlayerGame(MultiAgentEnv):
         return sum(1 for r in range(1, rounds + 1) if r % 2 == seat_of(agent)), rounds
 
     def scripted_move(self, policy: str) -> str:
-        """The move a scripted seat plays now: "random" or "minimax" (TicTacToe)."""
+        """The move a scripted seat plays now: "random", "minimax" (TicTacToe) or "equilibrium" (Kuhn Poker)."""
         seat = self.current_seat
-        if policy == "minimax":
-            if not self.config.game.startswith("TicTacToe"):
-                raise UserError(f"the minimax opponent plays TicTacToe only, not {self.config.game!r}")
-            return f"[{minimax_move(self.game.state.game_state['board'], seat_of(seat))}]"
+        if policy in _EXPERT_GAMES:
+            if not self.config.game.startswith(_EXPERT_GAMES[policy]):
+                raise UserError(f"the {policy} opponent plays {_EXPERT_GAMES[policy]} only, not {self.config.game!r}")
+            if policy == "minimax":
+                return f"[{minimax_move(self.game.state.game_state['board'], seat_of(seat))}]"
+            return equilibrium_move(self.game.state.game_state, seat_of(seat), self.rng)
         if policy != "random":
             raise UserError(f"unknown scripted policy {policy!r}; choose one of {SCRIPTED_POLICIES}")
         moves = candidate_moves(self._seen[seat][-1:]) or candidate_moves(self._seen[seat])

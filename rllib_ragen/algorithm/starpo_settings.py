@@ -665,10 +665,10 @@ class StarPOSettings(AlgorithmConfig):
                 weights, the role in each seat's prompt), "frozen" (the policy the run started from, served by
                 a second engine: no gradient, no learner memory), "league" (a snapshot of the trained policy,
                 in an engine of its own, that takes the trained weights every `league_refresh_interval`
-                iterations: RLlib's self-play league, one past self at a time), "random" or "minimax"
-                (TicTacToe's exact expert); seats alternate game by game. A tuple of several is a league of them:
-                games go to each in turn, two at a time (one on each seat), e.g. ("self", "random"); one named
-                twice takes twice the games.
+                iterations: RLlib's self-play league, one past self at a time), "random", "minimax"
+                (TicTacToe's exact expert) or "equilibrium" (a Nash equilibrium of Kuhn Poker); seats alternate
+                game by game. A tuple of several is a league of them: games go to each in turn, two at a time
+                (one on each seat), e.g. ("self", "random"); one named twice takes twice the games.
             invalid_move_ends_game: SPIRAL's rule: an invalid move (an unparsable answer too) ends the game.
             invalid_move_reward: The offender's reward then (SPIRAL: -1.5).
             opponent_invalid_reward: The other seat's reward then (SPIRAL: +0.5).
@@ -682,7 +682,8 @@ class StarPOSettings(AlgorithmConfig):
                 `.rollouts(history_window=1)`).
             league_refresh_interval: With the "league" opponent: its snapshot takes the trained weights after
                 every this many iterations' updates (it starts as the policy the run started from).
-            game_eval_opponents: The fixed opponents of game evaluation ("frozen", "random", "minimax").
+            game_eval_opponents: The fixed opponents of game evaluation ("frozen", "random", "minimax",
+                "equilibrium").
             game_eval_games: Games per opponent in game evaluation, seats alternating (the issue asks >= 128).
         """
         self.two_player = _given(

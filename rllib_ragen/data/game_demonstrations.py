@@ -7,17 +7,21 @@ played by the self-play rollout itself (`game_rollout.play_games`), the trained 
 with the expert as its teacher: every turn of both seats is recorded under the prompt self-play will show,
 and each game gives one trajectory per seat.
 
-The expert is deterministic, so the games differ by their openings: the game config's `max_opening_moves`
-(the training games' random openings) plays 0 to that many random moves first.
+The experts: TicTacToe's exact minimax (`envs.tictactoe_minimax`) and Kuhn Poker's Nash equilibrium
+(`envs.kuhn_equilibrium`). Minimax is deterministic, so TicTacToe's games differ by their openings: the game
+config's `max_opening_moves` (the training games' random openings) plays 0 to that many random moves first.
+Kuhn Poker's games differ by their deals and the equilibrium's mixed moves (drawn from the game's own stream,
+so one seed plays one game).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
+from envs.kuhn_equilibrium import card_name
 from envs.textarena_two_player import TwoPlayerConfig, TwoPlayerGame, seat_of
 from envs.user_errors import UserError
 from rllib_ragen.data.demonstrations import demonstration_response
@@ -30,8 +34,8 @@ from rllib_ragen.rollout.self_play_settings import shared_policy
 
 
 def has_game_expert(game: str) -> bool:
-    """Whether the two-player TextArena game `game` has an expert for both seats (TicTacToe: minimax)."""
-    return game.startswith("TicTacToe-")
+    """Whether the two-player TextArena game `game` has an expert for both seats (module docstring)."""
+    return _teacher(game) is not None
 
 
 def expert_game_demonstrations(
@@ -48,22 +52,39 @@ def expert_game_demonstrations(
     Returns:
         One turn-based episode per game, each seat an agent with its own turns.
     """
-    if not has_game_expert(game.game):
+    teacher = _teacher(game.game)
+    if teacher is None:
         raise UserError(
-            f"no expert plays both seats of {game.game!r} (TicTacToe has minimax); warm-start self-play on "
-            "the single-seat env, or with random play"
+            f"no expert plays both seats of {game.game!r} (TicTacToe has minimax, Kuhn Poker an equilibrium); "
+            "warm-start self-play on the single-seat env, or with random play"
         )
     games = [TwoPlayerGame(game) for _ in seeds]
     template = ChatTemplate.from_tokenizer(tokenizer)
     # No engine is called: the teacher answers every turn, and no prompt is refused for its length.
     seats = Seats({}, seat_protocols(games[0], template, protocol), SamplingParams(), max_prompt_len=2**62)
     episodes, _ = play_games(
-        games, seeds, shared_policy, seats, group_ids=range(len(seeds)), policy_version=None, teacher=_tictactoe_answer
+        games, seeds, shared_policy, seats, group_ids=range(len(seeds)), policy_version=None, teacher=teacher
     )
     return episodes
+
+
+def _teacher(game: str) -> Callable[[TwoPlayerGame, PromptProtocol], list[int]] | None:
+    """The expert's answers for TextArena's game `game`, or None."""
+    if game.startswith("TicTacToe-"):
+        return _tictactoe_answer
+    if game.startswith("KuhnPoker-"):
+        return _kuhn_answer
+    return None
 
 
 def _tictactoe_answer(game: TwoPlayerGame, protocol: PromptProtocol) -> list[int]:
     """The minimax move of the seat to move, as the model would write it under `protocol`."""
     turn = tictactoe_turn(game.game.state.game_state["board"], seat_of(game.current_seat))
     return demonstration_response(protocol, turn.actions, turn.thought)
+
+
+def _kuhn_answer(game: TwoPlayerGame, protocol: PromptProtocol) -> list[int]:
+    """The equilibrium's move of the seat to move (drawn from the game's stream), as the model would write it."""
+    player = seat_of(game.current_seat)
+    move = game.scripted_move("equilibrium")
+    return demonstration_response(protocol, [move], f"I hold the {card_name(game.game.state.game_state, player)}.")

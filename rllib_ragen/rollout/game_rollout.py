@@ -6,8 +6,8 @@ who plays each seat: `policy_mapping_fn(agent_id, episode, game_index=i)` return
   (`FROZEN_MODULE`) or the league's snapshot, refreshed from the trained policy (`LEAGUE_MODULE`); each has its
   engine in `Seats.engines`, and the prompts of every LLM seat to move, over all games, go to each engine in
   ONE batched `generate` call per step;
-- a scripted one, "random" or "minimax" (`envs.textarena_two_player.SCRIPTED_POLICIES`): the game draws its
-  move at once.
+- a scripted one, "random", "minimax" or "equilibrium" (`envs.textarena_two_player.SCRIPTED_POLICIES`): the
+  game draws its move at once.
 
 Each game is one turn-based `MultiAgentEpisode` whose agents are its trained seats (`player_0`,
 `player_1`: both in self-play): a seat's turns are its own steps, with its own rewards (0 until the end,

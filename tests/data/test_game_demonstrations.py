@@ -84,9 +84,27 @@ def test_the_openings_make_the_games_differ(episodes):
     assert len(games) >= len(SEEDS) // 2
 
 
+def test_kuhn_pokers_demonstrations_are_the_equilibriums_draws_for_each_seat(tokenizer):
+    """Replays each game from its seed: the equilibrium, drawing from the game's own stream, makes each
+    recorded move in turn; every game ends with its three hands played and nobody forfeiting."""
+    kuhn = TwoPlayerConfig(game="KuhnPoker-v0", max_game_turns=9)
+    seeds = list(range(900, 906))
+    for seed, episode in zip(seeds, expert_game_demonstrations(tokenizer, kuhn, PROTOCOL, seeds)):
+        moves = _moves_by_seat(episode)
+        game = TwoPlayerGame(kuhn)
+        game.reset(seed=seed)
+        while not game.done:
+            seat = game.current_seat
+            move = moves[seat].pop(0)
+            assert move == game.scripted_move("equilibrium"), (seed, seat)
+            game.step({seat: move})
+        assert moves == {seat: [] for seat in SEATS} and game.forfeited_by is None, seed
+        assert game.game.state.game_state["current_round"] > 3, seed  # the game ended after its third hand
+
+
 def test_a_game_without_a_two_seat_expert_is_refused_by_name(tokenizer):
-    with pytest.raises(UserError, match="KuhnPoker-v0"):
-        expert_game_demonstrations(tokenizer, TwoPlayerConfig(game="KuhnPoker-v0"), PROTOCOL, [0])
+    with pytest.raises(UserError, match="SimpleNegotiation-v0"):
+        expert_game_demonstrations(tokenizer, TwoPlayerConfig(game="SimpleNegotiation-v0"), PROTOCOL, [0])
 
 
 def test_the_self_play_warm_start_plays_both_seats_and_the_single_seat_one_does_not(tokenizer):

@@ -85,6 +85,31 @@ def test_kuhn_poker_runs_through_the_same_seats() -> None:
     assert game.hands_opened("player_0") == (1, 3)  # rounds 1 and 3 are opened by player 1
 
 
+def _hand(game: TwoPlayerGame, seed: int, moves: list[str]) -> tuple[int, int, dict[int, int]]:
+    """Plays one hand of Kuhn Poker from a new game: (the showdown's winner, the opener, each seat's chips
+    after the hand, the next hand's antes paid)."""
+    game.reset(seed=seed)
+    state = game.game.state
+    cards, opener = dict(state.game_state["player_cards"]), int(state.current_player_id)
+    for move in moves:
+        game.step({game.current_seat: move})
+    return (0 if cards[0] > cards[1] else 1), opener, dict(state.game_state["player_chips"])
+
+
+def test_a_kuhn_hand_moves_one_chip_or_two_with_a_called_bet() -> None:
+    game = TwoPlayerGame(game="KuhnPoker-v0")
+    for seed in range(4):
+        # A hand won with the antes' pot of 2 leaves the winner +1 - 1 = 0 and the loser -1 - 1 = -2.
+        winner, _, chips = _hand(game, seed, ["[check]", "[check]"])
+        assert chips == {winner: 0, 1 - winner: -2}
+        winner, _, chips = _hand(game, seed, ["[bet]", "[call]"])
+        assert chips == {winner: 1, 1 - winner: -3}
+        _, opener, chips = _hand(game, seed, ["[bet]", "[fold]"])
+        assert chips == {opener: 0, 1 - opener: -2}
+        _, opener, chips = _hand(game, seed, ["[check]", "[bet]", "[fold]"])
+        assert chips == {opener: -2, 1 - opener: 0}
+
+
 def test_a_random_opening_plays_0_to_its_bound_of_listed_moves_then_the_next_seat_sees_them() -> None:
     game = TwoPlayerGame(game="TicTacToe-v0", max_game_turns=9, max_opening_moves=3)
     lengths = set()

@@ -1,0 +1,62 @@
+"""Self-play on Kuhn Poker (issue 49's second game): `python tuned_examples/kuhn_poker_selfplay.py --help`.
+
+With no flags: SmolLM2-135M plays TextArena's KuhnPoker-v0 (three hands a game; whoever holds more chips after
+them wins) through the TicTacToe example's path and settings (`tuned_examples/tictactoe_selfplay.py`: RAE keyed
+by seat and opponent, SPIRAL's invalid-move rule, the last state in each prompt), with what differs for poker:
+- TextArena's own messages (the board render draws TicTacToe only), and answers of up to 16 tokens;
+- a league of itself on both seats and random play twice: the equilibrium it starts near wins about 1/6 chip a
+  hand from random play, the best answer to random play about 0.46, so there is poker to learn against it;
+- no random openings: the deal already makes each game its own;
+- the warm start: Kuhn Poker's Nash equilibrium (`envs.kuhn_equilibrium`) on both seats of 32 self-play games,
+  on self-play's own prompts, into the top 10 layers (the TicTacToe example's warm start with another expert, on
+  half the games: TextArena's messages make a turn's prompt several times the board's);
+- the evaluation: 128 games against random play, the equilibrium and the policy the run started from, seats
+  alternating, with chips per hand beside the equilibrium's value for the same seats.
+
+TextArena 0.7.4's KuhnPoker puts no chip in the pot for a bet or a call; `envs.textarena_two_player` pays it, so
+the game played is Kuhn Poker (docs/self_play.md). Results: docs/results/self_play_kuhn.md.
+
+The config below is the TicTacToe example's with the lines that differ.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rllib_ragen.run.experiment import main
+
+if TYPE_CHECKING:
+    from rllib_ragen.algorithm.starpo import StarPOConfig
+
+GAME = "KuhnPoker-v0"
+
+
+def kuhn_poker_selfplay_config() -> StarPOConfig:
+    """The example's config (built after the flags are checked: these imports load Ray and torch)."""
+    from tictactoe_selfplay import tictactoe_selfplay_config
+
+    return (
+        tictactoe_selfplay_config()
+        .environment(f"textarena:{GAME}")
+        .rollouts(response_length=16)
+        .self_play(
+            self_play_game=GAME,
+            self_play_opponent=("self", "random", "random"),
+            training_opening_moves=0,
+            game_render="game",
+            game_eval_opponents=("random", "equilibrium", "frozen"),
+        )
+    )
+
+
+if __name__ == "__main__":
+    from tictactoe_selfplay import WARM_START
+
+    main(
+        env=f"textarena:{GAME}",
+        config=kuhn_poker_selfplay_config,
+        warm_start_choices=dict(WARM_START, num_examples=32),
+        description="Train an LLM to play Kuhn Poker by self-play (SPIRAL's RAE) with StarPO.",
+        stop_iters=200,
+        job_budget_min=27.0,
+    )
