@@ -652,6 +652,7 @@ class StarPOSettings(AlgorithmConfig):
         league_refresh_interval: int = NotProvided,
         game_eval_opponents: tuple[str, ...] = NotProvided,
         game_eval_games: int = NotProvided,
+        game_eval_opening_moves: int = NotProvided,
     ) -> Self:
         """Two-player self-play through RLlib's multi-agent API (group `two_player`; `docs/self_play.md`).
 
@@ -675,7 +676,7 @@ class StarPOSettings(AlgorithmConfig):
             max_game_turns: Moves of both seats after which the game is a draw.
             training_opening_moves: Training games open with 0 to this many random listed moves (each game draws
                 the number), so that near-deterministic seats meet varied positions instead of one line of play
-                (SPIRAL: 0). Evaluation games always start from the game's own start.
+                (SPIRAL: 0). Evaluation games open as `game_eval_opening_moves` says.
             game_render: What each seat is shown: "game" (TextArena's own messages: the rules, and every message
                 since the seat's last move) or "board" (TicTacToe: the current board in four short lines, the
                 rules in the system prompt; about 42 tokens a state against TextArena's 150-470, for use with
@@ -685,6 +686,11 @@ class StarPOSettings(AlgorithmConfig):
             game_eval_opponents: The fixed opponents of game evaluation ("frozen", "random", "minimax",
                 "equilibrium").
             game_eval_games: Games per opponent in game evaluation, seats alternating (the issue asks >= 128).
+            game_eval_opening_moves: Evaluation games open with 0 to this many random listed moves, drawn from
+                each game's seed: the same openings in every evaluation, so that outcomes still pair game by
+                game. 0 starts every game from the game's own start, where two near-deterministic players
+                (the policy and its frozen start, or the minimax expert) play the same game again and again,
+                one per seat, and the 95% intervals of many games overstate what was measured.
         """
         self.two_player = _given(
             self.two_player,
@@ -699,6 +705,7 @@ class StarPOSettings(AlgorithmConfig):
             league_refresh_interval=league_refresh_interval,
             game_eval_opponents=game_eval_opponents,
             game_eval_games=game_eval_games,
+            game_eval_opening_moves=game_eval_opening_moves,
         )
         if self_play_game is not NotProvided:
             self.env_runner_cls = LLMEnvRunner if self_play_game is None else SelfPlayEnvRunner

@@ -41,6 +41,7 @@ class SelfPlaySettings:
     league_refresh_interval: int = 10
     game_eval_opponents: tuple[str, ...] = ("random",)
     game_eval_games: int = 128
+    game_eval_opening_moves: int = 0
 
     def __post_init__(self) -> None:
         if not self.training_opponents:
@@ -53,7 +54,9 @@ class SelfPlaySettings:
         if self.self_play_game is not None and not (isinstance(self.self_play_game, str) and self.self_play_game):
             raise ValueError(f"self_play_game must be a TextArena game id or None, got {self.self_play_game!r}")
         if self.enabled:
-            self.game_config(training=True)  # TwoPlayerConfig checks the rules and the opening
+            # TwoPlayerConfig checks the rules and each opening.
+            self.game_config(training=True)
+            self.game_config(training=False)
 
     @property
     def enabled(self) -> bool:
@@ -81,8 +84,8 @@ class SelfPlaySettings:
         return self.league and iteration % self.league_refresh_interval == 0
 
     def game_config(self, *, training: bool) -> TwoPlayerConfig:
-        """The two-player env's config of these settings: a training game's, or an evaluation game's (no
-        random opening)."""
+        """The two-player env's config of these settings: a training game's, or an evaluation game's (they differ
+        in their random openings)."""
         if self.self_play_game is None:
             raise ValueError("self-play is off: no game is set (`StarPOConfig.self_play(self_play_game=...)`)")
         return TwoPlayerConfig(
@@ -91,7 +94,7 @@ class SelfPlaySettings:
             invalid_move_reward=self.invalid_move_reward,
             opponent_invalid_reward=self.opponent_invalid_reward,
             max_game_turns=self.max_game_turns,
-            max_opening_moves=self.training_opening_moves if training else 0,
+            max_opening_moves=self.training_opening_moves if training else self.game_eval_opening_moves,
             render=self.game_render,
         )
 

@@ -114,18 +114,30 @@ def test_an_occupied_cell_is_the_movers_invalid_turn_only(tiny_model_path, tiny_
     assert turn_validity(second) == [0.0] and failure_kind(second) == INVALID_ANSWER
 
 
+def _first_states(episodes) -> list[str]:
+    """Each game's first state as its first seat to move saw it (the opening's messages, if any)."""
+    return [max((a.get_observations()[0] for a in e.agent_episodes.values()), key=len) for e in episodes]
+
+
 def test_training_games_open_at_random_and_evaluation_games_from_the_empty_board(tiny_model_path) -> None:
     runner = SelfPlayEnvRunner(config=_config(tiny_model_path, training_opening_moves=3, max_game_turns=9))
-
-    def first_boards(episodes) -> list[int]:  # boards in the first state of each game's first seat
-        firsts = [min(e.agent_episodes.values(), key=lambda a: -len(a.get_observations()[0])) for e in episodes]
-        return [agent.get_observations()[0].count("Current Board") for agent in firsts]
-
     seeds = list(range(12))
-    assert set(first_boards(runner.sample(seeds=seeds))) > {1}
-    assert set(first_boards(runner.sample(seeds=seeds, evaluation=True))) == {1}
+    assert {state.count("Current Board") for state in _first_states(runner.sample(seeds=seeds))} > {1}
+    assert {state.count("Current Board") for state in _first_states(runner.sample(seeds=seeds, evaluation=True))} == {1}
     with pytest.raises(UserError, match="max_opening_moves must be from 0"):
         StarPOConfig().self_play(self_play_game="TicTacToe-v0", max_game_turns=9, training_opening_moves=9)
+
+
+def test_evaluation_openings_vary_the_games_and_repeat_in_every_evaluation(tiny_model_path) -> None:
+    runner = SelfPlayEnvRunner(config=_config(tiny_model_path, game_eval_opening_moves=2, max_game_turns=9))
+    seeds = list(range(12))
+    first = _first_states(runner.sample(seeds=seeds, evaluation=True))
+    assert {1} < {state.count("Current Board") for state in first} <= {1, 2, 3}  # after 0, 1 or 2 opening moves
+    # The openings come from each game's seed: a later evaluation on the same seeds opens the same games.
+    assert _first_states(runner.sample(seeds=seeds, evaluation=True)) == first
+    assert {state.count("Current Board") for state in _first_states(runner.sample(seeds=seeds))} == {1}
+    with pytest.raises(UserError, match="max_opening_moves must be from 0"):
+        StarPOConfig().self_play(self_play_game="TicTacToe-v0", max_game_turns=9, game_eval_opening_moves=9)
 
 
 def test_self_play_is_switched_by_its_builder_and_rae_needs_it() -> None:
