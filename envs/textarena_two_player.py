@@ -21,9 +21,10 @@ and observation and are terminated.
   moves the game lists, at random, for the seats in turn; a seat's first
   observation then holds every message of the opening;
 - rewards: the game's final ones (win 1, loss -1, draw 0; Kuhn Poker's too);
-- the render (`render`): "game" shows TextArena's own messages; "board" (TicTacToe) shows the current
-  board only, in four short lines (`envs.tictactoe_board_text`), with the rules in the system prompt: a
-  whole state in about 42 tokens where TextArena's messages take 150-470.
+- the render (`render`): "game" shows TextArena's own messages; "board" shows the current state only, with
+  the rules in the system prompt: TicTacToe's board in four short lines (`envs.tictactoe_board_text`), a
+  whole state in about 42 tokens where TextArena's messages take 150-470; Kuhn Poker's hand in three
+  (`envs.kuhn_board_text`).
 
 Scripted seats (`scripted_move`) draw their moves here, from the game's
 state: "random" (a uniformly random listed move, from the env's own stream),
@@ -42,6 +43,7 @@ import numpy as np
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 
 from envs.base import build_config
+from envs.kuhn_board_text import kuhn_instructions, kuhn_text
 from envs.kuhn_equilibrium import equilibrium_move
 from envs.textarena import game_action, make_game
 from envs.textarena_isolation import GameSandbox
@@ -53,6 +55,8 @@ from envs.user_errors import UserError
 SEATS = ("player_0", "player_1")
 SCRIPTED_POLICIES = ("random", "minimax", "equilibrium")
 RENDERS = ("game", "board")
+# The games the board render draws: TextArena ids start with these.
+_BOARD_GAMES = ("TicTacToe", "KuhnPoker")
 # The game each expert plays: TextArena ids start with these.
 _EXPERT_GAMES = {"minimax": "TicTacToe", "equilibrium": "KuhnPoker"}
 # How TextArena 0.7.4's KuhnPoker reads a move.
@@ -80,7 +84,8 @@ class TwoPlayerConfig:
         max_game_turns: Moves (both seats') after which the game is a draw.
         max_opening_moves: Random listed moves that may open a game (module docstring): varied starts, so
             that games between near-deterministic seats do not all repeat one line of play.
-        render: What a seat is shown (module docstring): "game" (TextArena's messages) or "board" (TicTacToe).
+        render: What a seat is shown (module docstring): "game" (TextArena's messages) or "board" (TicTacToe
+            and Kuhn Poker: the state alone).
     """
 
     game: str = "TicTacToe-v0"
@@ -103,8 +108,10 @@ class TwoPlayerConfig:
             )
         if self.render not in RENDERS:
             raise UserError(f"render must be one of {RENDERS}, got {self.render!r}")
-        if self.render == "board" and not self.game.startswith("TicTacToe"):
-            raise UserError(f"the board render draws TicTacToe only, not {self.game!r}: use render='game'")
+        if self.render == "board" and not self.game.startswith(_BOARD_GAMES):
+            raise UserError(
+                f"the board render draws {' and '.join(_BOARD_GAMES)} only, not {self.game!r}: use render='game'"
+            )
 
 
 class TwoPlayerGame(MultiAgentEnv):
@@ -136,6 +143,8 @@ class TwoPlayerGame(MultiAgentEnv):
 
     def instructions(self, agent: str) -> str:
         """The system prompt's task for one seat: its role is told here and in the game's first message."""
+        if self.config.render == "board" and self.config.game.startswith("KuhnPoker"):
+            return kuhn_instructions(seat_of(agent), int(self.game.max_rounds))
         if self.config.render == "board":
             return board_instructions(seat_of(agent))
         return (
@@ -276,8 +285,15 @@ class TwoPlayerGame(MultiAgentEnv):
         self._seen[agent] += texts
         if self.config.render == "board":
             ending = texts[-1:] if self.done else []
-            return "\n".join([board_text(state.game_state["board"]), *ending])
+            return "\n".join([self._state_text(player), *ending])
         return "\n".join(t.strip() for t in texts)
+
+    def _state_text(self, player: int) -> str:
+        """The board render's state for `player`: TicTacToe's board, or Kuhn Poker's hand."""
+        state = self.game.state.game_state
+        if self.config.game.startswith("KuhnPoker"):
+            return kuhn_text(state, player, int(self.game.max_rounds), over=self.done)
+        return board_text(state["board"])
 
 
 def _outcome(reward: float) -> str:

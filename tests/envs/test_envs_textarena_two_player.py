@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 from conftest import require_extra
 
+from envs.kuhn_board_text import kuhn_text
 from envs.tictactoe_minimax import minimax_move
 from envs.user_errors import UserError
 
 require_extra("textarena", "cpu,test,textarena")
 
-from envs.textarena_two_player import SEATS, TwoPlayerGame  # noqa: E402
+from envs.textarena_two_player import SEATS, TwoPlayerGame, seat_of  # noqa: E402
 
 
 def test_minimax_blocks_and_wins_on_hand_made_boards() -> None:
@@ -166,7 +167,36 @@ def test_the_board_render_ends_with_the_game_over_line_and_refuses_other_games()
     assert terminateds["__all__"] and rewards == {"player_0": -1.5, "player_1": 0.5}
     for seat in SEATS:
         assert observations[seat].startswith("0 1 2\n") and observations[seat].splitlines()[-1].startswith("Game over")
-    with pytest.raises(UserError, match="TicTacToe only"):
-        TwoPlayerGame(game="KuhnPoker-v0", render="board")
+    with pytest.raises(UserError, match="draws TicTacToe and KuhnPoker only, not 'SimpleNegotiation-v0'"):
+        TwoPlayerGame(game="SimpleNegotiation-v0", render="board")
     with pytest.raises(UserError, match="render must be one of"):
         TwoPlayerGame(game="TicTacToe-v0", render="ascii")
+
+
+def test_the_kuhn_board_render_shows_the_hand_so_far_by_hand() -> None:
+    # Player 1 opens hand 2 holding the queen, and has checked; player 0 bet. Stacks after antes and bets.
+    state = {"current_round": 2, "starting_player": 1, "player_cards": {0: 2, 1: 1}, "player_chips": {0: -2, 1: -1},
+             "current_legal_action_tree": {"fold": "loser", "call": "showdown"}}
+    assert kuhn_text(state, 1, 3) == (
+        "Hand 2 of 3. Chips: you -1, opponent -2.\nYour card: Q. You opened; you checked, the opponent bet.\n"
+        "Your moves: fold call"
+    )
+    assert kuhn_text(state, 0, 3).splitlines()[1] == "Your card: K. The opponent opened and bet."
+    before_any_move = dict(state, current_legal_action_tree={"check": {}, "bet": {}})
+    assert kuhn_text(before_any_move, 1, 3).splitlines()[1:] == ["Your card: Q. You open.", "Your moves: check bet"]
+    assert kuhn_text(before_any_move, 0, 3).splitlines()[1] == "Your card: K. The opponent opened and checked."
+
+
+def test_the_kuhn_board_render_plays_a_game_with_the_rules_in_the_system_prompt() -> None:
+    game = TwoPlayerGame(game="KuhnPoker-v0", render="board", max_game_turns=9)
+    assert "Kuhn Poker as Player 1" in game.instructions("player_1") and "J, Q, K" in game.instructions("player_1")
+    observations, _ = game.reset(seed=3)
+    state = game.game.state.game_state
+    seat = game.current_seat
+    assert observations[seat] == kuhn_text(state, seat_of(seat), 3) and observations[seat].startswith("Hand 1 of 3.")
+    while not game.done:
+        seat = game.current_seat
+        observations, *_ = game.step({seat: game.scripted_move("random")})
+    for seat in SEATS:
+        assert observations[seat].splitlines()[0] == "The game is over."
+        assert observations[seat].splitlines()[-1].startswith("Game over")
