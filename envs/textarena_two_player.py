@@ -223,9 +223,9 @@ class TwoPlayerGame(MultiAgentEnv):
         it, though its rules state it: every hand then moves one chip however it is played, and folding only
         loses. Later TextArena versions pay it themselves, so this goes with the pin."""
         state = self.game.state.game_state
-        word = _KUHN_MOVE.search(move)
-        legal = state["current_legal_action_tree"]
-        if word and word.group(1).lower() in ("bet", "call") and word.group(1).lower() in legal:
+        found = _KUHN_MOVE.search(move)
+        word = found.group(1).lower() if found else None
+        if word in ("bet", "call") and word in state["current_legal_action_tree"]:
             state["player_chips"][int(self.game.state.current_player_id)] -= 1
             state["pot"] += 1
 

@@ -678,9 +678,9 @@ class StarPOSettings(AlgorithmConfig):
                 the number), so that near-deterministic seats meet varied positions instead of one line of play
                 (SPIRAL: 0). Evaluation games open as `game_eval_opening_moves` says.
             game_render: What each seat is shown: "game" (TextArena's own messages: the rules, and every message
-                since the seat's last move) or "board" (TicTacToe: the current board in four short lines, the
-                rules in the system prompt; about 42 tokens a state against TextArena's 150-470, for use with
-                `.rollouts(history_window=1)`).
+                since the seat's last move) or "board" (the current state alone, the rules in the system prompt,
+                for use with `.rollouts(history_window=1)`: TicTacToe's board in four short lines, about 42
+                tokens a state against TextArena's 150-470; Kuhn Poker's hand in three, about 35 against 150).
             league_refresh_interval: With the "league" opponent: its snapshot takes the trained weights after
                 every this many iterations' updates (it starts as the policy the run started from).
             game_eval_opponents: The fixed opponents of game evaluation ("frozen", "random", "minimax",
