@@ -17,7 +17,12 @@ poker:
   opponents on TextArena's messages took 13 minutes.
 
 TextArena 0.7.4's KuhnPoker puts no chip in the pot for a bet or a call; `envs.textarena_two_player` pays it, so
-the game played is Kuhn Poker (docs/self_play.md). Results: docs/results/self_play_kuhn.md.
+the game played is Kuhn Poker (docs/self_play.md).
+
+Results: docs/results/self_play_kuhn.md. On an AVX2-only EPYC in float32, with no flags from an empty cache, the
+job holds 16 RL iterations (the third run): after them the policy won 0.617 of 128 games against random play
+(0.500 before; paired change +0.117 [+0.027, +0.204]) and lost 0.211 (0.375), with no forfeit before or after,
+and its chips a hand against random play rose from +0.07 to +0.37.
 
 The config below is the TicTacToe example's with the lines that differ.
 """
