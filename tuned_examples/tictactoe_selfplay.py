@@ -16,11 +16,12 @@ alternating, each game opening with 0-3 random moves drawn from its seed, with 9
 Training and evaluation games open with 0-3 random moves, so that they do not all repeat one line of play.
 
 Results: docs/results/self_play_tictactoe.md. On an AVX2-only EPYC in float32 the job with no flags, from an
-empty cache, holds 9 RL iterations (the eleventh run): after them the policy lost none of 128 games to the
-expert (7 before) and fewer to random play, paired intervals excluding zero; its win rates against random play
-and against its start did not rise beyond chance. Trained against its start alone with a larger step (the tenth
-run), it beat its start in a quarter of the games and lost half to the expert. A CPU with AMX or AVX-512 BF16
-computes the same job in bf16, several times faster.
+empty cache, holds 8-9 RL iterations. Evaluated from the empty board, runs of this example moved one line of play
+per seat (the thirteenth run: won more against random play, lost one seat's games to its start and the expert).
+On varied openings (this config, the fourteenth run) those iterations made its play worse against its start and
+the expert; from the same start with training games from the empty board (the fifteenth, with flags) it won more
+against random play (+0.102, paired interval excluding zero) and did no worse against the others. A CPU with AMX
+or AVX-512 BF16 computes the same job in bf16, several times faster.
 
 The config below is the whole config: every setting that differs from `StarPOConfig()`'s defaults.
 """
@@ -89,9 +90,8 @@ def tictactoe_selfplay_config() -> StarPOConfig:
             game_render="board",
             game_eval_opponents=("random", "minimax", "frozen"),
             game_eval_games=128,
-            # Evaluation games open as training games do. From the empty board the policy and its start or the
-            # expert, all near-deterministic, played one game per seat over and over (the thirteenth run: 52 of
-            # 61 losses to the expert on one seat); with openings the 128 games are as many positions.
+            # From the empty board the near-deterministic policy, its start and the expert played one game per
+            # seat over and over (the thirteenth run); with openings the 128 games are as many positions.
             game_eval_opening_moves=3,
         )
         # Before and after the RL only (the job budget's end evaluates): 384 games take minutes on 2 cores. The 8
