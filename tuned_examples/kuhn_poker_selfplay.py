@@ -49,9 +49,9 @@ def kuhn_poker_selfplay_config() -> StarPOConfig:
         .rollouts(response_length=16)
         .self_play(
             self_play_game=GAME,
-            self_play_opponent=("self", "random", "random"),
+            self_play_opponent=("frozen", "random", "random"),
             training_opening_moves=0,
-            game_eval_opponents=("random", "equilibrium"),
+            game_eval_opponents=("random", "frozen", "equilibrium"),
             game_eval_opening_moves=0,
         )
     )
