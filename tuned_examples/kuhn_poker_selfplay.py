@@ -63,7 +63,8 @@ if __name__ == "__main__":
     main(
         env=f"textarena:{GAME}",
         config=kuhn_poker_selfplay_config,
-        warm_start_choices=dict(WARM_START, num_examples=32),
+        # The deals and the equilibrium's mixed moves vary the games: no random openings.
+        warm_start_choices=dict(WARM_START, num_examples=32, game_opening_moves=None),
         description="Train an LLM to play Kuhn Poker by self-play (SPIRAL's RAE) with StarPO.",
         stop_iters=200,
         job_budget_min=27.0,

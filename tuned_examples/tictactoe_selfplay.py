@@ -13,7 +13,8 @@ alternating, each game opening with 0-3 random moves drawn from its seed, with 9
 `docs/self_play.md`. Needs the TextArena extra:
 `bash scripts/install.sh cpu,textarena`.
 
-Training and evaluation games open with 0-3 random moves, so that they do not all repeat one line of play.
+Training games start from the empty board; the warm start's and the evaluation's games open with 0-3 random moves,
+so that they do not all repeat one line of play.
 
 Results: docs/results/self_play_tictactoe.md. On an AVX2-only EPYC in float32 the job with no flags, from an
 empty cache, holds 8-9 RL iterations. Evaluated from the empty board, runs of this example moved one line of play
@@ -81,10 +82,12 @@ def tictactoe_selfplay_config() -> StarPOConfig:
             # ninth and tenth runs lost 18 and 43 points more to it), so the expert keeps a quarter.
             self_play_opponent=("frozen", "random", "random", "minimax"),
             max_game_turns=9,
-            # The warm-started policy is nearly deterministic: from the empty board every self-play game repeats
-            # one line (the first run's second attempt: in-group std 1.414 and success 0.500 at every iteration).
-            # 0-3 random opening moves give each game its own position.
-            training_opening_moves=3,
+            # From the empty board: with 0-3 random openings (the fourteenth run) their luck decided much of each
+            # outcome, which RAE's baseline per seat and opponent leaves in every advantage, and the RL made play
+            # worse; from the empty board (the fifteenth) it won more against random play and did no harm. The
+            # league's random seats vary the games (the first run's self-play between two near-deterministic
+            # copies repeated one line: in-group std 1.414 and success 0.500 at every iteration).
+            training_opening_moves=0,
             # The board in four short lines, the rules in the system prompt: about a third of TextArena's tokens
             # a turn (the fifth run's warm start, on TextArena's messages, did not fit the job in float32).
             game_render="board",
@@ -102,8 +105,9 @@ def tictactoe_selfplay_config() -> StarPOConfig:
     )
 
 
-# The minimax expert on both seats of 64 self-play games (each opening with 0-3 random moves, as training
-# games do), on self-play's own prompts, behaviour-cloned into SmolLM2's last 10 layers
+# The minimax expert on both seats of 64 self-play games, each opening with 0-3 random moves of its own (minimax
+# is deterministic: from the empty board its games would be one per seat), on self-play's own prompts,
+# behaviour-cloned into SmolLM2's last 10 layers
 # (`rllib_ragen.data.game_demonstrations`). Random legal play taught the format but not to read the board (the
 # first run); the expert as player 0 of the single-seat env (the second and third runs) never saw player 1's
 # positions nor self-play's prompts. 96 games gave 192 trajectories, the single-seat warm start's 24 steps: 192
@@ -117,6 +121,7 @@ WARM_START = dict(
     batch_size=8,
     lr=3e-4,
     trained_top_layers=10,
+    game_opening_moves=3,
 )
 
 

@@ -113,6 +113,10 @@ class WarmStartSettings:
         game: A two-player game whose both seats the expert plays, on self-play's
             own prompts (`rllib_ragen.data.game_demonstrations`): `num_examples`
             games, two trajectories each. None plays `env`'s single seat.
+        game_opening_moves: The expert's games open with 0 to this many random
+            listed moves; None: as `game`'s training games open. A deterministic
+            expert's games differ only by their openings, while RL may train from
+            the empty board (`StarPOConfig.self_play(training_opening_moves=...)`).
     """
 
     env: str = "bandit"
@@ -131,6 +135,7 @@ class WarmStartSettings:
     first_seed: int = DEMONSTRATION_SEED_START
     world_model_epochs: int = 0
     game: TwoPlayerConfig | None = None
+    game_opening_moves: int | None = None
 
     def __post_init__(self) -> None:
         if self.player not in WARM_START_PLAYERS:
@@ -144,6 +149,8 @@ class WarmStartSettings:
             raise ValueError(f"warm start world_model_epochs must be >= 0, got {self.world_model_epochs}")
         if self.first_seed < 0:
             raise ValueError(f"warm start first_seed must be >= 0, got {self.first_seed}")
+        if self.game_opening_moves is not None and self.game_opening_moves < 0:
+            raise ValueError(f"warm start game_opening_moves must be >= 0 or None, got {self.game_opening_moves}")
         if self.trained_top_layers is not None and self.trained_top_layers < 1:
             raise ValueError(f"warm start trained_top_layers must be >= 1 or None, got {self.trained_top_layers}")
         if self.game is not None and (self.player != "expert" or self.world_model_epochs):
@@ -151,6 +158,13 @@ class WarmStartSettings:
                 f"a two-player game's warm start takes the expert player and no world-model stage, got player "
                 f"{self.player!r} and world_model_epochs {self.world_model_epochs}"
             )
+
+    @property
+    def expert_game(self) -> TwoPlayerConfig | None:
+        """The two-player game the expert plays (`game` with the warm start's own openings), or None."""
+        if self.game is None or self.game_opening_moves is None:
+            return self.game
+        return dataclasses.replace(self.game, max_opening_moves=self.game_opening_moves)
 
     @property
     def num_steps(self) -> int:
@@ -165,10 +179,13 @@ class WarmStartSettings:
         # differently is a new warm start (its first state stands for the render).
         env = make_env(self.env, **self.env_config)
         texts: dict[str, Any] = {"instructions": env.instructions, "first_state": env.reset(seed=self.seed)[0]}
-        if self.game is not None:  # the game's seats are prompted as self-play prompts them
-            game = TwoPlayerGame(self.game)
+        expert_game = self.expert_game
+        if expert_game is not None:  # the game's seats are prompted as self-play prompts them
+            game = TwoPlayerGame(expert_game)
             texts = {"instructions": [game.instructions(seat) for seat in SEATS], "first_state": game.reset(seed=0)[0]}
-        fields = dataclasses.asdict(self)
+        # The games played are what counts: openings set here or by the training games are one warm start.
+        fields = dataclasses.asdict(dataclasses.replace(self, game=expert_game))
+        del fields["game_opening_moves"]
         for field in ("world_model_epochs", "game"):  # a warm start without them keeps its cached result
             if not fields[field]:
                 del fields[field]
@@ -219,8 +236,9 @@ def demonstrations(tokenizer: Any, config: WarmStartSettings) -> list[MultiAgent
     common: dict[str, Any] = dict(
         env=config.env, env_config=dict(config.env_config), protocol=config.protocol, budget=config.budget
     )
-    if config.game is not None:
-        return expert_game_demonstrations(tokenizer, config.game, config.protocol, seeds)
+    game = config.expert_game
+    if game is not None:
+        return expert_game_demonstrations(tokenizer, game, config.protocol, seeds)
     if config.player == "expert":
         return expert_demonstrations(tokenizer, DemonstrationSettings(seeds=tuple(seeds), **common))
     return random_demonstrations(

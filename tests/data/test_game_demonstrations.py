@@ -124,3 +124,30 @@ def test_the_self_play_warm_start_plays_both_seats_and_the_single_seat_one_does_
     played = demonstrations(tokenizer, self_play)
     assert len(played) == 4 and all(set(episode.agent_episodes) == set(SEATS) for episode in played)
     assert self_play.num_steps == -(-2 * 4 // self_play.batch_size)
+
+
+def test_the_warm_starts_own_openings_vary_its_games_when_training_games_open_from_the_empty_board(tokenizer):
+    """With training games from the empty board, minimax's demonstrations would be two games over and over;
+    `game_opening_moves` gives the warm start its own openings, and the games played name its cache."""
+    config = (
+        StarPOConfig()
+        .environment("textarena:TicTacToe-v0")
+        .llm(model="tiny-random", critic="none")
+        .rollouts(history_window=1, think=False, prefill=True)
+        .self_play(self_play_game="TicTacToe-v0", max_game_turns=9, training_opening_moves=0)
+    )
+    from_empty = warm_start_config(config, player="expert", num_examples=8)
+    tuned = {"player": "expert", "game_opening_moves": 3}
+    own = warm_start_config(config, player="expert", num_examples=8, tuned=tuned)
+    assert own.game.max_opening_moves == 0 and own.expert_game.max_opening_moves == 3
+
+    def distinct_games(settings):
+        return {tuple(map(tuple, _moves_by_seat(episode).values())) for episode in demonstrations(tokenizer, settings)}
+
+    assert len(distinct_games(from_empty)) == 1
+    assert len(distinct_games(own)) >= 4
+    # The same games as a warm start whose training games open with 0-3 moves: one cached result.
+    opened = warm_start_config(config.copy().self_play(training_opening_moves=3), player="expert", num_examples=8)
+    assert own.fingerprint("m") == opened.fingerprint("m") != from_empty.fingerprint("m")
+    with pytest.raises(ValueError, match="game_opening_moves"):
+        warm_start_config(config, player="expert", tuned={"player": "expert", "game_opening_moves": -1})
