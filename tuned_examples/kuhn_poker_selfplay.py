@@ -54,6 +54,9 @@ def kuhn_poker_selfplay_config() -> StarPOConfig:
             game_eval_opponents=("random", "frozen", "equilibrium"),
             game_eval_opening_moves=0,
         )
+        # Games from seed 3000, which no run played before the fifth: the league and the evaluated opponents were
+        # chosen on the third and fourth runs' games from seed 10000, which were also training seeds then.
+        .starpo_evaluation(eval_seed=3000)
     )
 
 

@@ -79,6 +79,25 @@ def _check_self_play(config: StarPOSettings) -> None:
         )
 
 
+def check_seeds_apart(config: StarPOSettings, *, iterations: int | None) -> None:
+    """Refuses evaluation seeds that training would also play: the fixed-seed evaluation's and, in self-play,
+    the games against each opponent (`game_eval_games` from `eval_seed`). Training takes `n_groups` new seeds
+    an iteration upwards from `train_seed_start`; `iterations` None: any number of them."""
+    evaluated = config.starpo_eval.seeds
+    last = evaluated[-1]
+    if config.two_player.enabled:
+        last = max(last, evaluated[0] + config.two_player.game_eval_games - 1)
+    first_trained = config.rollout.train_seed_start
+    trained_end = None if iterations is None else first_trained + config.rollout.n_groups * iterations
+    if last >= first_trained and (trained_end is None or evaluated[0] < trained_end):
+        trained = f"{first_trained}.." + ("" if trained_end is None else str(trained_end - 1))
+        raise ValueError(
+            f"the evaluation seeds {evaluated[0]}..{last} overlap the training seeds {trained} "
+            f"(train_seed_start={first_trained}, n_groups={config.rollout.n_groups} a training iteration): "
+            "move eval_seed below train_seed_start, or above the last training seed"
+        )
+
+
 def _check_no_setting_set_as_attribute(config: StarPOSettings) -> None:
     """Refuses a StarPO setting set as an attribute of its own (`config.n_groups = 4`, a setting's name
     in RLlib's `AlgorithmConfig.update_from_dict` before it knew StarPO's): nothing would read it."""

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from envs import check_env
 from rllib_ragen.algorithm.presets import PRESETS, preset
+from rllib_ragen.algorithm.validation import check_seeds_apart
 from rllib_ragen.run.settings_flag import apply_settings as apply_assignments
 from rllib_ragen.run.settings_flag import setting_value, split_assignment
 
@@ -194,7 +195,7 @@ def trial_configs(study: Study, *, overrides: Sequence[str] = ()) -> list[StarPO
             config.debugging(seed=point.seed)
             config.validate_starpo()
             check_env(config.env, in_other_processes=True)
-            check_seeds_apart(config)
+            check_seeds_apart(config, iterations=None)
         except (ValueError, TypeError) as error:
             raise ValueError(f"{where}: {error}") from error
         configs.append(config)
@@ -221,14 +222,3 @@ def check_overrides(study: Study, overrides: Sequence[str]) -> None:
         key = assignment.partition("=")[0]
         if key in varied:
             raise ValueError(f"--set {assignment}: {key!r} is what the arms of study {study.name!r} vary; drop it")
-
-
-def check_seeds_apart(config: StarPOConfig) -> None:
-    """Refuses evaluation seeds that training could also play (training takes seeds upwards from
-    `train_seed_start`, a new group a seed, so only evaluation seeds below it stay unseen)."""
-    seeds = config.starpo_eval.seeds
-    if seeds[-1] >= config.rollout.train_seed_start:
-        raise ValueError(
-            f"the evaluation seeds {seeds[0]}..{seeds[-1]} reach the training seeds, which start at "
-            f"train_seed_start={config.rollout.train_seed_start}: move eval_seed below or train_seed_start above"
-        )

@@ -205,3 +205,21 @@ def test_a_mini_batch_never_repeats_rows_and_a_too_large_one_is_named_in_one_lin
     lines = [r.getMessage() for r in caplog.records if "mini_batch_size=100" in r.getMessage()]
     assert len(lines) == 1 and "at most 32 rows" in lines[0] and "none repeated" in lines[0]
     assert config.update.rows_per_step(32) == 32
+
+
+def test_evaluation_seeds_that_training_would_play_are_refused_and_self_plays_games_count():
+    from rllib_ragen.algorithm.validation import check_seeds_apart
+
+    config = StarPOConfig().rollouts(n_groups=16).starpo_evaluation(eval_size=8, eval_seed=9990)
+    check_seeds_apart(config, iterations=None)  # 9990..9997: below the training seeds from 10000
+    # Self-play also plays game_eval_games = 128 games from eval_seed: 9990..10117 reach them.
+    config.self_play(self_play_game="TicTacToe-v0")
+    with pytest.raises(ValueError, match=r"evaluation seeds 9990\.\.10117 overlap the training seeds 10000\.\."):
+        check_seeds_apart(config, iterations=None)
+    with pytest.raises(ValueError, match=r"overlap the training seeds 10000\.\.10015"):
+        check_seeds_apart(config, iterations=1)  # one iteration trains on seeds 10000..10015
+    config.starpo_evaluation(eval_seed=10016)
+    check_seeds_apart(config, iterations=1)  # 10016..10143: above the one iteration's seeds
+    with pytest.raises(ValueError, match=r"overlap the training seeds 10000\.\.10031"):
+        check_seeds_apart(config, iterations=2)
+

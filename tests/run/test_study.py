@@ -82,7 +82,7 @@ def test_each_trial_is_its_envs_preset_with_the_arm_read_as_set_reads_it():
         ({"a": {}, "b": {"group_size": 4.5}}, [], r"arm 'b'.*group_size takes int \(an integer\), got '4.5'"),
         ({"a": {}, "b": {"group_size": 0}}, [], r"arm 'b' on frozenlake: .*group_size"),
         ({"a": {"actor_lr": 1e-5}, "b": {}}, ["actor_lr=1e-3"], "'actor_lr' is what the arms of study 'lr' vary"),
-        ({"a": {}, "b": {}}, ["eval_seed=9990", "eval_size=20"], "evaluation seeds 9990..10009 reach the training"),
+        ({"a": {}, "b": {}}, ["eval_seed=9990", "eval_size=20"], "evaluation seeds 9990..10009 overlap the training"),
     ],
 )
 def test_a_bad_arm_is_refused_with_one_error_naming_it(arms, overrides, message):

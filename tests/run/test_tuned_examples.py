@@ -55,3 +55,13 @@ def test_a_changed_setting_in_the_example_would_be_caught(monkeypatch):
     """The negative control: the comparison sees one setting off."""
     example = load_script(ROOT / "tuned_examples" / "frozenlake_starpo.py")
     assert _settings(example.frozenlake_config().training(actor_lr=4e-5)) != _settings(cpu_preset("frozenlake"))
+
+
+def test_the_self_play_examples_evaluate_on_seeds_their_training_never_plays(monkeypatch):
+    from rllib_ragen.algorithm.validation import check_seeds_apart
+
+    monkeypatch.syspath_prepend(str(ROOT / "tuned_examples"))  # the Kuhn example builds on the TicTacToe one's
+    tictactoe = load_script(ROOT / "tuned_examples" / "tictactoe_selfplay.py").tictactoe_selfplay_config()
+    kuhn = load_script(ROOT / "tuned_examples" / "kuhn_poker_selfplay.py").kuhn_poker_selfplay_config()
+    for config in (tictactoe, kuhn):
+        check_seeds_apart(config, iterations=None)
