@@ -164,6 +164,8 @@ TABLE = (
     warm(COUNTDOWN, "--model", "{tiny}", "--set", "env_config={'num_numbers': 9}", words="num_numbers must be between"),
     # Settings: unknown, of the wrong type, every bounded one out of range.
     warm(FROZENLAKE, "--set", "no_such_key=1", words="unknown config key 'no_such_key'"),
+    warm(FROZENLAKE, "--model", "{tiny}", "--set", "eval_seed=10100",
+         words=("evaluation seeds 10100..", "overlap the training seeds 10000..")),
     warm(FROZENLAKE, "--set", "actor_lr=abc", words="actor_lr takes float"),
     warm(FROZENLAKE, "--set", "group_size=2.5", words="group_size takes int"),
     warm(FROZENLAKE, "--set", "actor_lr", words="--set expects KEY=VALUE"),
