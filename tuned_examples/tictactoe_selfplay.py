@@ -81,11 +81,8 @@ def tictactoe_selfplay_config() -> StarPOConfig:
             # ninth and tenth runs lost 18 and 43 points more to it), so the expert keeps a quarter.
             self_play_opponent=("frozen", "random", "random", "minimax"),
             max_game_turns=9,
-            # From the empty board: with 0-3 random openings (the fourteenth run) their luck decided much of each
-            # outcome, which RAE's baseline per seat and opponent leaves in every advantage, and the RL made play
-            # worse; from the empty board (the fifteenth) it won more against random play and did no harm. The
-            # league's random seats vary the games (the first run's self-play between two near-deterministic
-            # copies repeated one line: in-group std 1.414 and success 0.500 at every iteration).
+            # With 0-3 random openings their luck decided much of each outcome, which RAE's baseline per seat and
+            # opponent leaves in every advantage: RL made play worse (the fourteenth run; the sixteenth: none).
             training_opening_moves=0,
             # The board in four short lines, the rules in the system prompt: about a third of TextArena's tokens
             # a turn (the fifth run's warm start, on TextArena's messages, did not fit the job in float32).
@@ -98,8 +95,7 @@ def tictactoe_selfplay_config() -> StarPOConfig:
         )
         # Before and after the RL only (the job budget's end evaluates): 384 games take minutes on 2 cores. The 8
         # self-play games on fixed seeds are the trajectory page's; the games against each opponent start at
-        # seed 5000, which no run before the sixteenth played (earlier runs' games started at 123, 2000, 4000,
-        # 6000, 8000 and 10000; the last were also training seeds, which start at 10000).
+        # seed 5000, which no run before the sixteenth played, apart from the training seeds (from 10000).
         .starpo_evaluation(eval_interval=100, eval_size=8, eval_seed=5000)
         .debugging(seed=0)
     )

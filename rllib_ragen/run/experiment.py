@@ -162,7 +162,6 @@ def checked_inputs(args: argparse.Namespace, *, tuned: Callable[[], StarPOConfig
     Raises:
         UserError: naming the flag, setting or path at fault.
     """
-    from rllib_ragen.algorithm.validation import check_seeds_apart
     from rllib_ragen.run.starting_model import check_starting_model
     from rllib_ragen.run.train_loop import checkpoint_to_resume, run_directory
 
@@ -176,6 +175,8 @@ def checked_inputs(args: argparse.Namespace, *, tuned: Callable[[], StarPOConfig
         check_starting_model(args)
         config = config_from_args(args, tuned=tuned)
         config.check_inputs()
+        from rllib_ragen.algorithm.validation import check_seeds_apart  # loads Ray, as the config did
+
         check_seeds_apart(config, iterations=args.stop_iters)
         resume_from = checkpoint_to_resume(run_directory(config, args), resume=args.resume)
     if resume_from is not None:
