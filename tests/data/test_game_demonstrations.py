@@ -107,14 +107,18 @@ def test_a_game_without_a_two_seat_expert_is_refused_by_name(tokenizer):
         expert_game_demonstrations(tokenizer, TwoPlayerConfig(game="SimpleNegotiation-v0"), PROTOCOL, [0])
 
 
-def test_the_self_play_warm_start_plays_both_seats_and_the_single_seat_one_does_not(tokenizer):
-    config = (
+def _tictactoe_self_play(*, training_opening_moves: int) -> StarPOConfig:
+    return (
         StarPOConfig()
         .environment("textarena:TicTacToe-v0")
         .llm(model="tiny-random", critic="none")
         .rollouts(history_window=1, think=False, prefill=True)
-        .self_play(self_play_game="TicTacToe-v0", max_game_turns=9, training_opening_moves=3)
+        .self_play(self_play_game="TicTacToe-v0", max_game_turns=9, training_opening_moves=training_opening_moves)
     )
+
+
+def test_the_self_play_warm_start_plays_both_seats_and_the_single_seat_one_does_not(tokenizer):
+    config = _tictactoe_self_play(training_opening_moves=3)
     self_play = warm_start_config(config, player="expert", num_examples=4)
     assert self_play.game == config.two_player.game_config(training=True)
     single_seat = warm_start_config(config, player="expert", num_examples=4, world_model_epochs=1)
@@ -129,13 +133,7 @@ def test_the_self_play_warm_start_plays_both_seats_and_the_single_seat_one_does_
 def test_the_warm_starts_own_openings_vary_its_games_when_training_games_open_from_the_empty_board(tokenizer):
     """With training games from the empty board, minimax's demonstrations would be two games over and over;
     `game_opening_moves` gives the warm start its own openings, and the games played name its cache."""
-    config = (
-        StarPOConfig()
-        .environment("textarena:TicTacToe-v0")
-        .llm(model="tiny-random", critic="none")
-        .rollouts(history_window=1, think=False, prefill=True)
-        .self_play(self_play_game="TicTacToe-v0", max_game_turns=9, training_opening_moves=0)
-    )
+    config = _tictactoe_self_play(training_opening_moves=0)
     from_empty = warm_start_config(config, player="expert", num_examples=8)
     tuned = {"player": "expert", "game_opening_moves": 3}
     own = warm_start_config(config, player="expert", num_examples=8, tuned=tuned)
