@@ -55,9 +55,15 @@ def kuhn_text(game_state: Mapping[str, Any], player: int, max_rounds: int, *, ov
 
 def kuhn_instructions(player: int, max_rounds: int) -> str:
     """The rules for the seat of TextArena player id `player`, as the `board` render shows the game."""
+    # TextArena's hand r (from 1) is opened by player r % 2: a one-hand game by Player 1.
+    hands, openers = (
+        ("one hand a game", "Player 1 opens")
+        if max_rounds == 1
+        else (f"{max_rounds} hands a game", "the players take turns opening hands")
+    )
     return (
-        f"You play Kuhn Poker as Player {player} against one opponent, {max_rounds} hands a game. The deck is J, Q, "
-        "K (J lowest). Each hand both players ante 1 chip and get one card; the players take turns opening hands. "
+        f"You play Kuhn Poker as Player {player} against one opponent, {hands}. The deck is J, Q, "
+        f"K (J lowest). Each hand both players ante 1 chip and get one card; {openers}. "
         "Before any bet you may check or bet 1 chip; after a bet you may call (add 1 chip) or fold (the opponent "
         "takes the pot). Two checks or a call end the hand: the higher card takes the pot. Whoever has more chips "
         "after the last hand wins. The state is the hand so far. Your action is one of your moves."

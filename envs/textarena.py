@@ -35,6 +35,7 @@ import difflib
 import functools
 import importlib
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,7 @@ import numpy as np
 from envs.base import TextEnv, build_config
 from envs.textarena_isolation import GameSandbox
 from envs.textarena_opponent import OPPONENTS, candidate_moves, play_random_move
+from envs.user_errors import UserError
 
 INSTALL_HINT = "bash scripts/install.sh cpu,textarena"
 OBSERVATIONS = ("turn", "full")
@@ -88,8 +90,9 @@ def resolve_game(game: str) -> tuple[type[TextArenaEnv], dict[str, Any]]:
     return TextArenaEnv, {"game": game}
 
 
-def make_game(game: str) -> Any:
-    """TextArena's game `game`, without its default wrappers (call it inside the game's sandbox)."""
+def make_game(game: str, options: Mapping[str, Any] | None = None) -> Any:
+    """TextArena's game `game`, built with its constructor's keyword arguments `options` (e.g. KuhnPoker's
+    `{"max_rounds": 1}`), without its default wrappers (call it inside the game's sandbox)."""
     textarena = _import_textarena(game)
     registry = textarena.envs.registration.ENV_REGISTRY
     if game not in registry:
@@ -99,7 +102,11 @@ def make_game(game: str) -> Any:
             + (f"; close matches: {close}" if close else "")
             + " (the games tried here: docs/textarena.md)"
         )
-    wrapped = textarena.make(game)
+    try:
+        wrapped = textarena.make(game, **(options or {}))
+    except TypeError as error:  # an option the game's constructor does not take
+        entry_point = registry[game].entry_point
+        raise UserError(f"TextArena game {game!r} ({entry_point}) refused the options {dict(options or {})}: {error}")
     while isinstance(wrapped, textarena.Wrapper):
         wrapped = wrapped.env
     return wrapped

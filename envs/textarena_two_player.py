@@ -78,6 +78,8 @@ class TwoPlayerConfig:
 
     Attributes:
         game: TextArena's id of a two-player game, e.g. "TicTacToe-v0" or "KuhnPoker-v0".
+        game_options: Keyword arguments of the game's constructor, over those its id registers, e.g.
+            `{"max_rounds": 1}`: Kuhn Poker as Kuhn defined it, one hand a game (KuhnPoker-v0 registers 3).
         invalid_move_ends_game: SPIRAL's rule: an invalid move ends the game.
         invalid_move_reward: The offender's reward when an invalid move ends the game.
         opponent_invalid_reward: The other seat's reward then.
@@ -89,6 +91,7 @@ class TwoPlayerConfig:
     """
 
     game: str = "TicTacToe-v0"
+    game_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     invalid_move_ends_game: bool = True
     invalid_move_reward: float = -1.5
     opponent_invalid_reward: float = 0.5
@@ -99,6 +102,8 @@ class TwoPlayerConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.game, str) or not self.game:
             raise UserError(f"game must be a TextArena game id such as 'TicTacToe-v0', got {self.game!r}")
+        if not isinstance(self.game_options, dict) or not all(isinstance(key, str) for key in self.game_options):
+            raise UserError(f"game_options must be a dict of the game's keyword arguments, got {self.game_options!r}")
         if self.max_game_turns < 1:
             raise UserError(f"max_game_turns must be >= 1, got {self.max_game_turns}")
         if not 0 <= self.max_opening_moves < self.max_game_turns:
@@ -121,7 +126,7 @@ class TwoPlayerGame(MultiAgentEnv):
         super().__init__()
         self.config: TwoPlayerConfig = build_config(TwoPlayerConfig, config, overrides)
         self.sandbox = GameSandbox(game=self.config.game)
-        self.game = self.sandbox.call(lambda: make_game(self.config.game))
+        self.game = self.sandbox.call(lambda: make_game(self.config.game, self.config.game_options))
         self.agents = self.possible_agents = list(SEATS)
         self.rng = np.random.default_rng(0)
         self.moves = 0

@@ -642,6 +642,7 @@ class StarPOSettings(AlgorithmConfig):
         self,
         *,
         self_play_game: str | None = NotProvided,
+        game_options: dict[str, Any] = NotProvided,
         self_play_opponent: str | tuple[str, ...] = NotProvided,
         invalid_move_ends_game: bool = NotProvided,
         invalid_move_reward: float = NotProvided,
@@ -662,6 +663,8 @@ class StarPOSettings(AlgorithmConfig):
 
         Args:
             self_play_game: A two-player TextArena game id, e.g. "TicTacToe-v0" or "KuhnPoker-v0"; None = off.
+            game_options: Keyword arguments of the game's constructor, over those its id registers, e.g.
+                `{"max_rounds": 1}` for Kuhn Poker of one hand a game (KuhnPoker-v0 registers 3 hands).
             self_play_opponent: Who the trained policy meets in training: "self" (itself on both seats, shared
                 weights, the role in each seat's prompt), "frozen" (the policy the run started from, served by
                 a second engine: no gradient, no learner memory), "league" (a snapshot of the trained policy,
@@ -695,6 +698,7 @@ class StarPOSettings(AlgorithmConfig):
         self.two_player = _given(
             self.two_player,
             self_play_game=self_play_game,
+            game_options=game_options,
             self_play_opponent=self_play_opponent,
             invalid_move_ends_game=invalid_move_ends_game,
             invalid_move_reward=invalid_move_reward,

@@ -31,6 +31,7 @@ class SelfPlaySettings:
     """
 
     self_play_game: str | None = None
+    game_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     self_play_opponent: str | tuple[str, ...] = SELF
     invalid_move_ends_game: bool = True
     invalid_move_reward: float = -1.5
@@ -90,6 +91,7 @@ class SelfPlaySettings:
             raise ValueError("self-play is off: no game is set (`StarPOConfig.self_play(self_play_game=...)`)")
         return TwoPlayerConfig(
             game=self.self_play_game,
+            game_options=self.game_options,
             invalid_move_ends_game=self.invalid_move_ends_game,
             invalid_move_reward=self.invalid_move_reward,
             opponent_invalid_reward=self.opponent_invalid_reward,
