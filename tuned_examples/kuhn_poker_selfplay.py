@@ -13,7 +13,7 @@ poker:
 - the warm start: Kuhn Poker's Nash equilibrium (`envs.kuhn_equilibrium`) on both seats of 32 self-play games,
   on self-play's own prompts, into the top 10 layers (the TicTacToe example's warm start with another expert);
 - the evaluation: 128 games against random play, against its start (a second, frozen engine) and against the
-  equilibrium, from seed 3000 (apart from the training seeds), seats alternating, with chips per hand beside
+  equilibrium, from seed 7000 (apart from the training seeds), seats alternating, with chips per hand beside
   the equilibrium's value for the same seats.
 
 TextArena 0.7.4's KuhnPoker puts no chip in the pot for a bet or a call; `envs.textarena_two_player` pays it,
@@ -64,9 +64,9 @@ def kuhn_poker_selfplay_config() -> StarPOConfig:
             # A one-hand game is a third of a three-hand one: twice the fifth run's games, for tighter intervals.
             game_eval_games=256,
         )
-        # Games from seed 3000, which no run played before the fifth: the league and the evaluated opponents were
-        # chosen on the third and fourth runs' games from seed 10000, which were also training seeds then.
-        .starpo_evaluation(eval_seed=3000)
+        # Games from seed 7000, which no run played: the one-hand game was chosen on the fifth run's games from
+        # seed 3000, and the league and the evaluated opponents on the third and fourth runs' from seed 10000.
+        .starpo_evaluation(eval_seed=7000)
     )
 
 

@@ -149,3 +149,23 @@ def test_the_warm_starts_own_openings_vary_its_games_when_training_games_open_fr
     assert own.fingerprint("m") == opened.fingerprint("m") != from_empty.fingerprint("m")
     with pytest.raises(ValueError, match="game_opening_moves"):
         warm_start_config(config, player="expert", tuned={"player": "expert", "game_opening_moves": -1})
+
+
+def test_the_games_options_reach_the_warm_starts_games_and_name_its_cache(tokenizer):
+    """Kuhn Poker of one hand (`game_options`): the equilibrium's demonstrations are one hand each, at most two
+    moves a seat, and they are another warm start than three hands'."""
+    config = (
+        StarPOConfig()
+        .environment("textarena:KuhnPoker-v0")
+        .llm(model="tiny-random", critic="none")
+        .rollouts(history_window=1, think=False, prefill=True)
+        .self_play(self_play_game="KuhnPoker-v0", game_options={"max_rounds": 1}, game_render="board")
+    )
+    assert config.two_player.game_config(training=False).game_options == {"max_rounds": 1}
+    one_hand = warm_start_config(config, player="expert", num_examples=6)
+    assert one_hand.game.game_options == {"max_rounds": 1}
+    for episode in demonstrations(tokenizer, one_hand):
+        moves = _moves_by_seat(episode)
+        assert 1 <= len(moves["player_1"]) <= 2 and len(moves["player_0"]) == 1  # player 1 opens the one hand
+    three_hands = warm_start_config(config.copy().self_play(game_options={}), player="expert", num_examples=6)
+    assert one_hand.fingerprint("m") != three_hands.fingerprint("m")

@@ -86,6 +86,29 @@ def test_kuhn_poker_runs_through_the_same_seats() -> None:
     assert game.hands_opened("player_0") == (1, 3)  # rounds 1 and 3 are opened by player 1
 
 
+def test_a_game_option_makes_kuhn_poker_one_hand_whose_pot_decides_the_game() -> None:
+    game = TwoPlayerGame(game="KuhnPoker-v0", game_options={"max_rounds": 1}, render="board")
+    assert "one hand a game" in game.instructions("player_0") and "Player 1 opens" in game.instructions("player_0")
+    for seed in range(6):
+        game.reset(seed=seed)
+        cards = dict(game.game.state.game_state["player_cards"])
+        winner = 0 if cards[0] > cards[1] else 1
+        assert game.current_seat == "player_1"  # TextArena's hand 1 is opened by player 1
+        game.step({"player_1": "[bet]"})
+        _, rewards, terminateds, _, _ = game.step({"player_0": "[call]"})
+        assert terminateds["__all__"]  # no second hand
+        assert rewards == {SEATS[winner]: 1.0, SEATS[1 - winner]: -1.0}  # no draw: the hand's pot is the game
+        assert game.chips(SEATS[winner]) == 2.0  # the called bet's pot: 2 chips from the loser
+        assert game.hands_opened("player_1") == (1, 1) and game.hands_opened("player_0") == (0, 1)
+
+
+def test_an_option_the_games_constructor_does_not_take_is_refused_by_name() -> None:
+    with pytest.raises(UserError, match=r"'KuhnPoker-v0'.*refused the options \{'hands': 1\}.*'hands'"):
+        TwoPlayerGame(game="KuhnPoker-v0", game_options={"hands": 1})
+    with pytest.raises(UserError, match="game_options must be a dict"):
+        TwoPlayerGame(game="KuhnPoker-v0", game_options=[("max_rounds", 1)])
+
+
 def _hand(game: TwoPlayerGame, seed: int, moves: list[str]) -> tuple[int, int, dict[int, int]]:
     """Plays one hand of Kuhn Poker from a new game: (the showdown's winner, the opener, each seat's chips
     after the hand, the next hand's antes paid)."""
