@@ -47,25 +47,18 @@ def kuhn_poker_selfplay_config() -> StarPOConfig:
     return (
         tictactoe_selfplay_config()
         .environment(f"textarena:{GAME}")
-        # 32 one-hand games an iteration: about the rows of the fifth run's 16 three-hand games.
-        .rollouts(n_groups=32, response_length=16)
+        .rollouts(response_length=16)
         .self_play(
             self_play_game=GAME,
-            # Kuhn Poker as Kuhn defined it, one hand a game, where KuhnPoker-v0 plays three: the outcome is the
-            # hand's, so no draws (three hands drew 27% of the fifth run's games against its start, and the chips
-            # it took from its start turned losses into draws more than into wins) and the reward is the hand's.
-            game_options={"max_rounds": 1},
             # Its start in place of self-play between two trained seats (the third run): with it, the fourth and
             # fifth runs lost 27-30 points fewer games to their start and still gained against random play.
             self_play_opponent=("frozen", "random", "random"),
             training_opening_moves=0,
             game_eval_opponents=("random", "frozen", "equilibrium"),
             game_eval_opening_moves=0,
-            # A one-hand game is a third of a three-hand one: twice the fifth run's games, for tighter intervals.
-            game_eval_games=256,
         )
-        # Games from seed 7000, which no run played: the one-hand game was chosen on the fifth run's games from
-        # seed 3000, and the league and the evaluated opponents on the third and fourth runs' from seed 10000.
+        # Games from seed 7000, which no run played: the third to sixth runs' games (from seeds 10000 and 3000)
+        # chose the league, the evaluated opponents and the three-hand game.
         .starpo_evaluation(eval_seed=7000)
     )
 
@@ -77,8 +70,7 @@ if __name__ == "__main__":
         env=f"textarena:{GAME}",
         config=kuhn_poker_selfplay_config,
         # The deals and the equilibrium's mixed moves vary the games: no random openings.
-        # 64 one-hand games: 128 seats' trajectories, 16 steps (the fifth run: 32 three-hand games, 8 steps).
-        warm_start_choices=dict(WARM_START, num_examples=64, game_opening_moves=None),
+        warm_start_choices=dict(WARM_START, num_examples=32, game_opening_moves=None),
         description="Train an LLM to play Kuhn Poker by self-play (SPIRAL's RAE) with StarPO.",
         stop_iters=200,
         job_budget_min=27.0,
