@@ -13,7 +13,7 @@ poker:
 - the warm start: Kuhn Poker's Nash equilibrium (`envs.kuhn_equilibrium`) on both seats of 32 self-play games,
   on self-play's own prompts, into the top 10 layers (the TicTacToe example's warm start with another expert);
 - the evaluation: 128 games against random play, against its start (a second, frozen engine) and against the
-  equilibrium, from seed 7000 (apart from the training seeds), seats alternating, with chips per hand beside
+  equilibrium, from seed 8000 (apart from the training seeds), seats alternating, with chips per hand beside
   the equilibrium's value for the same seats.
 
 TextArena 0.7.4's KuhnPoker puts no chip in the pot for a bet or a call; `envs.textarena_two_player` pays it,
@@ -57,9 +57,9 @@ def kuhn_poker_selfplay_config() -> StarPOConfig:
             game_eval_opponents=("random", "frozen", "equilibrium"),
             game_eval_opening_moves=0,
         )
-        # Games from seed 7000, which no run played: the third to sixth runs' games (from seeds 10000 and 3000)
-        # chose the league, the evaluated opponents and the three-hand game.
-        .starpo_evaluation(eval_seed=7000)
+        # Games from seed 8000, which no run played: the third to sixth runs' games (from seeds 10000, 3000 and
+        # 7000) chose the league, the evaluated opponents and the three-hand game.
+        .starpo_evaluation(eval_seed=8000)
     )
 
 
