@@ -106,7 +106,8 @@ def make_game(game: str, options: Mapping[str, Any] | None = None) -> Any:
         wrapped = textarena.make(game, **(options or {}))
     except TypeError as error:  # an option the game's constructor does not take
         entry_point = registry[game].entry_point
-        raise UserError(f"TextArena game {game!r} ({entry_point}) refused the options {dict(options or {})}: {error}")
+        given = dict(options or {})
+        raise UserError(f"TextArena game {game!r} ({entry_point}) refused the options {given}: {error}") from None
     while isinstance(wrapped, textarena.Wrapper):
         wrapped = wrapped.env
     return wrapped

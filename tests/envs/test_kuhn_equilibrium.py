@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import itertools
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import require_extra
+from run_helpers import load_script
 
 from envs.kuhn_equilibrium import aggression, equilibrium_move
 
@@ -126,3 +128,22 @@ def test_on_textarena_it_plays_legally_on_both_seats_and_wins_chips_from_random_
     # Random play (each listed move at even odds) loses to the equilibrium; its mean is about +0.3 a hand.
     mean, half_width = np.mean(chips), 1.96 * np.std(chips) / np.sqrt(len(chips))
     assert mean - half_width > 0.0, (mean, half_width)
+
+
+def test_the_win_ceiling_of_one_hand_against_the_equilibrium_by_hand() -> None:
+    """`benchmarks/kuhn_win_ceiling.py`: betting and calling with every card wins 11/18 of the hands it opens
+    against the equilibrium and 5/9 of the others (by hand, over the six deals: opening, it loses only a jack
+    called by a queen, 1/3, or by a king, and a queen called by a king; answering, it loses a jack to a queen
+    that calls, 2/3, and to a king, and a queen to a king); no pure strategy wins more, and the equilibrium
+    against itself wins the hands it opens as often as the other seat loses them."""
+    ceiling = load_script(Path(__file__).parents[2] / "benchmarks" / "kuhn_win_ceiling.py")
+
+    def always_aggressive(*, opens: bool, move: str, card: int) -> float:
+        return 1.0
+
+    assert ceiling.win_probability(always_aggressive, hero_opens=True) == pytest.approx(11 / 18)
+    assert ceiling.win_probability(always_aggressive, hero_opens=False) == pytest.approx(5 / 9)
+    assert ceiling.best_pure_response(hero_opens=True)[0] == pytest.approx(11 / 18)
+    assert ceiling.best_pure_response(hero_opens=False)[0] == pytest.approx(5 / 9)
+    opens, answers = (ceiling.win_probability(aggression, hero_opens=seat) for seat in (True, False))
+    assert opens + answers == pytest.approx(1.0) and opens > 0.5
