@@ -20,10 +20,12 @@ TextArena 0.7.4's KuhnPoker puts no chip in the pot for a bet or a call; `envs.t
 so the game played is Kuhn Poker (docs/self_play.md).
 
 Results: docs/results/self_play_kuhn.md. On an AVX2-only EPYC in float32, with no flags from an empty cache,
-the job holds 11 RL iterations. In the fifth run, on seeds no run played, the policy won 0.641 of 128 games
-against random play (0.539 before; paired change +0.102 [+0.028, +0.172]), lost 0.195 of its games against its
-start (0.461; -0.266 [-0.364, -0.159]) though its win rate there rose by chance only (+0.055 [-0.063, +0.170]),
-and lost 0.344 against the equilibrium (0.453; -0.109 [-0.163, -0.052]).
+the job holds 11-12 RL iterations. In the seventh run, on seeds no run played, the policy won 0.594 of 128 games
+against random play (0.516 before; paired change +0.078 [+0.009, +0.145]) and 0.703 against its start (0.523;
++0.180 [+0.073, +0.281]), and lost 0.414 against the equilibrium (0.438; -0.023 [-0.066, +0.019], within
+chance; the fourth and fifth runs: -0.094 and -0.109, beyond it). Games of one hand (`game_options=
+{"max_rounds": 1}`, the sixth run) changed almost no outcome: a start near the equilibrium leaves a one-hand win
+rate at most 0.083 to gain (`benchmarks/kuhn_win_ceiling.py`).
 
 The config below is the TicTacToe example's with the lines that differ.
 """
