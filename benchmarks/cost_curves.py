@@ -38,10 +38,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envs.user_errors import CLIParser, UserError, front_door
 from rllib_ragen.run.given_paths import output_file
+
+if TYPE_CHECKING:
+    from iteration_breakdown import PolicyParameters
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -208,6 +211,7 @@ def timed_iteration(algo: Any, syncs: list[float]) -> dict[str, float]:
         "sync_s": sync,
         "update_s": seconds - timing["total_s"] - sync,
         "generated_tokens": runners["rollout_tokens_per_s"] * timing["total_s"],
+        "prefilled_tokens": runners["rollout_prefill_tokens_per_s"] * timing["total_s"],
         "row_tokens": learner.get("num_row_tokens", float("nan")),
         "computed_tokens": learner.get("num_computed_tokens", float("nan")),
         "trajectories": runners["num_trajectories"],
@@ -217,7 +221,7 @@ def timed_iteration(algo: Any, syncs: list[float]) -> dict[str, float]:
     }
 
 
-def point_figures(rows: list[dict[str, float]], params: tuple[int, int]) -> dict[str, Any]:
+def point_figures(rows: list[dict[str, float]], params: PolicyParameters) -> dict[str, Any]:
     """Each figure's median over `rows`, and the phases' GFLOP/s at those medians."""
     from iteration_breakdown import phase_gflops
 
@@ -228,9 +232,10 @@ def point_figures(rows: list[dict[str, float]], params: tuple[int, int]) -> dict
         computed_tokens=medians["computed_tokens"],
         update_s=medians["update_s"],
         generated_tokens=medians["generated_tokens"],
+        prefilled_tokens=medians["prefilled_tokens"],
         generation_s=medians["generation_s"],
     )
-    return {**medians, **gflops, "parameters": params[0], "trained_parameters": params[1]}
+    return {**medians, **gflops, "parameters": params.all, "trained_parameters": params.trained}
 
 
 def process_labels(peaks: dict[int, float]) -> dict[int, str]:

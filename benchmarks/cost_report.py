@@ -54,7 +54,7 @@ def axis_table(points: list[dict[str, Any]], ceiling: float) -> list[str]:
     """One axis's points as fixed-width rows."""
     lines = [
         f"{'point':<22}{'s/iter':>8}{'rollout':>9}{'update':>8}{'sync':>7}{'turns':>7}{'answer':>8}"
-        f"{'trunc':>7}{'gen GF/s':>9}{'%ceil':>7}{'upd GF/s':>9}{'%ceil':>7}  peak RSS MiB"
+        f"{'trunc':>7}{'gen GF/s':>9}{'%ceil':>7}{'computed':>9}{'%ceil':>7}{'upd GF/s':>9}{'%ceil':>7}  peak RSS MiB"
     ]
     for point in points:
         if "error" in point:
@@ -62,11 +62,13 @@ def axis_table(points: list[dict[str, Any]], ceiling: float) -> list[str]:
             continue
         # Ray pads its processes' titles with spaces: one space between words reads as a list.
         peaks = ", ".join(f"{' '.join(p['role'].split())} {p['peak_mb']:.0f}" for p in point["processes"][:4])
+        computed = point.get("generation_computed_gflops", float("nan"))  # points stored before the prefill count
         lines.append(
             f"{point['point']:<22}{point['seconds']:>8.2f}{point['rollout_s']:>9.2f}{point['update_s']:>8.2f}"
             f"{point['sync_s']:>7.2f}{point['turns_mean']:>7.2f}{point['answer_tokens_mean']:>8.1f}"
             f"{point['truncated_trajectories']:>7.0f}{point['generation_gflops']:>9.1f}"
-            f"{point['generation_gflops'] / ceiling:>7.0%}{point['update_hardware_gflops']:>9.1f}"
+            f"{point['generation_gflops'] / ceiling:>7.0%}{computed:>9.1f}{computed / ceiling:>7.0%}"
+            f"{point['update_hardware_gflops']:>9.1f}"
             f"{point['update_hardware_gflops'] / ceiling:>7.0%}  {peaks}"
         )
     return lines
@@ -88,7 +90,8 @@ def report_lines(points: list[dict[str, Any]], ceiling: float, ceiling_dtype: st
         f"{ceiling_dtype} matmul ceiling (measured once, alone, on the machine of the points): {ceiling:.0f} GFLOP/s",
         "s/iter = rollout + update + sync (medians of iterations 2+); turns, answer: means per trajectory and "
         "turn; trunc: trajectories ended by a prompt over max_model_len per iteration; GF/s: generation "
-        "(generated tokens) and update (positions run), as benchmarks/iteration_breakdown.py counts them",
+        "(sampled tokens; computed: with the prompt positions prefilled) and update (positions run), as "
+        "benchmarks/iteration_breakdown.py counts them",
     ]
     for axis in dict.fromkeys(p["axis"] for p in points):
         ran = [p for p in points if p["axis"] == axis]

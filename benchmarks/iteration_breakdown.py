@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from envs.user_errors import CLIParser, front_door
 from rllib_ragen.run.given_paths import output_file
@@ -88,19 +89,36 @@ def measure(env: str, iters: int, warmup: int, settings: list[str]) -> dict:
     return {**_figures(config, results, timings, seconds, iters, params), **_memory_figures(memory)}
 
 
-def policy_parameters(learner) -> tuple[int, int]:
-    """The policy's parameters, and those that train (backward computes weight gradients for these only)."""
-    parameters = list(learner.module["default_policy"].policy.parameters())
-    return sum(p.numel() for p in parameters), sum(p.numel() for p in parameters if p.requires_grad)
+class PolicyParameters(NamedTuple):
+    """The policy's parameter counts that its phases' FLOPs come from."""
+
+    all: int
+    trained: int  # backward computes weight gradients for these only
+    body: int  # the weights every position multiplies: all but the token embedding and the LM head
+    head: int  # the LM head (the tied embedding, or its own matrix): multiplied where a token is sampled
+
+
+def policy_parameters(learner) -> PolicyParameters:
+    """The policy's `PolicyParameters`."""
+    policy = learner.module["default_policy"].policy
+    parameters = list(policy.parameters())
+    head = policy.get_output_embeddings().weight
+    vocabulary = {id(p): p.numel() for p in (policy.get_input_embeddings().weight, head)}  # one entry when tied
+    total = sum(p.numel() for p in parameters)
+    return PolicyParameters(total, sum(p.numel() for p in parameters if p.requires_grad),
+                            total - sum(vocabulary.values()), head.numel())
 
 
 def _figures(config, results: list[dict], timings: list[dict], seconds: float, iters: int,
-             params: tuple[int, int]) -> dict:
+             params: PolicyParameters) -> dict:
     """Per-iteration means of the timed iterations, and each phase's achieved GFLOP/s."""
     learner = [r["learners"]["default_policy"] for r in results]
     rollout = sum(t["total_s"] for t in timings)
     generation = sum(t["engine_s"] for t in timings)
     generated = sum(r["env_runners"]["rollout_tokens_per_s"] * t["total_s"] for r, t in zip(results, timings))
+    # A baseline revision may predate the prefill count: its generation then counts sampled tokens only.
+    prefilled = sum(r["env_runners"].get("rollout_prefill_tokens_per_s", 0.0) * t["total_s"]
+                    for r, t in zip(results, timings))
     sync = sum(r["timers"].get("weight_sync", float("nan")) for r in results)
     # Wall time outside the rollout and the weight sync: the learner connector and update (and metrics), so
     # the update's GFLOP/s below are a lower bound. (RLlib's timers are moving averages over all iterations.)
@@ -128,25 +146,28 @@ def _figures(config, results: list[dict], timings: list[dict], seconds: float, i
         # The learner connector and update, the weight sync and the metrics: all but the rollout.
         "update_sync_rest_s": (seconds - rollout) / iters,
         **phase_gflops(params, row_tokens=row_tokens, computed_tokens=computed_tokens, update_s=update,
-                       generated_tokens=generated, generation_s=generation),
+                       generated_tokens=generated, prefilled_tokens=prefilled, generation_s=generation),
         "policy_loss": sum(r["policy_loss"] for r in learner) / iters,
         "logp_gap_mean": sum(r.get("train_inference_logp_gap_mean", float("nan")) for r in learner) / iters,
     }
 
 
-def phase_gflops(params: tuple[int, int], *, row_tokens: float, computed_tokens: float, update_s: float,
-                 generated_tokens: float, generation_s: float) -> dict[str, float]:
-    """The update's and the generation's achieved GFLOP/s, from the policy's (all, trained) parameters."""
-    params_all, trained = params
+def phase_gflops(params: PolicyParameters, *, row_tokens: float, computed_tokens: float, update_s: float,
+                 generated_tokens: float, prefilled_tokens: float, generation_s: float) -> dict[str, float]:
+    """The update's and the generation's achieved GFLOP/s."""
     return {
         # 6 x parameters x tokens (forward 2, backward 4), over the update's time, for every row token (what a
         # per-row pass of every weight computes: the issue's measure). The hardware's: the positions really run
         # (the shared prefix once), forward through every weight and backward (4) through the trained ones only
         # (frozen bottom layers run forward only).
-        "update_gflops": 6 * params_all * row_tokens / update_s / 1e9,
-        "update_hardware_gflops": (2 * params_all + 4 * trained) * computed_tokens / update_s / 1e9,
-        # 2 x parameters x generated token over the engine's time (prompts' prefill not counted).
-        "generation_gflops": 2 * params_all * generated_tokens / generation_s / 1e9,
+        "update_gflops": 6 * params.all * row_tokens / update_s / 1e9,
+        "update_hardware_gflops": (2 * params.all + 4 * params.trained) * computed_tokens / update_s / 1e9,
+        # Over the engine's time, 2 x the weights each computed position multiplies: a sampled token, the body
+        # and the LM head; a prompt position the engine computed (its prefix cache's hits are not computed),
+        # the body alone (no logits are computed there). Attention's own FLOPs are left out.
+        "generation_gflops": 2 * (params.body + params.head) * generated_tokens / generation_s / 1e9,
+        "generation_computed_gflops": 2 * ((params.body + params.head) * generated_tokens
+                                           + params.body * prefilled_tokens) / generation_s / 1e9,
     }
 
 
@@ -174,7 +195,7 @@ def report(sides: dict[str, dict]) -> list[str]:
     """The sides' figures as a fixed-width table, their settings, and each side's ratios to the first."""
     keys = ["seconds_per_iter", "trajectories_per_min", "trained_trajectories_per_min", "rollout_s", "generation_s",
             "update_s", "weight_sync_s", "update_sync_rest_s", "update_gflops", "update_hardware_gflops",
-            "generation_gflops",
+            "generation_gflops", "generation_computed_gflops",
             "peak_rss_sum_gb", "peak_rss_largest_gb", "policy_loss", "logp_gap_mean"]
     lines = [f"{'':<24}" + "".join(f"{name:>16}" for name in sides)]
     for key in keys:
@@ -233,8 +254,9 @@ def ceiling_lines(sides: dict[str, dict]) -> list[str]:
     for name, side in sides.items():
         lines.append(f"{name}: update {side['update_gflops']:.0f} GFLOP/s of row tokens = "
                      f"{side['update_gflops'] / bf16:.0%} of bf16 ({side['update_hardware_gflops'] / bf16:.0%} in "
-                     f"positions run); generation {side['generation_gflops']:.0f} GFLOP/s = "
-                     f"{side['generation_gflops'] / bf16:.0%}")
+                     f"positions run); generation {side['generation_gflops']:.0f} GFLOP/s of sampled tokens = "
+                     f"{side['generation_gflops'] / bf16:.0%} ({side['generation_computed_gflops'] / bf16:.0%} "
+                     "in positions computed: prompt positions prefilled and sampled tokens)")
     return lines
 
 

@@ -209,11 +209,14 @@ class Completion:
         logprobs: Per sampled token, its log-probability under the distribution
             it was sampled from (after temperature), same length as token_ids.
         finish_reason: "stop" (a stop token was sampled) or "length".
+        cached_prompt_tokens: The prompt's leading tokens the engine took from its
+            prefix cache instead of computing them (0 for an engine without one).
     """
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    cached_prompt_tokens: int = 0
 
 
 class EngineTimeoutError(TimeoutError):

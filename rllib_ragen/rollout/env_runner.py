@@ -25,6 +25,7 @@ the training seeds is an error when the runner starts.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import defaultdict
@@ -192,21 +193,24 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         env_config = self.config.env_config if evaluation else training_env_config(self.config.env_config, settings)
         rollout = _GroupRollout(self, seeds, group_size, env_config=env_config or {})
         try:
-            generated_tokens = rollout.run(params)
+            tokens = rollout.run(params)
         finally:
             rollout.close()
         # env_step_s: inside env reset/step; prompt_build_s: prompt tokens, parsing, histories.
         self.last_rollout_timing = {"total_s": time.perf_counter() - start, **rollout.timing}
         if not evaluation:
-            self._log_rollout_metrics(rollout, generated_tokens)
+            self._log_rollout_metrics(rollout, tokens)
         return rollout.episodes
 
-    def _log_rollout_metrics(self, rollout: _GroupRollout, generated_tokens: int) -> None:
+    def _log_rollout_metrics(self, rollout: _GroupRollout, tokens: RolloutTokens) -> None:
         stats = rollout_statistics(rollout.episodes)
         stats.update(env_errors=rollout.env_errors, truncated_prompt_trajectories=rollout.truncated_prompts)
         seconds, engine_seconds = self.last_rollout_timing["total_s"], self.last_rollout_timing["engine_s"]
         stats.update(
-            rollout_tokens_per_s=generated_tokens / max(seconds, 1e-9),
+            rollout_tokens_per_s=tokens.generated / max(seconds, 1e-9),
+            # Prompt positions the engine computed (its prefix cache's hits left out): with short answers
+            # after long prompts, most of a rollout's compute.
+            rollout_prefill_tokens_per_s=tokens.prefilled / max(seconds, 1e-9),
             rollout_time_s=seconds,
             # Time outside engine calls: prompt building, parsing, env steps, episodes.
             rollout_framework_overhead=1.0 - engine_seconds / max(seconds, 1e-9),
@@ -251,6 +255,14 @@ def policy_weights(module_state: dict[str, Any]) -> dict[str, torch.Tensor]:
         for key, value in module_state.items()
         if key.startswith(POLICY_PREFIX)
     }
+
+
+@dataclasses.dataclass
+class RolloutTokens:
+    """Tokens one rollout's engine calls computed: sampled, and prompt positions prefilled (cache hits left out)."""
+
+    generated: int = 0
+    prefilled: int = 0
 
 
 class _GroupRollout:
@@ -356,21 +368,23 @@ class _GroupRollout:
         self.groups.append(group)
         self.episodes.append(episode)
 
-    def run(self, params: SamplingParams) -> int:
-        generated = 0
+    def run(self, params: SamplingParams) -> RolloutTokens:
+        """Plays every live trajectory to its end; returns the tokens the engine computed."""
+        tokens = RolloutTokens()
         while self.live:
             with self._timed("prompt_build_s"):
                 prompts = [self.histories[key].prompt_ids() for key in self.live]
             with self._timed("engine_s"):
                 completions = self.runner.engine.generate(prompts, params)
             by_group: dict[int, dict[str, Any]] = defaultdict(dict)
-            for key, completion in zip(self.live, completions):
+            for key, prompt, completion in zip(self.live, prompts, completions):
                 by_group[key[0]][key[1]] = completion
-                generated += len(completion.token_ids)
+                tokens.generated += len(completion.token_ids)
+                tokens.prefilled += len(prompt) - completion.cached_prompt_tokens
             for index, completions_of_group in by_group.items():
                 self._step_group(index, completions_of_group)
             self.live = [key for key in self.live if not self._finished(key)]
-        return generated
+        return tokens
 
     def _finished(self, key: tuple[int, str]) -> bool:
         episode = self.episodes[key[0]].agent_episodes[key[1]]

@@ -150,6 +150,18 @@ def test_stop_token_ends_a_completion_and_is_included(pool):
 
 
 @pytest.mark.vllm
+def test_a_prompt_served_from_the_prefix_cache_reports_the_tokens_it_skipped(pool):
+    prompt = [1] + list(range(3000, 3099))  # 100 tokens that no other test's prompt starts with
+    greedy = SamplingParams(max_new_tokens=2, temperature=0.0)
+    first = pool.generate([prompt, prompt], greedy)  # one copy to each engine
+    again = pool.generate([prompt, prompt], greedy)
+    assert [c.cached_prompt_tokens for c in first] == [0, 0]
+    # Whole KV blocks of 32 tokens (the CPU block size), and never the last position, which must make logits.
+    assert [c.cached_prompt_tokens for c in again] == [96, 96]
+    assert [c.token_ids for c in again] == [c.token_ids for c in first]
+
+
+@pytest.mark.vllm
 def test_sync_after_an_optimiser_step_matches_the_learner(pool, learner):
     continuation = [500, 501, 502, 503, 504, 505]
     greedy = SamplingParams(max_new_tokens=8, temperature=0.0)

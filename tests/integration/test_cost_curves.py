@@ -30,6 +30,8 @@ def test_a_tiny_point_splits_its_iterations_into_rollout_update_and_sync(ray_ses
         assert row["generation_s"] <= row["rollout_s"]
     assert point["seconds"] == point["iterations"][1]["seconds"]  # the median of iteration 2 alone
     assert point["generation_gflops"] > 0 and point["parameters"] >= point["trained_parameters"] > 0
+    # The HF engine has no prefix cache: it computes every prompt position, which sampled tokens alone leave out.
+    assert point["prefilled_tokens"] > 0 and point["generation_computed_gflops"] > point["generation_gflops"]
     assert point["processes"][0]["peak_mb"] > 0 and any(p["role"] == "driver" for p in point["processes"])
 
 
@@ -44,6 +46,29 @@ def test_the_fit_recovers_hand_made_lines():
     points = [{"axis": "trajectories", "point": size, "seconds": s} for size, s in (("16", 2.0), ("256", 36.0))]
     line = cost_report.linearity_line(points)
     assert "x18.00" in line and "OVER the 17.6 bound" in line
+
+
+def test_generation_counts_a_prefilled_prompt_position_through_the_body_alone():
+    breakdown = importlib.import_module("iteration_breakdown")
+    # 100 body weights, a 10-weight LM head; 5 sampled tokens and 20 prompt positions prefilled in 1 s.
+    params = breakdown.PolicyParameters(all=110, trained=110, body=100, head=10)
+    gflops = breakdown.phase_gflops(params, row_tokens=0, computed_tokens=0, update_s=1.0,
+                                    generated_tokens=5, prefilled_tokens=20, generation_s=1.0)
+    assert gflops["generation_gflops"] == pytest.approx(2 * 110 * 5 / 1e9)  # 1100 FLOPs: sampled tokens only
+    assert gflops["generation_computed_gflops"] == pytest.approx((2 * 110 * 5 + 2 * 100 * 20) / 1e9)  # + 4000
+
+
+def test_a_tied_head_is_counted_once_in_the_policys_parameters():
+    breakdown = importlib.import_module("iteration_breakdown")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(shapes.SHAPES["smollm2-360m-shape"]())  # tied, 49152 x 960 head
+
+    class Learner:
+        module = {"default_policy": type("Module", (), {"policy": model})()}
+
+    params = breakdown.policy_parameters(Learner())
+    assert params.head == 49152 * 960 and params.all == 361_821_120
+    assert params.body == params.all - params.head
 
 
 def test_the_shaped_models_have_the_published_parameter_counts():

@@ -8,7 +8,12 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 from rllib_ragen.rollout.trajectory_record import rollout_statistics
 
 # Per-runner metrics that add up over parallel runners, and the one that is a wall time.
-_SUMMED_RUNNER_METRICS = ("env_errors", "truncated_prompt_trajectories", "rollout_tokens_per_s")
+_SUMMED_RUNNER_METRICS = (
+    "env_errors",
+    "truncated_prompt_trajectories",
+    "rollout_tokens_per_s",
+    "rollout_prefill_tokens_per_s",
+)
 _WALL_TIME_METRIC = "rollout_time_s"
 
 

@@ -124,15 +124,17 @@ def to_vllm_params(params: SamplingParams, seed: int | None) -> VLLMSamplingPara
     )
 
 
-def to_completion(output: CompletionOutput) -> Completion:
-    """`Completion` from a vLLM `CompletionOutput` (logprobs requested with logprobs=0)."""
+def to_completion(output: CompletionOutput, *, cached_prompt_tokens: int | None = None) -> Completion:
+    """`Completion` from a vLLM `CompletionOutput` (logprobs requested with logprobs=0), with its request's
+    prefix-cache hits (`RequestOutput.num_cached_tokens`, None when vLLM did not report them)."""
     if output.logprobs is None:
         raise RuntimeError("vLLM returned a completion without the log-probs every request asks for (logprobs=0)")
     token_ids = list(output.token_ids)
     # One {token: Logprob} per sampled token (a list, or vLLM's flat form that iterates the same way).
     steps = cast(Sequence[Mapping[int, Any]], output.logprobs)
     logprobs = [step[token].logprob for token, step in zip(token_ids, steps)]
-    return Completion(token_ids, logprobs, "stop" if output.finish_reason == "stop" else "length")
+    finish_reason = "stop" if output.finish_reason == "stop" else "length"
+    return Completion(token_ids, logprobs, finish_reason, cached_prompt_tokens or 0)
 
 
 class VLLMEngineActor:
@@ -178,7 +180,7 @@ class VLLMEngineActor:
             use_tqdm=False,
             lora_request=self._lora_request,
         )
-        return [to_completion(output.outputs[0]) for output in outputs]
+        return [to_completion(output.outputs[0], cached_prompt_tokens=output.num_cached_tokens) for output in outputs]
 
     def score(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> list[list[float]]:
         """Log-probs (temperature 1) of each continuation's tokens after its prompt."""
