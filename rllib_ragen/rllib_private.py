@@ -90,6 +90,26 @@ class MiniBatchStepLearner(TorchLearner):
         return super()._get_optimizer_state()
 
     @override(TorchLearner)
+    def apply_gradients(self, gradients_dict: dict) -> None:
+        """RLlib's step, with the gradients checked for nan/inf once, through their global norm.
+
+        RLlib's own checks every gradient tensor twice (two passes over all of them: about half a
+        second an optimiser step for a 135M policy on 2 CPU cores). Finite gradients have a finite
+        norm, so only a step whose norm is not finite (or one with a grad scaler or an LR scheduler
+        class) goes through RLlib's checks and its handling of nan/inf, unchanged.
+        """
+        if self._grad_scalers is not None or self._lr_scheduler_classes is not None:
+            super().apply_gradients(gradients_dict)
+            return
+        if not torch.isfinite(torch.nn.utils.get_total_norm(list(gradients_dict.values()))):
+            super().apply_gradients(gradients_dict)
+            return
+        for reference, gradient in gradients_dict.items():
+            self._params[reference].grad = gradient
+        for optimizer in learner_optimizers(self):
+            optimizer.step()
+
+    @override(TorchLearner)
     def _uncompiled_update(self, batch: dict, **kwargs: Any) -> tuple[Any, Any, Any]:
         return self.update_minibatch(batch)
 

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 from rllib_ragen.columns import ATTENTION_MASK, GENERATED_MASK, INPUT_IDS, TOKEN_ENTROPY, TOKEN_LOGP
-from rllib_ragen.logits import entropy_from_logits, token_logprobs
+from rllib_ragen.logits import logprobs_and_entropies
 from rllib_ragen.lora import (
     LoraSettings,
     adapter_state_dict,
@@ -352,11 +352,9 @@ def _score_chunk(
     with torch.autocast(device_type=hidden.device.type, enabled=False):
         weight = lm_head.weight
         assert isinstance(weight, torch.Tensor), f"the LM head has no weight tensor: {lm_head}"
-        logits = lm_head(hidden.to(weight.dtype)).float() / temperature
-    n = max(logits.shape[0], 1)
-    logp = token_logprobs(logits[None], labels[None], chunk_size=n)[0]
-    entropy = entropy_from_logits(logits, chunk_size=n) if with_entropy else logits.new_empty(0)
-    return logp, entropy
+        logits = lm_head(hidden.to(weight.dtype))
+    logp, entropy = logprobs_and_entropies(logits, labels, temperature)
+    return logp, entropy if with_entropy else entropy.new_empty(0)
 
 
 def _cat(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import logging
 
 import gymnasium as gym
 import pytest
@@ -19,6 +20,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 
 from rllib_ragen.algorithm.starpo import StarPOConfig
+from rllib_ragen.rllib_private import learner_parameters
 from rllib_ragen.columns import (
     ATTENTION_MASK,
     GENERATED_MASK,
@@ -153,6 +155,42 @@ def test_chunked_scores_and_gradients_match_a_full_softmax(tiny_model_path, chun
     (logp.sum() + entropy.sum()).backward()
     for (name, param), ref in zip(module.policy.named_parameters(), reference.parameters()):
         torch.testing.assert_close(param.grad, ref.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def _optimiser_learner(model_path):
+    config = StarPOConfig().llm(model=str(model_path), critic="none").training(
+        advantage_estimator="grpo", actor_lr=1e-3, weight_decay=0.1, grad_clip=None
+    )
+    return config.build_learner(spaces={DEFAULT_MODULE_ID: (SPACE, SPACE)})
+
+
+def _seeded_gradients(learner) -> dict:
+    generator = torch.Generator().manual_seed(3)
+    params = learner_parameters(learner)
+    return {ref: torch.randn(p.shape, generator=generator) for ref, p in params.items()}
+
+
+def test_an_optimiser_step_is_plain_adamws_and_a_nan_gradient_still_gets_rllibs_handling(tiny_model_path, caplog):
+    learner = _optimiser_learner(tiny_model_path)
+    params = learner_parameters(learner)
+    gradients = _seeded_gradients(learner)
+    # The reference: torch's unfused AdamW, one step from the same weights and gradients.
+    copies = {ref: p.detach().clone().requires_grad_() for ref, p in params.items()}
+    reference = torch.optim.AdamW(copies.values(), lr=1e-3, betas=(0.9, 0.999), weight_decay=0.1, foreach=False)
+    for ref, copy_ in copies.items():
+        copy_.grad = gradients[ref].clone()
+    reference.step()
+    learner.apply_gradients(gradients)
+    for ref, p in params.items():
+        torch.testing.assert_close(p.detach(), copies[ref].detach(), rtol=1e-5, atol=1e-6)
+    # A nan anywhere: RLlib's handling (torch_skip_nan_gradients=False zeroes it, with its warning).
+    gradients = _seeded_gradients(learner)
+    first = next(iter(gradients))
+    gradients[first][0] = float("nan")
+    with caplog.at_level(logging.WARNING):
+        learner.apply_gradients(gradients)
+    assert "contain `nan/inf` values" in caplog.text
+    assert all(torch.isfinite(p).all() for p in params.values())
 
 
 def test_config_errors():

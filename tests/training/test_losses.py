@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from rllib_ragen.logits import entropy_from_logits, token_logprobs
+from rllib_ragen.logits import logprobs_and_entropies, token_logprobs
 from rllib_ragen.training.losses import (
     OffPolicyCorrectionSettings,
     aggregate_loss,
@@ -152,14 +152,48 @@ def test_token_logprobs_upcasts_bf16():
     torch.testing.assert_close(ours, reference)
 
 
-def test_entropy_matches_reference_and_hand_values():
-    torch.manual_seed(0)
-    logits = torch.randn(2, 5, 13)
-    reference = torch.distributions.Categorical(logits=logits).entropy()
-    torch.testing.assert_close(entropy_from_logits(logits, chunk_size=4), reference)
-    # Uniform over 4 tokens: ln 4; one certain token: 0.
+def test_logprobs_and_entropies_by_hand_and_against_a_categorical():
+    # Uniform over 4 tokens: log p = -ln 4, H = ln 4; one certain token: log p = 0, H = 0.
     hand = torch.tensor([[0.0, 0.0, 0.0, 0.0], [100.0, 0.0, 0.0, 0.0]])
-    torch.testing.assert_close(entropy_from_logits(hand), torch.tensor([math.log(4), 0.0]))
+    logp, entropy = logprobs_and_entropies(hand, torch.tensor([2, 0]))
+    torch.testing.assert_close(logp, torch.tensor([-math.log(4), 0.0]))
+    torch.testing.assert_close(entropy, torch.tensor([math.log(4), 0.0]))
+    # Temperature 2 on logits (ln 3, 0): probabilities (sqrt 3, 1) / (sqrt 3 + 1).
+    logp, _ = logprobs_and_entropies(torch.tensor([[math.log(3), 0.0]]), torch.tensor([0]), temperature=2.0)
+    assert logp.item() == pytest.approx(math.log(math.sqrt(3) / (math.sqrt(3) + 1)))
+    torch.manual_seed(0)
+    logits, labels = torch.randn(6, 13).bfloat16(), torch.randint(0, 13, (6,))
+    logp, entropy = logprobs_and_entropies(logits, labels, temperature=0.7)
+    reference = torch.distributions.Categorical(logits=logits.float() / 0.7)
+    assert logp.dtype == entropy.dtype == torch.float32
+    torch.testing.assert_close(logp, reference.log_prob(labels))
+    torch.testing.assert_close(entropy, reference.entropy())
+
+
+@pytest.mark.parametrize("outputs", ["both", "logp", "entropy"])
+def test_the_written_out_gradient_equals_autograds_of_the_formulas(outputs):
+    generator = torch.Generator().manual_seed(1)
+    logits = torch.randn(5, 11, dtype=torch.float64, generator=generator, requires_grad=True)
+    labels = torch.randint(0, 11, (5,), generator=generator)
+    weights = torch.randn(2, 5, dtype=torch.float64, generator=generator)
+
+    def objective(logp, entropy):
+        terms = {"logp": (weights[0] * logp).sum(), "entropy": (weights[1] * entropy).sum()}
+        return sum(terms.values()) if outputs == "both" else terms[outputs]
+
+    (ours,) = torch.autograd.grad(objective(*logprobs_and_entropies(logits, labels, temperature=1.3)), logits)
+    scaled = logits / 1.3
+    log_probs = torch.log_softmax(scaled, dim=-1)
+    naive = objective(log_probs.gather(-1, labels[:, None]).squeeze(-1), -(log_probs.exp() * log_probs).sum(-1))
+    (reference,) = torch.autograd.grad(naive, logits)
+    torch.testing.assert_close(ours.double(), reference)
+
+
+def test_logprobs_and_entropies_refuse_bad_shapes_and_temperatures():
+    with pytest.raises(ValueError, match=r"need logits \[N, V\] and labels \[N\]"):
+        logprobs_and_entropies(torch.zeros(2, 3, 4), torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        logprobs_and_entropies(torch.zeros(2, 4), torch.zeros(2, dtype=torch.long), temperature=0.0)
 
 
 def test_kl_penalty_kinds_by_hand():
