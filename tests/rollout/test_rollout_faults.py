@@ -11,6 +11,7 @@ env. Its log-probs are the engine's own scores of that answer.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -261,6 +262,33 @@ def test_rollout_timing_splits_engine_env_and_prompt_time(tiny_model_path, tiny_
     assert set(timing) == {"total_s", "engine_s", "env_step_s", "prompt_build_s"}
     assert all(value > 0 for value in timing.values())
     assert timing["engine_s"] + timing["env_step_s"] + timing["prompt_build_s"] <= timing["total_s"]
+
+
+class CachedPrefixEngine(ForcedAnswerEngine):
+    """Forced answers whose engine says it took each prompt's first 5 tokens from its prefix cache."""
+
+    def __init__(self, engine, answer_ids: list[int]) -> None:
+        super().__init__(engine, answer_ids)
+        self.prompt_lengths: list[int] = []
+
+    def generate(self, prompts, params):
+        self.prompt_lengths += [len(prompt) for prompt in prompts]
+        return [dataclasses.replace(c, cached_prompt_tokens=5) for c in super().generate(prompts, params)]
+
+
+def test_the_rollout_counts_the_prompt_positions_its_engine_computed(tiny_model_path, tiny_tokenizer):
+    runner = forced_runner(faulty_config(tiny_model_path, "none"), tiny_tokenizer)
+    runner.engine = engine = CachedPrefixEngine(runner.engine.engine, runner.engine.answer_ids)
+    try:
+        runner.sample()
+        seconds = runner.last_rollout_timing["total_s"]
+        metrics = runner.get_metrics()
+    finally:
+        runner.stop()
+    assert len(engine.prompt_lengths) >= 4  # 2 groups x 2, for one turn or two
+    prefilled = sum(length - 5 for length in engine.prompt_lengths)
+    assert metrics["rollout_prefill_tokens_per_s"] * seconds == pytest.approx(prefilled)
+    assert metrics["rollout_tokens_per_s"] * seconds == pytest.approx(len(engine.prompt_lengths) * len(engine.answer_ids))
 
 
 def test_training_goes_on_past_a_faulty_env(tiny_model_path, tiny_tokenizer):
