@@ -20,7 +20,6 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.columns import Columns
 
 from rllib_ragen.algorithm.starpo import StarPOConfig
-from rllib_ragen.rllib_private import learner_parameters
 from rllib_ragen.columns import (
     ATTENTION_MASK,
     GENERATED_MASK,
@@ -30,6 +29,7 @@ from rllib_ragen.columns import (
     TOKEN_ENTROPY,
     TOKEN_LOGP,
 )
+from rllib_ragen.rllib_private import learner_parameters
 from rllib_ragen.training.learner import _glibc, micro_batch_weights, phase_peak, release_freed_memory
 from rllib_ragen.training.losses import aggregate_loss, policy_loss
 from rllib_ragen.training.module import ScoringSettings
