@@ -116,8 +116,8 @@ def _figures(config, results: list[dict], timings: list[dict], seconds: float, i
     rollout = sum(t["total_s"] for t in timings)
     generation = sum(t["engine_s"] for t in timings)
     generated = sum(r["env_runners"]["rollout_tokens_per_s"] * t["total_s"] for r, t in zip(results, timings))
-    # A baseline revision may predate the prefill count: its generation then counts sampled tokens only.
-    prefilled = sum(r["env_runners"].get("rollout_prefill_tokens_per_s", 0.0) * t["total_s"]
+    # A baseline revision may predate the prefill count: its generation in positions computed is then not known.
+    prefilled = sum(r["env_runners"].get("rollout_prefill_tokens_per_s", float("nan")) * t["total_s"]
                     for r, t in zip(results, timings))
     sync = sum(r["timers"].get("weight_sync", float("nan")) for r in results)
     # Wall time outside the rollout and the weight sync: the learner connector and update (and metrics), so
