@@ -163,6 +163,10 @@ def our_config(args: argparse.Namespace, model: Path) -> Any:
         advantage_estimator="grpo",
         rollout_filter_ratio=1.0,  # every group trains, as in TRL
         actor_lr=LR,
+        # One forward and backward over all 16, as TRL's per_device_train_batch_size=16 (the preset's budget of
+        # 1024 positions a micro-batch splits an update of 16 answers into two smaller passes, each with its prompt).
+        micro_batch_size=COMPLETIONS,
+        micro_batch_tokens=None,
         kl_coeff=0.0,
         entropy_coeff=0.0,
         autocast_dtype="bfloat16",
