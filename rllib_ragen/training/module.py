@@ -95,9 +95,12 @@ class ScoringSettings:
     """
 
     autocast_dtype: str | None = None
+    autocast_lm_head: bool = False
     logit_chunk_size: int = LOGIT_CHUNK_SIZE
 
     def __post_init__(self) -> None:
+        if self.autocast_lm_head and self.autocast_dtype is None:
+            raise ValueError("autocast_lm_head needs an autocast_dtype (the dtype the LM head would run in)")
         if self.autocast_dtype is not None and self.autocast_dtype not in AUTOCAST_DTYPES:
             raise ValueError(f"autocast_dtype must be None or one of {AUTOCAST_DTYPES}, got {self.autocast_dtype!r}")
         if self.logit_chunk_size < 1:
@@ -197,6 +200,7 @@ class LLMRLModule(TorchRLModule, ValueFunctionAPI, InferenceOnlyAPI):
             self.logit_temperature,
             with_entropy=with_entropy,
             chunk_size=self.scoring.logit_chunk_size,
+            head_autocast=self.scoring.autocast_lm_head,
         )
 
     @override(ValueFunctionAPI)
@@ -307,11 +311,13 @@ def score_generated_tokens(
     *,
     with_entropy: bool = True,
     chunk_size: int = LOGIT_CHUNK_SIZE,
+    head_autocast: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Log-prob (and entropy) of every generated token, [B, L] each.
 
     Logits are computed only at the N positions that predict a generated
-    token, `chunk_size` positions at a time, in float32 outside any autocast.
+    token, `chunk_size` positions at a time, in float32 outside any autocast
+    (with `head_autocast`, under the caller's autocast; the log-softmax stays float32).
     When autograd records and there is more than one chunk, each chunk is
     checkpointed: backward recomputes its [chunk, vocab] logits, so they are
     never all alive at once. A single chunk is kept: its backward needs those
@@ -328,10 +334,10 @@ def score_generated_tokens(
         args = (lm_head, predicting[start : start + chunk_size], labels[start : start + chunk_size], temperature)
         if recompute:
             logp, entropy = torch.utils.checkpoint.checkpoint(
-                _score_chunk, *args, with_entropy=with_entropy, use_reentrant=False
+                _score_chunk, *args, with_entropy=with_entropy, head_autocast=head_autocast, use_reentrant=False
             )
         else:
-            logp, entropy = _score_chunk(*args, with_entropy=with_entropy)
+            logp, entropy = _score_chunk(*args, with_entropy=with_entropy, head_autocast=head_autocast)
         logps.append(logp)
         entropies.append(entropy)
     out = {TOKEN_LOGP: _scatter(_cat(logps, hidden.device), generated_mask)}
@@ -341,18 +347,25 @@ def score_generated_tokens(
 
 
 def _score_chunk(
-    lm_head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, temperature: float, *, with_entropy: bool
+    lm_head: nn.Module,
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float,
+    *,
+    with_entropy: bool,
+    head_autocast: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 log-probs of `labels` [n] and entropies [n] from hidden states [n, H].
 
-    Runs outside autocast: the LM head in the parameter dtype (never a
-    reduced-precision autocast copy) and the log-softmax in float32. Without
-    `with_entropy` the entropies are an empty placeholder.
+    The LM head runs outside autocast, in the parameter dtype, unless
+    `head_autocast` (then under the caller's autocast, if any); the log-softmax
+    always in float32. Without `with_entropy` the entropies are an empty placeholder.
     """
-    with torch.autocast(device_type=hidden.device.type, enabled=False):
+    outside = contextlib.nullcontext() if head_autocast else torch.autocast(hidden.device.type, enabled=False)
+    with outside:
         weight = lm_head.weight
         assert isinstance(weight, torch.Tensor), f"the LM head has no weight tensor: {lm_head}"
-        logits = lm_head(hidden.to(weight.dtype))
+        logits = lm_head(hidden if head_autocast else hidden.to(weight.dtype))
     logp, entropy = logprobs_and_entropies(logits, labels, temperature)
     return logp, entropy if with_entropy else entropy.new_empty(0)
 

@@ -70,6 +70,7 @@ def test_our_side_is_the_peer_work(tiny_model_path):
     assert (config.advantages.advantage_estimator, config.group_filter.rollout_filter_ratio) == ("grpo", 1.0)
     assert (config.optim.actor_lr, config.loss.kl_coeff, config.loss.entropy_coeff) == (1e-5, 0.0, 0.0)
     assert config.update.micro_batch_size == 16 and config.update.micro_batch_tokens is None  # one pass, as TRL's
+    assert config.scoring.autocast_dtype == "bfloat16" and config.scoring.autocast_lm_head  # TRL's precision
     assert config.llm_module.critic == "none" and config.llm_module.trained_top_layers is None
     assert not config.llm_module.gradient_checkpointing
     assert config.starpo_eval.eval_interval == 0 and config.collapse_metrics.collapse_metrics_interval == 0

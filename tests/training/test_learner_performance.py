@@ -136,6 +136,33 @@ def test_bf16_autocast_loss_is_within_tolerance_of_fp32(tiny_model_path):
     assert bf16_loss == pytest.approx(loss, abs=1e-3)
 
 
+def test_the_lm_head_under_autocast_scores_and_trains_within_bf16_tolerance_of_a_float32_head(tiny_model_path):
+    """`autocast_lm_head` rounds the logits to bf16 before the float32 log-softmax: the same log-probs and
+    loss within bf16 tolerance of the float32 head under the same trunk autocast, and a gradient as close."""
+    learner, module = _learner(tiny_model_path, micro_batch_tokens=60, autocast_dtype="bfloat16")
+    head_learner, head_module = _learner(
+        tiny_model_path, micro_batch_tokens=60, autocast_dtype="bfloat16", autocast_lm_head=True
+    )
+    head_module.load_state_dict(module.state_dict())
+    assert head_module.scoring.autocast_lm_head and not module.scoring.autocast_lm_head
+    with torch.no_grad():
+        batch = _with_old_logp(_batch(), module.forward_train(_batch())[TOKEN_LOGP])
+        logp = module.forward_train(batch)[TOKEN_LOGP]
+        head_logp = head_module.forward_train(batch)[TOKEN_LOGP]
+    assert not torch.equal(logp, head_logp)  # the head really ran in bf16
+    torch.testing.assert_close(head_logp, logp, atol=2e-2, rtol=0)
+    loss, grads = _update(learner, batch)
+    head_loss, head_grads = _update(head_learner, batch)
+    assert head_loss == pytest.approx(loss, abs=1e-3)
+    for name, grad in grads.items():
+        torch.testing.assert_close(head_grads[name], grad, atol=2e-2 * grad.abs().max().item() + 1e-6, rtol=0)
+
+
+def test_autocast_lm_head_needs_an_autocast_dtype():
+    with pytest.raises(ValueError, match="autocast_lm_head needs an autocast_dtype"):
+        ScoringSettings(autocast_lm_head=True)
+
+
 @pytest.mark.parametrize("chunk_size", [5, 4096], ids=["chunks-recomputed", "one-chunk-kept"])
 def test_chunked_scores_and_gradients_match_a_full_softmax(tiny_model_path, chunk_size):
     """Several chunks (each checkpointed, its logits recomputed in backward) and one chunk (kept) alike."""
