@@ -78,7 +78,10 @@ class _LogpAndEntropy(torch.autograd.Function):
         scaled = computed / temperature if temperature != 1.0 else computed
         lse = torch.logsumexp(scaled, dim=-1)
         probs = torch.exp(scaled - lse[:, None])
-        expected = torch.bmm(probs[:, None, :], scaled[:, :, None]).reshape(-1)  # sum(p * s), no [N, V] temporary
+        # sum(p * s) without an [N, V] temporary; outside the caller's autocast, which would run this bmm in
+        # bf16 and round E (about the size of a logit, 10-30) by up to 0.06: the entropy's own size near collapse.
+        with torch.autocast(logits.device.type, enabled=False):
+            expected = torch.bmm(probs[:, None, :], scaled[:, :, None]).reshape(-1)
         logp = scaled.gather(-1, labels[:, None]).squeeze(-1) - lse
         ctx.save_for_backward(scaled, probs, labels, expected)
         ctx.temperature, ctx.logits_dtype = temperature, logits.dtype

@@ -170,6 +170,20 @@ def test_logprobs_and_entropies_by_hand_and_against_a_categorical():
     torch.testing.assert_close(entropy, reference.entropy())
 
 
+def test_entropies_stay_float32_under_the_learners_bf16_autocast():
+    """The learner calls this under bf16 autocast; near collapse the entropy (about 0.01) is smaller than a
+    bf16 rounding of sum(p * s) for logits of a trained model's size (25-30), so that sum must stay float32."""
+    generator = torch.Generator().manual_seed(2)
+    logits = torch.randn(64, 1000, generator=generator)
+    logits[:, 0] += 30.0  # one token all but certain, the rest near 0: H about 1e-9, E about 30
+    logits[:, 1] += 24.0  # a runner-up: H about 0.02
+    labels = torch.zeros(64, dtype=torch.long)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, entropy = logprobs_and_entropies(logits, labels)
+    reference = torch.distributions.Categorical(logits=logits.double()).entropy()
+    torch.testing.assert_close(entropy.double(), reference, atol=2e-4, rtol=0)  # float32 cancellation in lse - E
+
+
 @pytest.mark.parametrize("outputs", ["both", "logp", "entropy"])
 def test_the_written_out_gradient_equals_autograds_of_the_formulas(outputs):
     generator = torch.Generator().manual_seed(1)
