@@ -175,8 +175,10 @@ def test_entropies_stay_float32_under_the_learners_bf16_autocast():
     bf16 rounding of sum(p * s) for logits of a trained model's size (25-30), so that sum must stay float32."""
     generator = torch.Generator().manual_seed(2)
     logits = torch.randn(64, 1000, generator=generator)
-    logits[:, 0] += 30.0  # one token all but certain, the rest near 0: H about 1e-9, E about 30
-    logits[:, 1] += 24.0  # a runner-up: H about 0.02
+    # Each row: token 0 all but certain (logit about 30), a runner-up (about 24), the rest near 0:
+    # H about 0.02, E about 30.
+    logits[:, 0] += 30.0
+    logits[:, 1] += 24.0
     labels = torch.zeros(64, dtype=torch.long)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         _, entropy = logprobs_and_entropies(logits, labels)
