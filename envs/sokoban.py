@@ -70,6 +70,9 @@ class SokobanConfig:
         note_no_effect: after a move that changed nothing, the state ends in a line
             saying so and why (`envs.no_effect_note`), e.g. "Your last move, Left,
             changed nothing: the box there is against a wall."
+        describe_box_sides: with the words render, a line says what lies on each
+            side of each box (`envs.sokoban_words`), e.g. "Next to the box: Up
+            floor, Down wall, Left you, Right floor."
     """
 
     dim_room: tuple[int, int] = (6, 6)
@@ -80,6 +83,7 @@ class SokobanConfig:
     cell_separator: str = ""
     render: str = "grid"
     note_no_effect: bool = False
+    describe_box_sides: bool = False
 
     def __post_init__(self) -> None:
         dims = tuple(self.dim_room)
@@ -104,6 +108,12 @@ class SokobanConfig:
         if self.render not in RENDERS:
             raise ValueError(f"render must be one of {RENDERS}, got {self.render!r}")
         check_note_no_effect(self.note_no_effect)
+        if not isinstance(self.describe_box_sides, bool):
+            raise ValueError(f"describe_box_sides must be True or False, got {self.describe_box_sides!r}")
+        if self.describe_box_sides and self.render != "words":
+            raise ValueError(
+                f"describe_box_sides needs render='words' (a sentence of the words render), got {self.render!r}"
+            )
 
     @property
     def symbols(self) -> GridSymbols:
@@ -203,7 +213,7 @@ class SokobanEnv(TextEnv):
         if self.room is None:
             raise RuntimeError("SokobanEnv has no room yet: call reset() first")
         if self.config.render == "words":
-            state = describe(self.room)
+            state = describe(self.room, box_sides=self.config.describe_box_sides)
         else:
             state = render_room(self.room, self.config.symbols, separator=self.config.cell_separator)
         no_op = last_no_op(self.moves) if self.config.note_no_effect else None

@@ -15,6 +15,12 @@ the render loses nothing.
     Next to you: Up floor, Down floor, Left wall, Right floor.
     Walls inside: (2,4), (4,4).
 
+With `box_sides=True` (the env option `describe_box_sides`) a line after "Next to
+you" says what is on each side of each box, the cells a push into a corner or
+along a wall would need to be read from the walls' coordinates otherwise:
+
+    Next to the box: Up floor, Down wall, Left you, Right floor.
+
 Cells are (row,column), counted from 1 at the top left. With walls all
 around, "Walls inside" lists the walls off the outer ring; otherwise the first
 line says only the size and "Walls" lists every wall. A box on a target reads
@@ -31,11 +37,12 @@ from envs.sokoban_room import DIRECTIONS, Layout, Room
 _FIRST_LINE = re.compile(r"^You are at \((\d+),(\d+)\) in a (\d+)x(\d+) room( with walls all around)?\.$")
 _CELL = re.compile(r"\((\d+),(\d+)\)")
 _ON_TARGET = " (on a target)"
+_BOX_SIDES = ("Next to the box: ", "Next to the boxes: ")
 _LINES = ("Boxes: ", "Targets: ", "From box to nearest target: ", "Next to you: ")
 
 
-def describe(room: Room) -> str:
-    """The words render of `room`."""
+def describe(room: Room, *, box_sides: bool = False) -> str:
+    """The words render of `room`, with the line of what lies on each side of each box if `box_sides`."""
     layout = room.layout
     row, col = room.coords(room.player)
     ring = _outer_ring(layout)
@@ -54,6 +61,7 @@ def describe(room: Room) -> str:
         "Next to you: "
         + ", ".join(f"{name} {_neighbour(room, row + dr, col + dc)}" for name, (dr, dc) in DIRECTIONS.items())
         + ".",
+        *([_box_sides(room)] if box_sides else []),
         ("Walls inside: " if walled else "Walls: ")
         + (", ".join(_cell_text(room, w) for w in listed_walls) or "none")
         + ".",
@@ -62,12 +70,12 @@ def describe(room: Room) -> str:
 
 
 def parse_words(text: str) -> Room:
-    """Reads a words render back into its room.
+    """Reads a words render back into its room (a box-sides line, derived from the rest, is skipped).
 
     Raises:
         ValueError: naming the line that does not read as `describe` writes it.
     """
-    lines = text.split("\n")
+    lines = [line for line in text.split("\n") if not line.startswith(_BOX_SIDES)]
     if len(lines) != 6:
         raise ValueError(f"a Sokoban words render has 6 lines, got {len(lines)}: {text!r}")
     first = _FIRST_LINE.match(lines[0])
@@ -114,6 +122,21 @@ def _nearest(room: Room, box: int, targets: frozenset[int]) -> int:
 
 def _on_target(room: Room, box: int) -> str:
     return _ON_TARGET if box in room.layout.targets else ""
+
+
+def _box_sides(room: Room) -> str:
+    """What lies Up, Down, Left and Right of each box (in the Boxes line's order; "you" for the player)."""
+    player = room.coords(room.player)
+    sides = []
+    for box in sorted(room.boxes):
+        row, col = room.coords(box)
+        sides.append(
+            ", ".join(
+                f"{name} " + ("you" if (row + dr, col + dc) == player else _neighbour(room, row + dr, col + dc))
+                for name, (dr, dc) in DIRECTIONS.items()
+            )
+        )
+    return _BOX_SIDES[len(sides) > 1] + "; ".join(sides) + "."
 
 
 def _neighbour(room: Room, row: int, col: int) -> str:

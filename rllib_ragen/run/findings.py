@@ -163,9 +163,22 @@ NOOP_NOTE = Study(
     budget_min=BOTH_ENVS_BUDGET,
 )
 
+# Issue 54: after RL most of Sokoban's failures push the box where it can never reach a target. Whether a
+# push does so depends on the cells around the box, which the words render gives only as wall coordinates.
+# The sides arm's state names them (the env option `describe_box_sides`, envs/sokoban_words.py) in training
+# and evaluation alike, so it warm-starts on demonstrations played with that line.
+BOX_SIDES = Study(
+    name="box-sides",
+    question="Does a state that names what lies on each side of the box cut the stuck-box failures and raise success?",
+    envs=("sokoban",),
+    arms={"sides-off": {}, "sides-on": {"env_config": {"describe_box_sides": True}}},
+    seeds=SEEDS,
+    budget_min=BUDGET_MIN["sokoban"],
+)
+
 FINDINGS: dict[str, Study] = {
     study.name: study
-    for study in (CRITIC, FILTER, EARLY_WARNING, GROUPS, MOVES, FRESHNESS, REASONING, WORLD_MODEL, NOOP_NOTE)
+    for study in (CRITIC, FILTER, EARLY_WARNING, GROUPS, MOVES, FRESHNESS, REASONING, WORLD_MODEL, NOOP_NOTE, BOX_SIDES)
 }
 
 

@@ -48,9 +48,46 @@ def test_boxes_on_targets_several_boxes_and_a_room_without_outer_walls():
     assert parse_words(obs) == room
 
 
+def test_box_sides_name_what_lies_around_each_box_after_the_player_line():
+    env = SokobanEnv(render="words", describe_box_sides=True)
+    obs, _ = env.reset(seed=0, options={"room": ROOM})
+    # The box at (4,4): a wall above it, floor on its other three sides; the player comes below it after Right.
+    assert obs.splitlines()[4:6] == [
+        "Next to you: Up floor, Down wall, Left floor, Right floor.",
+        "Next to the box: Up wall, Down floor, Left floor, Right floor.",
+    ]
+    assert obs.splitlines()[6] == "Walls inside: (2,4), (2,5), (3,4), (3,5)."
+    obs, *_ = env.step("Right")
+    assert obs.splitlines()[5] == "Next to the box: Up wall, Down you, Left floor, Right floor."
+    assert parse_words(obs) == env.room
+
+
+def test_box_sides_of_several_boxes_in_a_room_without_outer_walls():
+    room = parse_room("√P_\n_XO")
+    env = SokobanEnv(render="words", dim_room=(4, 4), describe_box_sides=True)
+    obs, _ = env.reset(seed=0, options={"room": room})
+    assert obs.splitlines()[5] == (
+        "Next to the boxes: Up wall, Down floor, Left wall, Right you; Up you, Down wall, Left floor, Right target."
+    )
+    assert parse_words(obs) == room
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"render": "words", "describe_box_sides": "yes"}, "describe_box_sides must be True or False, got 'yes'"),
+        ({"describe_box_sides": True}, "describe_box_sides needs render='words'"),
+    ],
+)
+def test_box_sides_refuse_a_non_bool_and_the_grid_render(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        SokobanConfig(**overrides)
+
+
+@pytest.mark.parametrize("box_sides", [False, True], ids=["plain", "box-sides"])
 @pytest.mark.parametrize(("dim_room", "num_boxes"), [((6, 6), 1), ((7, 7), 2)])
-def test_every_state_reads_back_to_the_same_room(dim_room, num_boxes):
-    env = SokobanEnv(render="words", dim_room=dim_room, num_boxes=num_boxes)
+def test_every_state_reads_back_to_the_same_room(dim_room, num_boxes, box_sides):
+    env = SokobanEnv(render="words", dim_room=dim_room, num_boxes=num_boxes, describe_box_sides=box_sides)
     rng = np.random.default_rng(0)
     for seed in range(25):
         obs, _ = env.reset(seed=seed)

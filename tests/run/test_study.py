@@ -132,7 +132,7 @@ def test_a_trial_ends_at_an_evaluation_after_its_budget():
 
 def test_the_six_findings_studies_are_valid_on_the_cpu_preset():
     assert {name.split("-")[0] for name in FINDINGS} == {
-        "finding1", "finding2", "finding3", "finding5", "finding6", "world", "noop"  # 2 and 4 share one study
+        "finding1", "finding2", "finding3", "finding5", "finding6", "world", "noop", "box"  # 2 and 4 share one study
     }
     for study in FINDINGS.values():
         configs = trial_configs(study)
@@ -159,32 +159,45 @@ def test_an_arms_warm_start_flags_reach_only_that_arms_warm_start(monkeypatch):
         study.with_changes(arm_warm_starts={"no-such-arm": {}})
 
 
-def test_the_noop_note_arm_plays_and_warm_starts_on_the_notes_render(monkeypatch):
-    """The noop-note study: its note-on arm is the preset's env with the note (training and evaluation
-    play `env_config`), and its warm start, built from that env_config, is its own and shows the note;
-    the note-off arm is the preset as it is, with the preset's warm start."""
+def _shows_the_note(env) -> bool:
+    for move in ("Up", "Up", "Up", "Up"):  # four moves one way: the last ones meet an edge or a wall
+        obs, *_ = env.step(move)
+    return "Your last move, Up, changed nothing" in obs
+
+
+def _shows_the_box_sides(env) -> bool:
+    return "\nNext to the box: " in env.render_text()
+
+
+@pytest.mark.parametrize(
+    ("name", "option", "shows"),
+    [("noop-note", "note_no_effect", _shows_the_note), ("box-sides", "describe_box_sides", _shows_the_box_sides)],
+)
+def test_an_env_option_arm_plays_and_warm_starts_on_its_own_render(monkeypatch, name, option, shows):
+    """The noop-note and box-sides studies: the arm with the env option plays the preset's env with it
+    (training and evaluation play `env_config`), and its warm start, built from that env_config, is its own
+    and shows the option's text; the other arm is the preset as it is, with the preset's warm start."""
     from envs import make_env
     from rllib_ragen.algorithm.presets import preset
     from rllib_ragen.run import study_cli, warm_start
 
-    study = FINDINGS["noop-note"]
+    study = FINDINGS[name]
     built = []
     monkeypatch.setattr(warm_start, "warm_start", lambda model, ws, **_: built.append(ws) or f"model-{len(built)}")
     configs = trial_configs(study)
     study_cli.start_from_warm_starts(study, configs, study_cli.build_parser("study").parse_args([study.name]))
-    assert [(ws.env, ws.env_config.get("note_no_effect")) for ws in built] == [
-        ("frozenlake", None), ("frozenlake", True), ("sokoban", None), ("sokoban", True)
+    assert [(ws.env, ws.env_config.get(option)) for ws in built] == [
+        (env, value) for env in study.envs for value in (None, True)
     ]
-    for env, (off, on) in zip(("frozenlake", "sokoban"), (built[:2], built[2:])):
+    for env, (off, on) in zip(study.envs, zip(built[::2], built[1::2])):
         tuned = preset("cpu", env)
         assert off == warm_start.warm_start_config(tuned)  # the tuned settings' own warm start
-        assert on == dataclasses.replace(off, env_config={**tuned.env_config, "note_no_effect": True})
+        assert on == dataclasses.replace(off, env_config={**tuned.env_config, option: True})
         assert on.fingerprint("m") != off.fingerprint("m")
-        played = make_env(on.env, **on.env_config)
+        played, plain = make_env(on.env, **on.env_config), make_env(off.env, **off.env_config)
         played.reset(seed=on.first_seed)
-        for move in ("Up", "Up", "Up", "Up"):  # four moves one way: the last ones meet an edge or a wall
-            obs, *_ = played.step(move)
-        assert "Your last move, Up, changed nothing" in obs
+        plain.reset(seed=on.first_seed)
+        assert shows(played) and not shows(plain)
     for point, config in zip(trial_points(study), configs):
         assert config.env_config == {**preset("cpu", point.env).env_config, **study.arms[point.arm].get("env_config", {})}
 
