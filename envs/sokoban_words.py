@@ -16,8 +16,9 @@ the render loses nothing.
     Walls inside: (2,4), (4,4).
 
 With `box_sides=True` (the env option `describe_box_sides`) a line after "Next to
-you" says what is on each side of each box, the cells a push into a corner or
-along a wall would need to be read from the walls' coordinates otherwise:
+you" says what is on each side of each box, so whether a push leaves a box in a
+corner or against a wall can be read without working it out from the walls'
+coordinates:
 
     Next to the box: Up floor, Down wall, Left you, Right floor.
 
