@@ -367,6 +367,14 @@ def with_mlflow(config: AlgorithmConfig, settings: MLflowSettings) -> AlgorithmC
     return config.callbacks(callbacks_class=[*kept, functools.partial(MLflowCallback, settings)])
 
 
+def mlflow_settings_of(config: AlgorithmConfig) -> MLflowSettings:
+    """The settings `with_mlflow` gave the config's `MLflowCallback` (before the algorithm builds it)."""
+    for callback in force_list(config.callbacks_class):
+        if getattr(callback, "func", None) is MLflowCallback:
+            return callback.args[0]
+    raise ValueError("this config has no MLflowCallback; build it with with_mlflow(config, settings)")
+
+
 def mlflow_callback_of(algo: Algorithm) -> MLflowCallback:
     """The algorithm's `MLflowCallback` instance."""
     for callback in force_list(algo.callbacks):

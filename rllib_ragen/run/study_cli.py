@@ -92,12 +92,11 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
             study = study.with_changes(envs=tuple(only_envs(study, args.envs)))
         configs = trial_configs(study, overrides=args.set)
     print(f"study {study.name}: {study.question}\n{study.num_trials} trials of {study.budget_min:g} min", flush=True)
-    if not args.report_only:
-        run(study, configs, args)
+    failed = 0 if args.report_only else run(study, configs, args)
     with input_checks():  # no runs of the study in this store yet, or a duplicate
         report = _report(study, args)
     print(f"figure: {report.figure}\ntable: {report.table}\n" + "\n".join(report.verdicts))
-    return 0
+    return 1 if failed else 0
 
 
 def only_envs(study: Study, envs: Sequence[str]) -> list[str]:
@@ -112,8 +111,8 @@ def only_envs(study: Study, envs: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(envs))
 
 
-def run(study: Study, configs: list[StarPOConfig], args: argparse.Namespace) -> None:
-    """Warm starts (cached, one per env and arm), then the trials through Tune."""
+def run(study: Study, configs: list[StarPOConfig], args: argparse.Namespace) -> int:
+    """Warm starts (cached, one per env and arm), then the trials through Tune; returns how many failed."""
     from rllib_ragen.run.console import quiet_console
     from rllib_ragen.run.experiment import open_tracking_store
     from rllib_ragen.run.ray_session import init_ray
@@ -131,6 +130,7 @@ def run(study: Study, configs: list[StarPOConfig], args: argparse.Namespace) -> 
     results = run_study(study, configs, settings, where)
     if results.errors:
         print(f"{len(results.errors)} trial(s) failed; run the same command again to retry them", flush=True)
+    return len(results.errors)
 
 
 def start_from_warm_starts(study: Study, configs: list[StarPOConfig], args: argparse.Namespace) -> None:

@@ -10,7 +10,9 @@ tagged with the study, arm, seed and env; a killed study resumes with Tune's own
   there; `BudgetStopper`, in the driver, stops the trial on the same result.
 - Resume: Tune keeps the finished trials; a trial that was running when the study was killed (or
   that failed) starts again from its beginning, and its unfinished MLflow run is deleted when it
-  does, so each trial has exactly one run.
+  does, so each trial has exactly one run. Tune saves its record of the trials every 10 s or more
+  (`TUNE_GLOBAL_CHECKPOINT_S`), so it may start again a trial that had finished just before the
+  kill: MLflow, which the trial closed FINISHED itself, is the record `StudyTrial` reads first.
 """
 
 from __future__ import annotations
@@ -27,11 +29,15 @@ import ray
 from ray import tune
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.callbacks.callbacks import RLlibCallback
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
 from ray.rllib.utils import force_list
+from ray.rllib.utils.annotations import override
 from ray.tune.experiment import Trial
+from ray.tune.result import DONE
 
 from rllib_ragen.algorithm.starpo import StarPO
-from rllib_ragen.run.callbacks import MLflowSettings, mlflow_callback_of, with_mlflow
+from rllib_ragen.run.callbacks import MLflowSettings, mlflow_callback_of, mlflow_settings_of, with_mlflow
 from rllib_ragen.run.console import trial_failed_line
 from rllib_ragen.run.mlflow_store import tracking_client
 from rllib_ragen.run.placement_watchdog import DEFAULT_PLACEMENT_TIMEOUT_S, PlacementWatchdog
@@ -46,6 +52,8 @@ if TYPE_CHECKING:
 TRIAL_ENTRY = "study_trial"
 # The declaration a study's Tune folder was started with: a restore must be of the same study.
 DECLARATION_FILE = "study_trials.json"
+# The result entry of a trial that found its MLflow run FINISHED and did not train again (`StudyTrial`).
+KEPT_RUN = "kept_mlflow_run"
 
 
 def trial_finished(result: Mapping[str, Any], budget_s: float) -> bool:
@@ -64,11 +72,10 @@ class StudyTrialCallback(RLlibCallback):
         mlflow = mlflow_callback_of(algorithm)
         settings = mlflow.settings
         # A trial starts from its beginning (Tune restarts it after a kill or an error, without a
-        # checkpoint): the run an earlier attempt left would mix two attempts' metrics.
+        # checkpoint): a run an earlier attempt left unfinished would mix two attempts' metrics.
         client = tracking_client(settings.tracking_uri)
-        earlier = find_run(client, settings.experiment, tag=TRIAL_TAG, value=Path(algorithm.logdir).name)
-        if earlier is not None:
-            client.delete_run(earlier)
+        for earlier in trial_runs(client, settings.experiment, point, env=str(algorithm.config.env)):
+            client.delete_run(earlier.info.run_id)
         tags = {STUDY_TAG: point["study"], ARM_TAG: point["arm"], SEED_TAG: str(point["seed"])}
         mlflow.settings = dataclasses.replace(settings, tags={**settings.tags, **tags})
 
@@ -78,6 +85,54 @@ class StudyTrialCallback(RLlibCallback):
             mlflow_callback_of(algorithm).end("FINISHED")
         elif result["time_total_s"] + result["time_this_iter_s"] >= budget_s:
             algorithm.final_iteration = algorithm.iteration + 1  # expected to cross the budget: it evaluates
+
+
+def trial_runs(client: MlflowClient, experiment: str, point: Mapping[str, Any], *, env: str) -> list[Run]:
+    """The active MLflow runs of one trial: tagged with its study, arm and training seed, and `env`
+    (the config's env, as `MLflowCallback` tags it); newest first."""
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return []
+    tags = {STUDY_TAG: point["study"], ARM_TAG: point["arm"], SEED_TAG: str(point["seed"]), "env": env}
+    query = " and ".join(f"tags.`{key}` = '{value}'" for key, value in tags.items())
+    return client.search_runs([found.experiment_id], filter_string=query, order_by=["attributes.start_time DESC"])
+
+
+def finished_trial_run(config: StarPOConfig) -> str | None:
+    """The id of the trial's FINISHED MLflow run (`trial_runs`), or None: the trial has yet to train."""
+    settings = mlflow_settings_of(config)
+    runs = trial_runs(
+        tracking_client(settings.tracking_uri), settings.experiment, getattr(config, TRIAL_ENTRY), env=str(config.env)
+    )
+    return next((run.info.run_id for run in runs if run.info.status == "FINISHED"), None)
+
+
+class StudyTrial(StarPOTrial):
+    """A study's trial: `StarPOTrial`, unless MLflow already holds the trial's FINISHED run (a study
+    killed soon after that trial ended, before Tune saved its record of it). Then it neither builds
+    nor trains anything, and its one result names the kept run and ends the trial."""
+
+    @override(StarPO)
+    def setup(self, config: StarPOConfig) -> None:
+        self.kept_run = finished_trial_run(config)
+        if self.kept_run is None:
+            super().setup(config)
+
+    @override(Algorithm)
+    def step(self) -> dict:
+        if self.kept_run is None:
+            return super().step()
+        return {DONE: True, KEPT_RUN: self.kept_run}
+
+    @override(Algorithm)
+    def log_result(self, result: dict) -> None:
+        if self.kept_run is None:  # RLlib's logging needs what `setup` builds; a kept trial has nothing to log
+            super().log_result(result)
+
+    @override(StarPO)
+    def cleanup(self) -> None:
+        if self.kept_run is None:
+            super().cleanup()
 
 
 class BudgetStopper(tune.Stopper):
@@ -125,6 +180,9 @@ class StudyProgress(tune.Callback):
         self.budget_min = budget_min
 
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict, **info: Any) -> None:
+        if KEPT_RUN in result:
+            print(f"{trial_name(trial)}: kept, its MLflow run {result[KEPT_RUN]} had finished", flush=True)
+            return
         evaluation = result.get("evaluation", {}).get("success_rate", math.nan)
         print(
             f"{trial_name(trial)} [{result['training_iteration']}] {result['time_total_s'] / 60:.1f}/"
@@ -255,8 +313,8 @@ def new_tuner(
 
 def trial_trainable() -> type[StarPO]:
     """What Tune runs for each trial (the same for a new study and a restored one): StarPO whose
-    placement group holds its engine actors too."""
-    return StarPOTrial
+    placement group holds its engine actors too, and that keeps a trial MLflow holds FINISHED."""
+    return StudyTrial
 
 
 def check_declaration(path: Path, declaration: list[dict[str, Any]]) -> None:

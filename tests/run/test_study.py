@@ -14,11 +14,17 @@ from ray.tune.experiment import Trial
 from ray.tune.search.variant_generator import generate_variants
 from run_helpers import ROOT
 
-from rllib_ragen.run.callbacks import MLflowSettings
+from rllib_ragen.run.callbacks import MLflowSettings, with_mlflow
 from rllib_ragen.run.findings import FINDINGS, find_study
-from rllib_ragen.run.study import Compare, Study, trial_configs, trial_points
+from rllib_ragen.run.study import ARM_TAG, SEED_TAG, STUDY_TAG, Compare, Study, trial_configs, trial_points
 from rllib_ragen.run.study_cli import main as study_main
-from rllib_ragen.run.study_runner import TRIAL_ENTRY, CloseFailedRuns, param_space, trial_finished
+from rllib_ragen.run.study_runner import (
+    TRIAL_ENTRY,
+    CloseFailedRuns,
+    finished_trial_run,
+    param_space,
+    trial_finished,
+)
 from rllib_ragen.run.tracking import TRIAL_TAG, MLflowTracker
 
 
@@ -246,3 +252,28 @@ def test_a_failed_trials_run_is_closed_failed_and_a_finished_one_left_alone(tmp_
     assert client.get_run(runs["failed"].run_id).info.status == "FAILED"
     assert client.get_run(runs["finished"].run_id).info.status == "FINISHED"
 
+
+
+def test_a_trial_finds_only_its_own_finished_run(tmp_path):
+    """Tune may start again a trial that finished just before a kill; it keeps the trial only when
+    MLflow holds a FINISHED run of that study, arm, seed and env."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = with_mlflow(trial_configs(_study())[1], MLflowSettings(tracking_uri=store, experiment="studies"))
+    point = {**dataclasses.asdict(trial_points(_study())[1]), "budget_s": 180.0}
+    setattr(config, TRIAL_ENTRY, point)  # as Tune's grid gives it
+    assert (point["arm"], point["seed"], point["env"], config.env) == ("large", 0, "frozenlake", "frozenlake")
+
+    def run(status: str, **changes: str) -> str:
+        tags = {STUDY_TAG: "lr", ARM_TAG: "large", SEED_TAG: "0", "env": "frozenlake", **changes}
+        tracker = MLflowTracker(tracking_uri=store, experiment="studies", tags=tags)
+        tracker.end(status)
+        return tracker.run_id
+
+    assert finished_trial_run(config) is None  # no experiment yet
+    for other in ({ARM_TAG: "small"}, {SEED_TAG: "1"}, {"env": "sokoban"}, {STUDY_TAG: "lr2"}):
+        run("FINISHED", **other)
+    run("FAILED")
+    assert finished_trial_run(config) is None
+    finished = run("FINISHED")
+    run("KILLED")  # a later attempt's leftover does not hide the finished run
+    assert finished_trial_run(config) == finished

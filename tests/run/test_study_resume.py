@@ -1,8 +1,12 @@
 """A 2-arm x 2-seed study of the tiny model run as a user runs it (`python -m rllib_ragen study
-module:STUDY`, a subprocess), SIGKILLed during its third trial, then run again: Tune's restore keeps
-the two finished trials, redoes the third and runs the fourth; MLflow ends with 4 FINISHED runs,
-one per trial, tagged with the study, arm and seed, each iteration logged once; and the study's
-figure, table and verdict line come out.
+module:STUDY`, a subprocess), SIGKILLed during its third trial, then run again: the two finished
+trials are kept, the third is redone and the fourth runs; MLflow ends with 4 FINISHED runs, one per
+trial, tagged with the study, arm and seed, each iteration logged once; and the study's figure,
+table and verdict line come out.
+
+Tune saves its record of the trials every 10 s or more, so a kill soon after a trial ended left
+Tune believing it unfinished (a CI run did so). The killed run here saves that record only once, at
+its start (`TUNE_GLOBAL_CHECKPOINT_S`), the worst case: the finished trials are kept from MLflow.
 
 One test covers both the plain run and the resume: each trial costs Ray and model start-up, and the
 slow tier is kept short."""
@@ -52,10 +56,12 @@ def _command(model: Path) -> list[str]:
             "--experiment", "studies"]
 
 
-def _environment(tmp_path: Path) -> dict[str, str]:
+def _environment(tmp_path: Path, **extra: str) -> dict[str, str]:
     paths = [str(ROOT), str(tmp_path), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     # A Ray of its own, never one another test or session left behind.
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "RAY_ADDRESS": "local", "PYTHONUNBUFFERED": "1"}
+    return {
+        **os.environ, "PYTHONPATH": os.pathsep.join(paths), "RAY_ADDRESS": "local", "PYTHONUNBUFFERED": "1", **extra
+    }
 
 
 def _session_members(session: int) -> list[int]:
@@ -84,7 +90,7 @@ def _kill_session(process: subprocess.Popen) -> None:
 def _run_until_third_trial_reports(command: list[str], tmp_path: Path) -> list[str]:
     """Starts the study and SIGKILLs it at the third trial's first result; returns its output."""
     process = subprocess.Popen(
-        command, cwd=tmp_path, env=_environment(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        command, cwd=tmp_path, env=_environment(tmp_path, TUNE_GLOBAL_CHECKPOINT_S="100000"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
     )
     lines: queue.Queue[str] = queue.Queue()
@@ -128,7 +134,9 @@ def test_a_study_killed_in_its_third_trial_resumes_with_one_complete_run_per_tri
     assert "pid=" not in resumed.stdout + resumed.stderr, resumed.stdout[-3000:]
     assert (tmp_path / "studies" / "tiny.log").is_file()
     trained = {line.split(" [")[0] for line in resumed.stdout.splitlines() if " min | success " in line}
-    assert trained == {THIRD_TRIAL, "large-step_seed1_bandit"}  # Tune kept the finished trials
+    assert trained == {THIRD_TRIAL, "large-step_seed1_bandit"}
+    kept = {line.split(":")[0] for line in resumed.stdout.splitlines() if ": kept, its MLflow run " in line}
+    assert kept == {"small-step_seed0_bandit", "large-step_seed0_bandit"}  # Tune's record had them unfinished
 
     runs = _runs(client)
     assert sorted((r.data.tags[ARM_TAG], r.data.tags[SEED_TAG]) for r in runs) == [
