@@ -31,6 +31,12 @@ ENV_BUDGETS = {
 }
 
 
+# The critic a preset's module carries for the estimators that read one (GAE, bi-level GAE): RAGEN's separate
+# critic model on GPU, a value head on the policy's trunk on CPU. An env whose preset picks a critic-free
+# estimator has none.
+PRESET_CRITICS = {"gpu": "separate", "cpu": "head"}
+
+
 def ragen_preset(env: str) -> StarPOConfig:
     """RAGEN's defaults on a GPU (vLLM engine, Qwen2.5-0.5B-Instruct)."""
     from rllib_ragen.algorithm.starpo import StarPOConfig
@@ -40,7 +46,7 @@ def ragen_preset(env: str) -> StarPOConfig:
         .environment(env)
         # bf16 compute on float32 weights, as RAGEN's FSDP mixed precision: with bfloat16
         # weights, AdamW steps of lr 1e-6 round to nothing (StarPOConfig warns).
-        .llm(model="Qwen/Qwen2.5-0.5B-Instruct", critic="separate", dtype="float32")
+        .llm(model="Qwen/Qwen2.5-0.5B-Instruct", critic=PRESET_CRITICS["gpu"], dtype="float32")
         .rollouts(n_groups=8, group_size=16, response_length=400, temperature=1.0, **ENV_BUDGETS.get(env, {}))
         .inference(engine="vllm", num_gpus_per_engine=1.0, max_model_len=3600, engine_dtype="bfloat16")
         .training(
@@ -80,7 +86,7 @@ def cpu_preset(env: str) -> StarPOConfig:
         # RL moves SmolLM2's last 10 of 30 layers, as its warm start does: backward stops there and the
         # frozen 20 keep no gradients, AdamW moments or saved activations (cost and memory:
         # docs/results/top_layers.md).
-        .llm(model="smollm2-135m-instruct", critic="head", dtype="float32", trained_top_layers=10)
+        .llm(model="smollm2-135m-instruct", critic=PRESET_CRITICS["cpu"], dtype="float32", trained_top_layers=10)
         # 64 trajectories a turn in one engine call (vLLM's CPU decode step costs
         # far less than twice as much at twice the batch); StarPO-S keeps the 2
         # groups (8 trajectories) whose rewards disagree most, so the learner, the

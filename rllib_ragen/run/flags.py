@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from envs import check_env
 from envs.user_errors import CLIParser
-from rllib_ragen.algorithm.presets import PRESETS, preset
+from rllib_ragen.algorithm.presets import PRESET_CRITICS, PRESETS, preset
 from rllib_ragen.data.experts import WARM_START_PLAYERS, WARM_START_STATES
 from rllib_ragen.run.settings_flag import apply_settings
 
@@ -266,12 +266,12 @@ def config_from_args(args: argparse.Namespace, *, tuned: Callable[[], StarPOConf
         prefill=True if args.no_think else config.protocol.prefill,
     )
     if args.estimator:
-        from rllib_ragen.training.advantages import needs_critic
+        from rllib_ragen.training.advantages import ADVANTAGE_ESTIMATORS
 
         config.training(advantage_estimator=args.estimator)
-        config.validate_starpo()  # an unknown estimator is named here, before needs_critic looks it up
-        if not needs_critic(args.estimator):
-            config.llm(critic="none")
+        if args.estimator in ADVANTAGE_ESTIMATORS:  # an unknown one is named by `validate_starpo` below
+            # The module carries a critic exactly when the estimator reads one (--set critic=... picks another kind).
+            config.llm(critic=_critic_for(args.estimator, config.llm_module.critic, preset=args.preset))
     if args.seed is not None:
         config.debugging(seed=args.seed)
     if args.eval_size is not None:
@@ -279,6 +279,16 @@ def config_from_args(args: argparse.Namespace, *, tuned: Callable[[], StarPOConf
     apply_settings(config, args.set)
     config.validate_starpo()
     return config
+
+
+def _critic_for(estimator: str, critic: str, *, preset: str) -> str:
+    """The critic for `--estimator`: none for a critic-free one; for one that reads a critic, the
+    config's own, or the preset's (`PRESET_CRITICS`) where the config has none."""
+    from rllib_ragen.training.advantages import needs_critic
+
+    if not needs_critic(estimator):
+        return "none"
+    return PRESET_CRITICS[preset] if critic == "none" else critic
 
 
 def _given(flag: Any, default: Any) -> Any:

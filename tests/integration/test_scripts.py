@@ -81,6 +81,15 @@ def test_flags_reach_the_config():
     assert config.optim.actor_lr == 2e-5 and config.protocol.history_window == 1
 
 
+def test_a_critic_estimator_brings_the_presets_critic_and_a_critic_free_one_drops_it():
+    # Sokoban's CPU preset trains GRPO without a critic; GAE reads one: the CPU preset's value head.
+    assert config_from_args(_args()).llm_module.critic == "none"
+    assert config_from_args(_args("--estimator", "bi_level_gae")).llm_module.critic == "head"
+    assert config_from_args(_args("--estimator", "gae", "--set", "critic=separate")).llm_module.critic == "separate"
+    assert config_from_args(_args("--estimator", "gae", "--preset", "gpu")).llm_module.critic == "separate"
+    assert config_from_args(_args("--estimator", "brpo", "--preset", "gpu")).llm_module.critic == "none"
+
+
 def test_unknown_setting_is_named():
     config = config_from_args(_args())
     with pytest.raises(ValueError, match="unknown config key 'actor_lrr'"):
