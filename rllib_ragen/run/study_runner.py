@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ray
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
 from ray import tune
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.callbacks.callbacks import RLlibCallback
-from mlflow.entities import Run
-from mlflow.tracking import MlflowClient
 from ray.rllib.utils import force_list
 from ray.rllib.utils.annotations import override
 from ray.tune.experiment import Trial
