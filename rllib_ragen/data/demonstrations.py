@@ -8,7 +8,9 @@ Two players answer every turn with a well-formed answer:
 
       <think>Shortest plan from here: Up, Left, Down.</think><answer>Up || Left</answer>
 
-  This is RAGEN's SFT path (its paper: SFT on solver trajectories);
+  This is RAGEN's SFT path (its paper: SFT on solver trajectories). With
+  `noise`, the env sometimes plays random moves instead while the answers stay
+  the expert's (DART, `rllib_ragen.data.disturbed_expert`);
 - a random player (`random_demonstrations`, any env): 1..`max_actions_per_turn`
   valid actions drawn at random each turn (`TextEnv.random_action`). This is the
   data of the format warm start: it teaches the answer format, never the task.
@@ -36,6 +38,7 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
 from envs.base import TextEnv
 from envs.sokoban_solver import DEFAULT_MAX_STATES
+from rllib_ragen.data.disturbed_expert import DisturbedExpert
 from rllib_ragen.data.experts import Turn, TurnBudgetLeft, expert_for
 from rllib_ragen.rollout.env_group import EnvGroup, TurnBudgetSettings, agent_id
 from rllib_ragen.rollout.prompt.prompt_protocol import (
@@ -54,6 +57,7 @@ from rllib_ragen.rollout.trajectory_record import (
 )
 
 AGENT = agent_id(0)
+DISTURBED_ACTIONS = "disturbed_actions"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +72,10 @@ class DemonstrationSettings:
         protocol: Prompt settings (think mode, prefill, actions per turn).
         budget: Turn and action budget.
         max_states: Most search states the Sokoban solver visits per room.
+        noise: Probability that a turn's moves are disturbed: the env plays random
+            valid moves while the answer stays the expert's
+            (`rllib_ragen.data.disturbed_expert`). 0 plays the expert's own moves.
+        seed: Seeds the disturbances.
     """
 
     seeds: tuple[int, ...]
@@ -76,6 +84,8 @@ class DemonstrationSettings:
     protocol: ProtocolSettings = ProtocolSettings()
     budget: TurnBudgetSettings = TurnBudgetSettings()
     max_states: int = DEFAULT_MAX_STATES
+    noise: float = 0.0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
@@ -85,6 +95,14 @@ class DemonstrationSettings:
             raise ValueError("seeds must not repeat: each demonstration is one initial state")
         if self.max_states < 1:
             raise ValueError(f"max_states must be >= 1, got {self.max_states}")
+        if not 0.0 <= self.noise < 1.0:
+            raise ValueError(f"noise must be in [0, 1), got {self.noise}")
+        if self.noise and self.protocol.history_window != 0:
+            raise ValueError(
+                f"disturbed demonstrations (noise {self.noise}) need a prompt holding the current state only "
+                f"(history_window=0, got {self.protocol.history_window}): a disturbed turn's answer is not the "
+                "move the env played, so a history would show answers its states contradict"
+            )
 
 
 def expert_demonstrations(tokenizer: Any, config: DemonstrationSettings) -> list[MultiAgentEpisode]:
@@ -95,17 +113,17 @@ def expert_demonstrations(tokenizer: Any, config: DemonstrationSettings) -> list
         config: Seeds, env, protocol and budget.
     """
     group, protocol = group_and_protocol(tokenizer, config.env, config.env_config, config.protocol, config.budget)
+    rng = np.random.default_rng(config.seed)
     episodes: list[MultiAgentEpisode] = []
     with contextlib.closing(group):  # its env may hold a server session (envs.openenv_client)
         for seed in config.seeds:
             reset = group.reset(seed=seed)
-            episode = _play(
-                group,
-                protocol,
-                reset,
-                expert_for(group.template_env, max_states=config.max_states),
-                group_id=len(episodes),
+            expert = (
+                DisturbedExpert(group.template_env, noise=config.noise, rng=rng, max_states=config.max_states)
+                if config.noise
+                else expert_for(group.template_env, max_states=config.max_states)
             )
+            episode = _play(group, protocol, reset, expert, group_id=len(episodes))
             if episode is not None:
                 episodes.append(episode)
     return episodes
@@ -233,7 +251,8 @@ def _play(
         text, parsed = protocol.parse(response_ids)
         if list(parsed.actions) != turn.actions:
             raise RuntimeError(f"the tokenised answer {text!r} parses to {list(parsed.actions)}, not {turn.actions}")
-        observations, rewards, terminateds, truncateds, infos = group.step({AGENT: turn.actions})
+        played = turn.actions if turn.played is None else turn.played
+        observations, rewards, terminateds, truncateds, infos = group.step({AGENT: played})
         # Nobody sampled these tokens: their sampling log-probs are unknown (NaN).
         record = TurnRecord(user_ids, protocol.close_ids(response_ids), [np.nan] * len(response_ids), text)
         info = {
@@ -242,6 +261,8 @@ def _play(
             "format_ok": parsed.format_ok,
             "parsed_actions": list(parsed.actions),
             "finish_reason": "stop",
+            # A disturbed turn (`DisturbedExpert`) names the moves the env played instead of the answer's.
+            **({DISTURBED_ACTIONS: turn.played} if turn.played is not None else {}),
         }
         episode.add_env_step(
             actions={AGENT: np.asarray(response_ids, dtype=np.int32)},

@@ -49,10 +49,16 @@ WARM_START_STATES = {"random": 16, "expert": 192}
 
 @dataclasses.dataclass(frozen=True)
 class Turn:
-    """One demonstrated answer: the actions and the thought written before them."""
+    """One demonstrated answer: the actions and the thought written before them.
+
+    `played`: the moves the env plays instead of `actions` (a disturbed demonstration,
+    `rllib_ragen.data.disturbed_expert`: the answer teaches `actions` from this state while
+    the env goes elsewhere); None plays `actions`.
+    """
 
     actions: list[str]
     thought: str
+    played: list[str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,14 +75,18 @@ class TurnBudgetLeft:
 Expert = Callable[[Any, TurnBudgetLeft], "Turn | None"]
 
 
-def expert_for(env: TextEnv, *, max_states: int = DEFAULT_MAX_STATES) -> Expert:
+def expert_for(env: TextEnv, *, max_states: int = DEFAULT_MAX_STATES, within_budget: bool = True) -> Expert:
     """A new expert for one episode of `env` (its state is read at every call).
+
+    `within_budget` False: Sokoban's expert plays its shortest plan even when the budget left
+    cannot hold it (the budget then cuts the episode short) instead of giving up; each answer is
+    still the best move from its state. The other experts plan within the budget left either way.
 
     Raises:
         ValueError: no expert knows this kind of env.
     """
     if isinstance(env, SokobanEnv):
-        return _SokobanExpert(max_states)
+        return _SokobanExpert(max_states, within_budget=within_budget)
     if isinstance(env, FrozenLakeEnv):
         return _frozenlake_turn
     if isinstance(env, CorridorEnv):
@@ -104,14 +114,16 @@ def has_expert(env_name: str) -> bool:
 class _SokobanExpert:
     """Plans once from the first state (BFS), then plays the plan a turn's worth at a time."""
 
-    def __init__(self, max_states: int) -> None:
+    def __init__(self, max_states: int, *, within_budget: bool = True) -> None:
         self.max_states = max_states
+        self.within_budget = within_budget
         self.plan: list[str] | None = None
 
     def __call__(self, env: SokobanEnv, left: TurnBudgetLeft) -> Turn | None:
         if self.plan is None:
             plan = solve(env, max_states=self.max_states)
-            if plan is None or len(plan) > min(left.turns * left.per_turn, left.actions):
+            too_long = plan is not None and len(plan) > min(left.turns * left.per_turn, left.actions)
+            if plan is None or (too_long and self.within_budget):
                 return None
             self.plan = plan
         chunk, rest = self.plan[: left.per_turn], self.plan

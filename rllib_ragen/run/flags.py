@@ -49,6 +49,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def probability_below_one(text: str) -> float:
+    """An argparse type: a probability in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be a probability >= 0 and < 1, got {text!r}")
+    return value
+
+
 def build_parser(
     *,
     env: str,
@@ -220,6 +231,16 @@ def add_warm_start_flags(parser: argparse.ArgumentParser) -> None:
         help="first teach the model the env's dynamics for EPOCHS passes: after each demonstrated turn, "
         "write the state the env returned (SPA's world-model stage; evaluation never shows a predicted "
         "state); default 0: no such stage",
+    )
+    parser.add_argument(
+        "--warm-start-noise",
+        type=probability_below_one,
+        dest="warm_start_expert_noise",
+        metavar="P",
+        help="the expert's demonstrations with the env disturbed: each turn, with probability P, the env plays "
+        "a random move while the answer taught stays the expert's best move from the state shown (DART), so "
+        "the demonstrations also show the way back from a wrong move; needs a prompt of the current state "
+        "only; default: the tuned example's, else 0",
     )
 
 

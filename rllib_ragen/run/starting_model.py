@@ -43,6 +43,7 @@ def choose_starting_model(
             num_examples=args.warm_start_examples,
             player=args.warm_start_player,
             world_model_epochs=args.warm_start_world_model_epochs,
+            expert_noise=args.warm_start_expert_noise,
             tuned=tuned_warm_start,
         )
     return {"base_model": base, "warm_start_model": "none" if args.no_warm_start else str(config.llm_module.model)}

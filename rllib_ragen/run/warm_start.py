@@ -117,6 +117,13 @@ class WarmStartSettings:
             listed moves; None: as `game`'s training games open. A deterministic
             expert's games differ only by their openings, while RL may train from
             the empty board (`StarPOConfig.self_play(training_opening_moves=...)`).
+        expert_noise: With the expert player: the probability that a turn's
+            moves are replaced by random ones when the env is stepped, while the
+            answer taught stays the expert's best move from the state shown (DART,
+            `rllib_ragen.data.disturbed_expert`): the demonstrations then also
+            show the way back from the states a policy that errs reaches. Needs a
+            prompt of the current state only and no world-model stage. 0: the
+            expert's own play.
     """
 
     env: str = "bandit"
@@ -136,6 +143,7 @@ class WarmStartSettings:
     world_model_epochs: int = 0
     game: TwoPlayerConfig | None = None
     game_opening_moves: int | None = None
+    expert_noise: float = 0.0
 
     def __post_init__(self) -> None:
         if self.player not in WARM_START_PLAYERS:
@@ -153,6 +161,12 @@ class WarmStartSettings:
             raise ValueError(f"warm start game_opening_moves must be >= 0 or None, got {self.game_opening_moves}")
         if self.trained_top_layers is not None and self.trained_top_layers < 1:
             raise ValueError(f"warm start trained_top_layers must be >= 1 or None, got {self.trained_top_layers}")
+        if self.expert_noise and (self.player != "expert" or self.world_model_epochs or self.game is not None):
+            raise ValueError(
+                f"warm start expert_noise {self.expert_noise} disturbs the expert's play of a one-seat env: it needs "
+                f"player 'expert' (got {self.player!r}), no world-model stage (its targets would be states the "
+                f"answers did not lead to; got world_model_epochs {self.world_model_epochs}) and no game"
+            )
         if self.game is not None and (self.player != "expert" or self.world_model_epochs):
             raise ValueError(
                 f"a two-player game's warm start takes the expert player and no world-model stage, got player "
@@ -186,7 +200,7 @@ class WarmStartSettings:
         # The games played are what counts: openings set here or by the training games are one warm start.
         fields = dataclasses.asdict(dataclasses.replace(self, game=expert_game))
         del fields["game_opening_moves"]
-        for field in ("world_model_epochs", "game"):  # a warm start without them keeps its cached result
+        for field in ("world_model_epochs", "game", "expert_noise"):  # without them a cached result is kept
             if not fields[field]:
                 del fields[field]
         payload = json.dumps(
@@ -240,7 +254,10 @@ def demonstrations(tokenizer: Any, config: WarmStartSettings) -> list[MultiAgent
     if game is not None:
         return expert_game_demonstrations(tokenizer, game, config.protocol, seeds)
     if config.player == "expert":
-        return expert_demonstrations(tokenizer, DemonstrationSettings(seeds=tuple(seeds), **common))
+        return expert_demonstrations(
+            tokenizer,
+            DemonstrationSettings(seeds=tuple(seeds), noise=config.expert_noise, seed=config.seed, **common),
+        )
     return random_demonstrations(
         tokenizer,
         RandomPlaySettings(
@@ -314,11 +331,13 @@ def warm_start_config(
     num_examples: int | None = None,
     player: str | None = None,
     world_model_epochs: int = 0,
+    expert_noise: float | None = None,
     tuned: Mapping[str, Any] | None = None,
 ) -> WarmStartSettings:
     """The warm start of `config`: its env, prompt and turn budget, and this policy's player, states and
     learning rate; then a tuned example's choices (`tuned`: `WarmStartSettings` fields, used when the player
-    is theirs), then the flags (`player`, `num_examples`, `world_model_epochs`).
+    is theirs), then the flags (`player`, `num_examples`, `world_model_epochs`, `expert_noise`; None:
+    not given).
 
     `player` None: the tuned example's, else the expert where the env has one (a policy that already
     solves part of the task: RL gains most there, see docs/results/multiturn_learning_2026-11.md), else
@@ -355,6 +374,8 @@ def warm_start_config(
     if tiny:
         tuned.pop("lr", None)  # the tiny model's step size is the tests', whatever the example tunes
     flags: dict[str, Any] = {"num_examples": num_examples} if num_examples else {}
+    if expert_noise is not None:
+        flags["expert_noise"] = expert_noise
     return dataclasses.replace(derived, **{**tuned, **flags, "world_model_epochs": world_model_epochs})
 
 
@@ -364,15 +385,22 @@ def apply_warm_start(
     num_examples: int | None = None,
     player: str | None = None,
     world_model_epochs: int = 0,
+    expert_noise: float | None = None,
     tuned: Mapping[str, Any] | None = None,
 ) -> None:
     """Replaces `config`'s model by its warm-started copy (`warm_start_config`; built once, cached)."""
     ws = warm_start_config(
-        config, num_examples=num_examples, player=player, world_model_epochs=world_model_epochs, tuned=tuned
+        config,
+        num_examples=num_examples,
+        player=player,
+        world_model_epochs=world_model_epochs,
+        expert_noise=expert_noise,
+        tuned=tuned,
     )
     print(
         f"{ws.player}-play warm start of {config.llm_module.model} on {config.env} ({ws.num_examples} states"
         + (f", {world_model_epochs} world-model epoch(s) first" if world_model_epochs else "")
+        + (f", the env disturbed on {ws.expert_noise:.0%} of the turns" if ws.expert_noise else "")
         + "; cached after the first run)",
         flush=True,
     )
