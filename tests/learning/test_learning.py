@@ -53,11 +53,11 @@ def ray_session():
     ray.shutdown()
 
 
-def _config(model: str, *, lr: float, estimator: str = "grpo", lora_rank: int = 0) -> StarPOConfig:
+def _config(model: str, *, lr: float, estimator: str = "grpo") -> StarPOConfig:
     return (
         StarPOConfig()
         .environment(ENV, env_config=ENV_CONFIG)
-        .llm(model=model, critic="none", lora_rank=lora_rank)
+        .llm(model=model, critic="none")
         .rollouts(
             n_groups=8, group_size=8, max_turns=1, max_actions_per_turn=1, max_actions_per_traj=1,
             response_length=8, think=False, prefill=True,
@@ -99,24 +99,6 @@ def test_starpo_learns_the_better_arm(warm_model):
     print("initial", initial, "training", curve, "evaluations", evaluations)
     assert 0.25 <= initial <= 0.75, f"warm start should leave the choice random, got success {initial}"
     assert evaluations[-1] >= TARGET, f"evaluation success {evaluations} < {TARGET} in {MAX_ITERS} iterations: {curve}"
-
-
-def test_lora_adapters_learn_the_better_arm(warm_model):
-    """LoRA r=8 on every linear layer: only the adapters train, the base (and its tied LM head) stays frozen.
-
-    The frozen head bounds the tiny random model's choice: its Dragon/Phoenix
-    token embeddings differ so little (weights drawn with std 0.02) that no
-    hidden state after the frozen final norm gives "Dragon" a logit lead above
-    1.6-1.7, i.e. p <= 0.84 at temperature 1 (measured LoRA plateau 0.72-0.86),
-    while full fine-tuning also moves the embeddings. So this case evaluates at
-    temperature 0.5 (bound 0.96): it asks whether the adapters learned which
-    arm is better, not how far a random model's frozen head can scale a logit.
-    """
-    config = _config(warm_model, lr=1e-2, lora_rank=8).starpo_evaluation(eval_temperature=0.5)
-    initial, curve, evaluations = _train(config, MAX_ITERS)
-    print("lora initial", initial, "training", curve, "evaluations", evaluations)
-    assert 0.25 <= initial <= 0.75, f"warm start should leave the choice random, got success {initial}"
-    assert evaluations[-1] >= TARGET, f"LoRA: evaluation success {evaluations} < {TARGET} in {MAX_ITERS} iterations"
 
 
 @pytest.mark.parametrize("lr,estimator", [(0.0, "grpo"), (3e-3, "flipped_grpo")], ids=["lr0", "flipped"])

@@ -135,8 +135,10 @@ def test_starpo_learns_the_corridor(warm_model, estimator, is_async):
 def test_lora_adapters_learn_the_corridor(warm_model):
     """GRPO training LoRA r=8 adapters only (base and tied LM head frozen) learns the corridor too.
 
-    As in the Bandit's LoRA case (tests/learning/test_learning.py), the tiny random
-    model's frozen head caps a move's probability: its Left/Right embeddings
+    The only LoRA learning case (the Bandit's, which the corridor's multi-turn case
+    covers, was dropped to keep the slow tier short). The tiny random model's frozen
+    head caps a move's probability: its token embeddings are drawn with std 0.02, and
+    LoRA leaves them frozen, so its Left/Right embeddings
     allow a logit lead of at most about 1.7 after the frozen final norm, p <= 0.84
     a move at temperature 1, 0.84**3 = 0.6 over the three moves. Evaluated at
     temperature 0.25 (cap 0.999 a move), before RL as after, the test asks

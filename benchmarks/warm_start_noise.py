@@ -1,0 +1,82 @@
+"""Success before RL of the CPU preset's expert warm start with its play disturbed (DART), against the undisturbed
+one, in one run.
+
+For each `--noise` P, builds the warm start `rllib-ragen train --env ENV --warm-start-noise P` would start from
+(`warm_start_config` of the CPU preset: 192 expert states once on the last 10 layers; each turn, with probability
+P, the env plays a random move while the answer taught stays the expert's best move from the state shown; built
+once into the model cache, then reused), then plays it on the fixed evaluation seeds (from 123) and on held-out
+seeds that no tuning used (from 50000), at the preset's evaluation temperature. The first noise is the baseline:
+every other one prints its paired difference to it on the same seeds (95% intervals).
+
+    python benchmarks/warm_start_noise.py --env sokoban --noise 0 0.25 0.5
+    python benchmarks/warm_start_noise.py --env frozenlake --noise 0 0.25 --episodes 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from envs.user_errors import CLIParser, front_door
+from rllib_ragen.run.flags import positive_int, probability_below_one
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+EVALUATION_SEED, HELD_OUT_SEED = 123, 50_000
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = CLIParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", default="sokoban", help="registered env with an expert (its CPU preset is used)")
+    parser.add_argument(
+        "--noise",
+        type=probability_below_one,
+        nargs="+",
+        default=[0.0, 0.25],
+        help="the disturbance probabilities to build; the first is the baseline",
+    )
+    parser.add_argument("--episodes", type=positive_int, default=128, help="seeds of each evaluation")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="base model")
+    return parser.parse_args(argv)
+
+
+def success_by_seed_set(model: str, env: str, episodes: int) -> dict[str, list[float]]:
+    """0/1 success of `model` (a model directory) per seed, on the evaluation and the held-out seeds."""
+    from rllib_ragen.algorithm.presets import cpu_preset
+    from rllib_ragen.run.evaluate import evaluate_env
+
+    outcomes = {}
+    for name, first in (("evaluation", EVALUATION_SEED), ("held out", HELD_OUT_SEED)):
+        config = cpu_preset(env).llm(model=model).env_runners(num_env_runners=0)
+        config.validate_starpo()
+        outcomes[name] = evaluate_env(config, seeds=range(first, first + episodes)).successes
+    return outcomes
+
+
+@front_door
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    from rllib_ragen.algorithm.presets import cpu_preset
+    from rllib_ragen.intervals import format_rate, paired_difference_interval
+    from rllib_ragen.run.warm_start import warm_start, warm_start_config
+
+    results: dict[float, dict[str, list[float]]] = {}
+    for noise in args.noise:
+        settings = warm_start_config(cpu_preset(args.env).llm(model=args.model), expert_noise=noise)
+        began = time.perf_counter()
+        model = warm_start(args.model, settings, progress=True)
+        built = time.perf_counter() - began
+        results[noise] = success_by_seed_set(str(model), args.env, args.episodes)
+        rates = " | ".join(f"{name} {format_rate(outcomes)}" for name, outcomes in results[noise].items())
+        print(f"noise {noise}: warm start {model.name} ({built:.0f} s, cached or built) | {rates}", flush=True)
+    baseline = args.noise[0]
+    for noise in args.noise[1:]:
+        for name, outcomes in results[noise].items():
+            difference, low, high = paired_difference_interval(results[baseline][name], outcomes)
+            print(f"noise {noise} - noise {baseline}, {name} seeds: {difference:+.3f} [{low:+.3f}, {high:+.3f}]")
+
+
+if __name__ == "__main__":
+    main()
