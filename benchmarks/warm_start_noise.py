@@ -17,9 +17,13 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from typing import TYPE_CHECKING
 
 from envs.user_errors import CLIParser, front_door
 from rllib_ragen.run.flags import positive_int, probability_below_one
+
+if TYPE_CHECKING:
+    from rllib_ragen.rollout.evaluation import Evaluation
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -42,17 +46,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def success_by_seed_set(model: str, env: str, episodes: int) -> dict[str, list[float]]:
-    """0/1 success of `model` (a model directory) per seed, on the evaluation and the held-out seeds."""
+def evaluations_by_seed_set(model: str, env: str, episodes: int) -> dict[str, Evaluation]:
+    """`model` (a model directory) played on the evaluation and on the held-out seeds."""
     from rllib_ragen.algorithm.presets import cpu_preset
     from rllib_ragen.run.evaluate import evaluate_env
 
-    outcomes = {}
+    evaluations = {}
     for name, first in (("evaluation", EVALUATION_SEED), ("held out", HELD_OUT_SEED)):
         config = cpu_preset(env).llm(model=model).env_runners(num_env_runners=0)
         config.validate_starpo()
-        outcomes[name] = evaluate_env(config, seeds=range(first, first + episodes)).successes
-    return outcomes
+        evaluations[name] = evaluate_env(config, seeds=range(first, first + episodes))
+    return evaluations
 
 
 @front_door
@@ -62,19 +66,21 @@ def main(argv: list[str] | None = None) -> None:
     from rllib_ragen.intervals import format_rate, paired_difference_interval
     from rllib_ragen.run.warm_start import warm_start, warm_start_config
 
-    results: dict[float, dict[str, list[float]]] = {}
+    results: dict[float, dict[str, Evaluation]] = {}
     for noise in args.noise:
         settings = warm_start_config(cpu_preset(args.env).llm(model=args.model), expert_noise=noise)
         began = time.perf_counter()
         model = warm_start(args.model, settings, progress=True)
         built = time.perf_counter() - began
-        results[noise] = success_by_seed_set(str(model), args.env, args.episodes)
-        rates = " | ".join(f"{name} {format_rate(outcomes)}" for name, outcomes in results[noise].items())
-        print(f"noise {noise}: warm start {model.name} ({built:.0f} s, cached or built) | {rates}", flush=True)
+        results[noise] = evaluations_by_seed_set(str(model), args.env, args.episodes)
+        print(f"noise {noise}: warm start {model.name} ({built:.0f} s, cached or built)", flush=True)
+        for name, evaluation in results[noise].items():
+            failures = ", ".join(f"{kind} {count}" for kind, count in evaluation.failures.items() if count)
+            print(f"  {name} seeds: success {format_rate(evaluation.successes)}; failures: {failures}", flush=True)
     baseline = args.noise[0]
     for noise in args.noise[1:]:
-        for name, outcomes in results[noise].items():
-            difference, low, high = paired_difference_interval(results[baseline][name], outcomes)
+        for name, evaluation in results[noise].items():
+            difference, low, high = paired_difference_interval(results[baseline][name].successes, evaluation.successes)
             print(f"noise {noise} - noise {baseline}, {name} seeds: {difference:+.3f} [{low:+.3f}, {high:+.3f}]")
 
 
