@@ -38,7 +38,7 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
 from envs.base import TextEnv
 from envs.sokoban_solver import DEFAULT_MAX_STATES
-from rllib_ragen.data.disturbed_expert import DisturbedExpert
+from rllib_ragen.data.disturbed_expert import DisturbedExpert, check_noise
 from rllib_ragen.data.experts import Turn, TurnBudgetLeft, expert_for
 from rllib_ragen.rollout.env_group import EnvGroup, TurnBudgetSettings, agent_id
 from rllib_ragen.rollout.prompt.prompt_protocol import (
@@ -95,8 +95,7 @@ class DemonstrationSettings:
             raise ValueError("seeds must not repeat: each demonstration is one initial state")
         if self.max_states < 1:
             raise ValueError(f"max_states must be >= 1, got {self.max_states}")
-        if not 0.0 <= self.noise < 1.0:
-            raise ValueError(f"noise must be in [0, 1), got {self.noise}")
+        check_noise(self.noise)
         if self.noise and self.protocol.history_window != 0:
             raise ValueError(
                 f"disturbed demonstrations (noise {self.noise}) need a prompt holding the current state only "

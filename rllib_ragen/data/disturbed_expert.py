@@ -25,6 +25,12 @@ from envs.base import TextEnv
 from rllib_ragen.data.experts import Turn, TurnBudgetLeft, expert_for
 
 
+def check_noise(noise: float) -> None:
+    """Raises ValueError unless `noise` is a probability below one (at one the expert would never be followed)."""
+    if not 0.0 <= noise < 1.0:
+        raise ValueError(f"the expert's noise must be in [0, 1), got {noise}")
+
+
 class DisturbedExpert:
     """Plays one episode: the expert's answer every turn, with the env sometimes stepped by random moves.
 
@@ -36,8 +42,7 @@ class DisturbedExpert:
     """
 
     def __init__(self, env: TextEnv, *, noise: float, rng: np.random.Generator, max_states: int) -> None:
-        if not 0.0 <= noise < 1.0:
-            raise ValueError(f"the expert's noise must be in [0, 1), got {noise}")
+        check_noise(noise)
         self.noise = noise
         self.rng = rng
         self.max_states = max_states
