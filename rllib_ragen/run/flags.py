@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from envs import check_env
 from envs.user_errors import CLIParser
 from rllib_ragen.algorithm.presets import PRESET_CRITICS, PRESETS, preset
-from rllib_ragen.data.experts import WARM_START_PLAYERS, WARM_START_STATES
+from rllib_ragen.data.experts import EXPERT_STATES_BY_ENV, WARM_START_PLAYERS, WARM_START_STATES
 from rllib_ragen.run.settings_flag import apply_settings
 
 if TYPE_CHECKING:
@@ -220,7 +220,9 @@ def add_warm_start_flags(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         help="initial states played in the warm start (random play: 2 trajectories each; "
         f"default: {WARM_START_STATES['random']} for random play, "
-        f"{WARM_START_STATES['expert']} for the expert)",
+        f"{WARM_START_STATES['expert']} for the expert, "
+        + ", ".join(f"{states} on {env}" for env, states in EXPERT_STATES_BY_ENV.items())
+        + ")",
     )
     parser.add_argument(
         "--warm-start-world-model",

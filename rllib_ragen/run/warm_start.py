@@ -45,7 +45,7 @@ from rllib_ragen.data.demonstrations import (
     group_and_protocol,
     random_demonstrations,
 )
-from rllib_ragen.data.experts import WARM_START_PLAYERS, WARM_START_STATES, has_expert
+from rllib_ragen.data.experts import WARM_START_PLAYERS, has_expert, warm_start_states
 from rllib_ragen.data.game_demonstrations import expert_game_demonstrations, has_game_expert
 from rllib_ragen.data.world_model import transition_trajectories
 from rllib_ragen.models import (
@@ -357,9 +357,9 @@ def warm_start_config(
         env_config=dict(config.env_config),
         protocol=config.protocol,
         budget=config.turn_budget,
-        num_examples=WARM_START_STATES[player],
+        num_examples=warm_start_states(player, config.env),
         answers_per_prompt=2,
-        # The expert's many states once each (WARM_START_STATES); random play's few twice.
+        # The expert's many states once each (warm_start_states); random play's few twice.
         epochs=1 if expert else 2,
         batch_size=8,
         # A random tiny model needs large steps to learn the format in a test's few steps.
