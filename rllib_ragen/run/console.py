@@ -35,6 +35,10 @@ def quiet_console(log_file: Path, *, verbose: bool) -> None:
     """`route_library_logs` to `log_file`, saying where they go; also turns off the libraries'
     progress bars in the Ray workers started after it."""
     quiet_progress_bars()
+    if not verbose:
+        # Tune's newer console output prints the experiment's folder and a TensorBoard command at
+        # every fit, whatever its verbosity; its older reporter prints nothing at verbosity 0.
+        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     route_library_logs(log_file, verbose=verbose)
     print(f"library logs: {log_file}" + ("" if verbose else " (--verbose: on the console too)"), flush=True)
 

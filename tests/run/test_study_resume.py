@@ -132,6 +132,7 @@ def test_a_study_killed_in_its_third_trial_resumes_with_one_complete_run_per_tri
     assert "resuming study tiny" in resumed.stdout
     # A quiet console: the trials' own output (RLlib, vLLM, Tune) goes to Ray's logs, the driver's libraries' to a file.
     assert "pid=" not in resumed.stdout + resumed.stderr, resumed.stdout[-3000:]
+    assert "View detailed results" not in resumed.stdout and "tensorboard" not in resumed.stdout, resumed.stdout[-3000:]
     assert (tmp_path / "studies" / "tiny.log").is_file()
     trained = {line.split(" [")[0] for line in resumed.stdout.splitlines() if " min | success " in line}
     assert trained == {THIRD_TRIAL, "large-step_seed1_bandit"}
