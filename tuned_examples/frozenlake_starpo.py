@@ -73,12 +73,12 @@ def frozenlake_config() -> StarPOConfig:
     )
 
 
-# The warm start before RL (rllib_ragen.run.warm_start): the env's expert plays 192 states once each,
+# The warm start before RL (rllib_ragen.run.warm_start): the env's expert plays 384 states once each,
 # behaviour-cloned into SmolLM2's last 10 layers; built once, then cached. `--warm-start random`,
 # `--warm-start-examples N` and `--no-warm-start` change it.
 WARM_START = dict(
     player="expert",
-    num_examples=192,
+    num_examples=384,
     answers_per_prompt=2,
     epochs=1,
     batch_size=8,

@@ -47,7 +47,7 @@ WARM_START_PLAYERS = ("random", "expert")
 WARM_START_STATES = {"random": 16, "expert": 192}
 # Envs whose expert plays more states by default. Sokoban's tuned warm start: 384 states (48 steps)
 # start RL at 0.539 on the evaluation rooms against 0.297 for 192 (docs/results/warm_start_variants.md).
-EXPERT_STATES_BY_ENV = {"sokoban": 384}
+EXPERT_STATES_BY_ENV = {"sokoban": 384, "frozenlake": 384}
 
 
 def warm_start_states(player: str, env: str) -> int:
