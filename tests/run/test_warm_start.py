@@ -196,7 +196,10 @@ def test_the_expert_default_is_many_states_once_on_the_top_layers_and_random_pla
     from rllib_ragen.run.warm_start import warm_start_config
 
     expert = warm_start_config(cpu_preset("frozenlake"))
-    assert (expert.player, expert.num_examples, expert.epochs, expert.trained_top_layers) == ("expert", 192, 1, 10)
+    assert (expert.player, expert.num_examples, expert.epochs, expert.trained_top_layers) == ("expert", 384, 1, 10)
+    # The grid envs' tuned warm starts play twice the other envs' states (EXPERT_STATES_BY_ENV).
+    assert warm_start_config(cpu_preset("sokoban")).num_examples == 384
+    assert warm_start_config(cpu_preset("corridor")).num_examples == 192
     random_play = warm_start_config(cpu_preset("frozenlake"), player="random")
     assert (random_play.num_examples, random_play.epochs, random_play.trained_top_layers) == (16, 2, None)
     # The same setting for a 2-layer test model: a model of 10 layers or fewer trains every weight.
