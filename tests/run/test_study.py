@@ -138,7 +138,7 @@ def test_a_trial_ends_at_an_evaluation_after_its_budget():
 
 def test_the_six_findings_studies_are_valid_on_the_cpu_preset():
     assert {name.split("-")[0] for name in FINDINGS} == {
-        "finding1", "finding2", "finding3", "finding5", "finding6", "world", "noop", "box"  # 2 and 4 share one study
+        "finding1", "finding2", "finding3", "finding5", "finding6", "world", "noop", "box", "rl"  # 2 and 4 share one
     }
     for study in FINDINGS.values():
         configs = trial_configs(study)
